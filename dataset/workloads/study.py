@@ -1,0 +1,70 @@
+"""The ModeSwitch-LLM study's workload shapes (arXiv 2605.23057).
+
+Nominal sizes follow the published data's README: short/long prompt about
+128/1024 tokens, short/long output 32/128; shared-prefix chat has a ~1024-token
+common prefix and a 64-token answer (the suffix length was not published; 64 is
+our assumption); memory pressure is a 2048/128 request with half of the free
+accelerator memory taken beforehand.
+"""
+
+from dataset.workloads import register_workload
+from dataset.workloads.spec import WorkloadSpec
+
+for _name, _p, _o, _desc in [
+    ("short_prompt_short_output", 128, 32, "short prompt, short answer"),
+    ("short_prompt_long_output", 128, 128, "short prompt, long answer (decode-heavy)"),
+    ("long_prompt_short_output", 1024, 32, "long prompt, short answer (prefill-heavy)"),
+    ("long_prompt_long_output", 1024, 128, "long prompt, long answer"),
+]:
+    register_workload(WorkloadSpec(_name, _desc, "plain", _p, _o))
+
+register_workload(
+    WorkloadSpec(
+        "shared_prefix_chat",
+        "chat turns sharing a long system/context prefix, per-request suffix",
+        "shared_prefix",
+        prompt_tokens=1024 + 64,
+        expected_output_tokens=64,
+        shared_prefix_tokens=1024,
+    )
+)
+register_workload(
+    WorkloadSpec(
+        "memory_pressure_long_context",
+        "long context with half of the free accelerator memory taken beforehand",
+        "memory_pressure",
+        prompt_tokens=2048,
+        expected_output_tokens=128,
+        memory_pressure=0.5,
+    )
+)
+register_workload(
+    WorkloadSpec(
+        "batch_pressure",
+        "several short requests arriving together",
+        "batch_pressure",
+        prompt_tokens=128,
+        expected_output_tokens=64,
+        concurrent_requests=8,
+    )
+)
+register_workload(
+    WorkloadSpec(
+        "long_context",
+        "the study's long-context stress shapes (2048-4032 prompt tokens)",
+        "plain",
+        prompt_tokens=3840,
+        expected_output_tokens=256,
+    )
+)
+register_workload(
+    WorkloadSpec(
+        "shared_prefix_long_context",
+        "the study's shared-prefix stress shape (4032-token prompt, 64 new tokens); the "
+        "prefix length was not published, 3840 is our assumption",
+        "shared_prefix",
+        prompt_tokens=4032,
+        expected_output_tokens=64,
+        shared_prefix_tokens=3840,
+    )
+)

@@ -1,0 +1,257 @@
+"""``modeswitch``: one CLI for every step of the pipeline.
+
+Heavy libraries are imported inside each command, so ``modeswitch --help`` is
+quick. Errors in user input print one clear line (file, row, field) and exit 2.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from modeswitch.display import console, err_console, frame_table
+
+app = typer.Typer(
+    name="modeswitch",
+    help="Learned routers over LLM inference modes: profile -> label -> train -> score -> "
+    "export -> serve.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def friendly_errors(fn):
+    """Turn expected user-input errors into one red line and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from dataset.errors import InputFileError
+        from oracle.cells import OracleError
+
+        try:
+            return fn(*args, **kwargs)
+        except InputFileError as exc:
+            report = getattr(exc, "report", None)
+            err_console.print(f"[red]error:[/red] {report() if report else exc}")
+        except (OracleError, FileExistsError, FileNotFoundError, LookupError, ValueError) as exc:
+            msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+            err_console.print(f"[red]error:[/red] {msg}")
+        raise typer.Exit(2)
+
+    return wrapper
+
+
+def _split(values: list[str] | None) -> list[str]:
+    out = []
+    for v in values or []:
+        out.extend(p.strip() for p in v.split(",") if p.strip())
+    return out
+
+
+# --------------------------------------------------------------------- modes
+@app.command("modes")
+@friendly_errors
+def modes_cmd(
+    show: Annotated[str | None, typer.Option(help="Show one mode's full settings.")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="With --show: override a setting, key=value (e.g. speculative.num_speculative_tokens=3).")] = None,
+):
+    """List the registered inference modes (or show one, with overrides)."""
+    import json
+
+    import pandas as pd
+
+    from engine.modes import get_mode, list_modes
+
+    if show:
+        mode = get_mode(show)
+        if set_:
+            mode = mode.with_overrides(list(set_))
+        console.print_json(json.dumps(mode.to_dict()))
+        return
+    rows = []
+    for m in list_modes():
+        rows.append({
+            "mode": m.name,
+            "quant": m.quantization,
+            "speculative": m.speculative.method if m.speculative else "-",
+            "prefix": m.prefix_caching,
+            "chunked": m.chunked_prefill,
+            "batching": m.batching,
+            "graphs": "common" if m.graph_capture is None else m.graph_capture,
+            "kv": m.kv_cache_dtype,
+            "phase": m.primary_phase,
+            "substitutes": ", ".join(m.substitutes) or ("(reference)" if m.is_reference else "-"),
+        })
+    console.print(frame_table(pd.DataFrame(rows).set_index("mode"), title="Registered modes"))
+
+
+@app.command("workloads")
+def workloads_cmd():
+    """List the registered workloads (request populations)."""
+    import pandas as pd
+
+    from dataset.workloads import list_workloads
+
+    df = pd.DataFrame([{
+        "workload": w.name, "condition": w.condition, "prompt": w.prompt_tokens,
+        "output": w.expected_output_tokens, "shared_prefix": w.shared_prefix_tokens,
+        "concurrent": w.concurrent_requests, "mem_pressure": w.memory_pressure,
+        "description": w.description,
+    } for w in list_workloads()]).set_index("workload")
+    console.print(frame_table(df, title="Registered workloads"))
+
+
+# ------------------------------------------------------------------ requests
+@app.command("requests")
+@friendly_errors
+def requests_cmd(
+    output: Annotated[Path, typer.Option("-o", "--output", help="Requests file to write (.jsonl or .parquet).")],
+    workloads: Annotated[list[str] | None, typer.Option(help="Workloads to draw from (default: all).")] = None,
+    n: Annotated[int, typer.Option("-n", help="Requests per workload.")] = 20,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing output file.")] = False,
+):
+    """Draw a request population from registered workloads (shape spread included)."""
+    from dataset.io import write_parquet, write_text
+    from dataset.requests import requests_frame
+    from dataset.workloads import get_workload, list_workloads
+
+    names = _split(workloads) or [w.name for w in list_workloads()]
+    reqs = [r for i, name in enumerate(names) for r in get_workload(name).sample(n, seed + i)]
+    df = requests_frame(reqs)
+    if output.suffix == ".parquet":
+        write_parquet(df, output, overwrite=overwrite)
+    else:
+        write_text(df.to_json(orient="records", lines=True), output, overwrite=overwrite)
+    console.print(f"wrote {len(reqs)} requests from {len(names)} workloads to {output}")
+
+
+# ------------------------------------------------------------------- import
+@app.command("import-profiles")
+@friendly_errors
+def import_profiles_cmd(
+    files: Annotated[list[Path], typer.Argument(help="Published measurement CSV files.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Profile parquet to write.")],
+    importer: Annotated[str | None, typer.Option(help="Force an importer (default: detect by columns).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing output file.")] = False,
+):
+    """Convert external measurements (e.g. the study's A100 CSVs) into a profile table."""
+    from dataset.importers import import_files
+    from dataset.profile_schema import write_profile
+
+    df = import_files(files, importer)
+    write_profile(df, output, overwrite=overwrite)
+    agg = int(df["is_aggregate"].sum())
+    console.print(
+        f"wrote {len(df)} rows ({len(df) - agg} per-trial, {agg} aggregate) covering "
+        f"{df['mode'].nunique()} modes x {df['workload'].nunique()} workloads to {output}"
+    )
+
+
+@app.command("validate")
+@friendly_errors
+def validate_cmd(
+    files: Annotated[list[Path], typer.Argument(help="Profile files (.parquet or .csv).")],
+):
+    """Validate profile files against the schema; report every problem with row and column."""
+    from dataset.profile_schema import read_profile
+
+    for f in files:
+        df = read_profile(f)
+        console.print(f"[green]ok[/green] {f}: {len(df)} rows")
+
+
+# -------------------------------------------------------------------- label
+@app.command("label")
+@friendly_errors
+def label_cmd(
+    profiles: Annotated[list[str], typer.Option("--profiles", "-p", help="Profile parquet file(s); repeat or comma-separate.")],
+    requests: Annotated[Path | None, typer.Option(help="Requests to label (.jsonl/.csv/.parquet); default: the profile's own units.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Labels parquet to write; candidates go to <stem>.candidates.parquet.")] = None,
+    explain: Annotated[bool, typer.Option(help="Show every mode per unit with the constraint and margin that rejected it.")] = False,
+    config: Annotated[Path | None, typer.Option(help="TOML file with constraint thresholds ([constraints] table).")] = None,
+    max_energy_ratio: Annotated[float | None, typer.Option(help="Energy per token <= this x reference [1.00].")] = None,
+    max_memory_ratio: Annotated[float | None, typer.Option(help="Peak memory <= this x reference [1.02].")] = None,
+    max_accuracy_drop_pp: Annotated[float | None, typer.Option(help="Benchmark accuracy drop allowed, points [1.5].")] = None,
+    min_rouge_vs_baseline: Annotated[float | None, typer.Option(help="ROUGE-L vs reference-mode output >= this [0.80].")] = None,
+    max_rouge_vs_reference_drop: Annotated[float | None, typer.Option(help="ROUGE-L vs gold drop allowed [0.02].")] = None,
+    latency_tie_rel: Annotated[float | None, typer.Option(help="Latencies within this relative gap tie [0].")] = None,
+    incomplete: Annotated[str | None, typer.Option(help="error (default) or skip: what missing reference rows / metrics do.")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace existing output files.")] = False,
+):
+    """Label each unit (or request) with the fastest mode that meets every constraint."""
+    from dataset.io import write_parquet
+    from dataset.profile_schema import read_profiles
+    from dataset.requests import read_requests, requests_frame
+    from oracle import Constraints, label_profile, label_requests
+    from oracle.explain import print_explanations, print_labels
+
+    c = Constraints.from_toml(config) if config else Constraints()
+    c = c.replace(
+        max_energy_ratio=max_energy_ratio, max_memory_ratio=max_memory_ratio,
+        max_accuracy_drop_pp=max_accuracy_drop_pp, min_rouge_vs_baseline=min_rouge_vs_baseline,
+        max_rouge_vs_reference_drop=max_rouge_vs_reference_drop,
+        latency_tie_rel=latency_tie_rel, on_incomplete=incomplete,
+    )
+    paths = _split(profiles)
+    profile = read_profiles(paths)
+    source = ", ".join(paths)
+    if requests is not None:
+        reqs = requests_frame(read_requests(requests))
+        labels, cand, skipped = label_requests(profile, reqs, c, source=source)
+    else:
+        labels, cand, skipped = label_profile(profile, c, source=source)
+    if output is not None:
+        cand_path = output.with_name(output.stem + ".candidates.parquet")
+        if cand_path.exists() and not overwrite:
+            raise FileExistsError(f"{cand_path} already exists; pass --overwrite to replace it")
+        write_parquet(labels.reset_index(), output, overwrite=overwrite)
+        write_parquet(cand, cand_path, overwrite=overwrite)
+    if explain:
+        print_explanations(labels, cand, c, out=console)
+    print_labels(labels, skipped, c, out=console)
+    if output is not None:
+        console.print(f"wrote {len(labels)} labels to {output} and the per-mode verdicts to {cand_path}")
+
+
+# -------------------------------------------------------------------- route
+@app.command("route")
+@friendly_errors
+def route_cmd(
+    requests: Annotated[Path, typer.Option(help="Requests to route (.jsonl/.csv/.parquet).")],
+    router: Annotated[str, typer.Option(help="Registered router name.")] = "rule",
+    available_modes: Annotated[list[str] | None, typer.Option(help="Modes the target backend has (default: all registered).")] = None,
+    explain: Annotated[bool, typer.Option(help="Print the rule or reason behind each decision.")] = False,
+):
+    """Route requests with a router and print the chosen mode per request."""
+    import collections
+
+    import pandas as pd
+
+    from dataset.features import features_frame
+    from dataset.requests import read_requests
+    from routers import get_router
+
+    reqs = read_requests(requests)
+    X = features_frame(reqs)
+    params = {"available_modes": _split(available_modes)} if available_modes else {}
+    est = get_router(router, **params).fit(X)
+    if explain and hasattr(est, "explain"):
+        df = pd.DataFrame(est.explain(X), columns=["mode", "reason"], index=X.index)
+        console.print(frame_table(df, title=f"{router} decisions"))
+    counts = collections.Counter(est.predict(X))
+    df = pd.DataFrame(sorted(counts.items()), columns=["mode", "requests"]).set_index("mode")
+    console.print(frame_table(df, title=f"{router}: {len(reqs)} requests"))
+
+
+def main():
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Summarise a profile into one metric row per (unit, mode).
+
+A *unit* is what gets a label: a measured request (``request_id``) or, for
+profiles measured per workload cell, the cell (``workload``).
+
+Per metric, per-trial rows win: their mean is used whenever any trial row has the
+metric; otherwise the aggregate rows' means are combined, weighted by
+``n_trials``. Aggregates that summarise the same trials as the per-trial rows
+are therefore never double counted, and an aggregate-only metric (ROUGE-L in the
+published sweep) still reaches the oracle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from dataset.workloads import get_workload
+from dataset.workloads.spec import condition_of
+from engine.modes import mode_names
+
+METRICS = (
+    "latency_ms",
+    "ttft_ms",
+    "tokens_per_s",
+    "energy_per_token_j",
+    "peak_memory_mb",
+    "accuracy",
+    "rouge_l_vs_reference",
+    "rouge_l_vs_baseline",
+)
+SHAPE = (
+    "prompt_tokens",
+    "expected_output_tokens",
+    "shared_prefix_tokens",
+    "concurrent_requests",
+    "memory_pressure",
+)
+
+
+class OracleError(ValueError):
+    """The profile cannot be labelled as it stands; the message says why and where."""
+
+
+@dataclass
+class Cells:
+    """``metrics``: indexed by (unit, mode); ``units``: one row per unit."""
+
+    metrics: pd.DataFrame
+    units: pd.DataFrame
+
+
+def family_condition(family, benchmark_suite, shape: dict) -> str:
+    if isinstance(benchmark_suite, str) and benchmark_suite:
+        return "benchmark"
+    if isinstance(family, str):
+        try:
+            return get_workload(family).condition
+        except KeyError:
+            pass
+    return condition_of(
+        shape.get("shared_prefix_tokens"), shape.get("memory_pressure"),
+        shape.get("concurrent_requests"),
+    )
+
+
+def check_modes(profile: pd.DataFrame, source=None) -> None:
+    known = set(mode_names())
+    for column in ("mode", "reference_mode"):
+        bad = ~profile[column].isin(known)
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            names = sorted(set(profile.loc[bad, column]))
+            raise OracleError(
+                f"{source or 'profile'}: row {row}, column '{column}': unknown mode(s) "
+                f"{', '.join(names)}; register them in engine/modes/ first"
+            )
+
+
+def summarise(profile: pd.DataFrame, source=None) -> Cells:
+    check_modes(profile, source)
+    df = profile.copy()
+    df["unit"] = df["request_id"].where(df["request_id"].notna(), df["workload"]).astype(str)
+
+    refs = df.groupby("unit")["reference_mode"].unique()
+    multi = refs[refs.map(len) > 1]
+    if len(multi):
+        u = multi.index[0]
+        raise OracleError(
+            f"{source or 'profile'}: unit {u!r} has rows with different reference modes "
+            f"({', '.join(multi.iloc[0])}); a unit needs exactly one reference"
+        )
+
+    trials = df[~df["is_aggregate"]]
+    aggs = df[df["is_aggregate"]].copy()
+    keys = ["unit", "mode"]
+    trial_mean = trials.groupby(keys)[list(METRICS)].mean()
+    w = aggs["n_trials"].astype(float).fillna(1.0)
+    weighted = aggs[list(METRICS)].mul(w, axis=0)
+    mask = aggs[list(METRICS)].notna().astype(float).mul(w, axis=0)
+    agg_sum = weighted.groupby([aggs["unit"], aggs["mode"]]).sum(min_count=1)
+    agg_w = mask.groupby([aggs["unit"], aggs["mode"]]).sum()
+    agg_mean = agg_sum / agg_w.replace(0, np.nan)
+    agg_mean.index.names = keys
+    metrics = trial_mean.combine_first(agg_mean) if len(trial_mean) else agg_mean
+    metrics = metrics.reindex(columns=list(METRICS))
+    n_rows = df.groupby(keys).size().rename("n_rows")
+    metrics = metrics.join(n_rows).sort_index()
+
+    first = df.groupby("unit").agg(
+        {
+            "workload": "first",
+            "family": "first",
+            "reference_mode": "first",
+            "benchmark_suite": "first",
+            "evaluation_mode": "first",
+            **{c: "mean" for c in SHAPE},
+        }
+    )
+    first["condition"] = [
+        family_condition(r.family, r.benchmark_suite, r._asdict()) for r in first.itertuples()
+    ]
+    return Cells(metrics=metrics, units=first)

@@ -1,0 +1,75 @@
+"""Constraint thresholds for the oracle, defaulting to the study's.
+
+Every threshold is a CLI flag and can come from a TOML file (``[constraints]``
+table or top level), validated with pydantic so a bad value names its key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, TypeAdapter, ValidationError
+
+from dataset.errors import InputFileError
+
+NonNeg = Annotated[float, Field(ge=0)]
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """When a mode is acceptable for a request, relative to the reference mode.
+
+    * energy: energy per token <= ``max_energy_ratio`` x reference;
+    * memory: peak memory <= ``max_memory_ratio`` x reference;
+    * quality, for whichever signals the reference has: benchmark accuracy no
+      more than ``max_accuracy_drop_pp`` points below the reference's; ROUGE-L
+      of the output vs the reference-mode output >= ``min_rouge_vs_baseline``;
+      ROUGE-L vs the gold reference no more than ``max_rouge_vs_reference_drop``
+      below the reference mode's.
+
+    ``latency_tie_rel`` makes latencies within that relative distance of the
+    fastest safe mode count as tied (0: only exact ties). ``on_incomplete``
+    decides what a missing metric or a unit without reference rows does:
+    ``error`` (default) stops with a message, ``skip`` rejects the mode (or skips
+    the unit) and says so in the explanation.
+    """
+
+    max_energy_ratio: NonNeg = 1.00
+    max_memory_ratio: NonNeg = 1.02
+    max_accuracy_drop_pp: NonNeg = 1.5
+    min_rouge_vs_baseline: Annotated[float, Field(ge=0, le=1)] = 0.80
+    max_rouge_vs_reference_drop: NonNeg = 0.02
+    latency_tie_rel: NonNeg = 0.0
+    on_incomplete: Literal["error", "skip"] = "error"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def replace(self, **changes) -> Constraints:
+        """A copy with the given (non-None) thresholds changed, validated."""
+        data = self.to_dict()
+        data.update({k: v for k, v in changes.items() if v is not None})
+        return _ADAPTER.validate_python(data)
+
+    @classmethod
+    def from_toml(cls, path) -> Constraints:
+        path = Path(path)
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+        data = data.get("constraints", data)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InputFileError(path, None, unknown[0],
+                                 f"unknown constraint; known: {', '.join(sorted(known))}")
+        try:
+            return _ADAPTER.validate_python(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise InputFileError(path, None, ".".join(map(str, err["loc"])), err["msg"]) from None
+
+
+_ADAPTER = TypeAdapter(Constraints)

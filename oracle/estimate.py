@@ -1,0 +1,166 @@
+"""Estimate each mode's metrics at a request's features from measured cells.
+
+Method (documented for users, tested in ``tests/test_oracle_estimate.py``):
+
+1. The request's *condition* (plain, shared prefix, memory pressure, batch
+   pressure, benchmark) comes from its registered family, else from its numbers.
+   Only profile units measured under the same condition are used (a benchmark
+   request uses units of the same benchmark suite). When none exist, the plain
+   units are used and the basis says so.
+2. Within that pool, each metric of each mode is interpolated linearly over a
+   Delaunay triangulation of the measured points in (log(1+prompt tokens),
+   log(1+output tokens)); latency, TTFT, throughput, energy per token and memory
+   are interpolated in log space (they scale as power laws), quality linearly.
+   Points with the same coordinates are averaged first.
+3. Outside the measured range (outside the triangulation's hull), or with fewer
+   than three non-collinear points, the nearest measured point is used.
+
+A request that coincides with a measured cell gets that cell's values and is
+marked ``measured``; everything else is ``estimated``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy.interpolate import LinearNDInterpolator
+from scipy.spatial import QhullError
+
+from oracle.cells import METRICS, Cells, OracleError, family_condition
+
+LOG_METRICS = {"latency_ms", "ttft_ms", "tokens_per_s", "energy_per_token_j", "peak_memory_mb"}
+
+
+def _coords(prompt, output) -> np.ndarray:
+    return np.column_stack([np.log1p(np.asarray(prompt, float)),
+                            np.log1p(np.asarray(output, float))])
+
+
+def _nearest(points, query):
+    d = ((query[:, None, :] - points[None, :, :]) ** 2).sum(-1)
+    return d.argmin(axis=1), d.min(axis=1)
+
+
+def _interpolate(points, values, query, log: bool):
+    """Linear inside the hull, nearest outside; returns (estimates, inside mask)."""
+    ok = ~np.isnan(values)
+    pts, vals = points[ok], values[ok]
+    out = np.full(len(query), np.nan)
+    inside = np.zeros(len(query), dtype=bool)
+    if len(pts) == 0:
+        return out, inside
+    if log:
+        vals = np.log(np.maximum(vals, 1e-12))
+    # average duplicate points
+    uniq, inv = np.unique(np.round(pts, 12), axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    vals = np.bincount(inv, weights=vals) / np.bincount(inv)
+    pts = uniq
+    idx, _ = _nearest(pts, query)
+    out = vals[idx]
+    if len(pts) >= 3:
+        try:
+            lin = LinearNDInterpolator(pts, vals)(query)
+            inside = ~np.isnan(lin)
+            out = np.where(inside, lin, out)
+        except QhullError:
+            pass
+    return (np.exp(out) if log else out), inside
+
+
+def _pool(cells: Cells, condition: str, suite) -> tuple[pd.Index, str]:
+    units = cells.units
+    if condition == "benchmark":
+        same = units.index[(units["condition"] == "benchmark")
+                           & (units["benchmark_suite"] == suite)]
+        if len(same):
+            return same, f"{suite} cells"
+        condition_pool = units.index[units["condition"] == "plain"]
+        return condition_pool, f"plain cells (no {suite} cells measured)"
+    same = units.index[units["condition"] == condition]
+    if len(same):
+        return same, f"{condition} cells"
+    return units.index[units["condition"] == "plain"], f"plain cells (no {condition} cells measured)"
+
+
+def estimate(cells: Cells, requests: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per-(request, mode) metric estimates and a per-request basis table.
+
+    ``requests`` needs the Request fields (``id``, shape columns, ``family``,
+    ``benchmark_suite``). Requests whose id is a measured unit take that unit's
+    measurements.
+    """
+    metrics = cells.metrics
+    units = cells.units
+    all_modes = metrics.index.get_level_values("mode").unique()
+    rows, basis = [], []
+    req = requests.reset_index(drop=True)
+    cond = [
+        family_condition(r["family"], r["benchmark_suite"], r)
+        for r in req.to_dict(orient="records")
+    ]
+    req = req.assign(condition=cond)
+    measured_ids = set(units.index)
+
+    group_key = req["condition"] + "|" + req["benchmark_suite"].fillna("").astype(str)
+    for _, grp in req.groupby(group_key, sort=False):
+        condition = grp["condition"].iloc[0]
+        suite = grp["benchmark_suite"].iloc[0]
+        pool, pool_desc = _pool(cells, condition, suite)
+        if not len(pool):
+            raise OracleError(
+                f"no profile cells to estimate {condition!r} requests from "
+                "(and no plain cells to fall back on)"
+            )
+        pool_units = units.loc[pool]
+        ref = pool_units["reference_mode"].iloc[0]
+        pts = _coords(pool_units["prompt_tokens"], pool_units["expected_output_tokens"])
+        if np.isnan(pts).any():
+            bad = pool_units.index[np.isnan(pts).any(axis=1)][0]
+            raise OracleError(f"unit {bad!r} has no prompt/output token counts to estimate from")
+        q = _coords(grp["prompt_tokens"], grp["expected_output_tokens"])
+        near_idx, near_d = _nearest(pts, q)
+        ref_inside = None
+        for mode in all_modes:
+            key = [(u, mode) for u in pool]
+            m = metrics.reindex(pd.MultiIndex.from_tuples(key, names=["unit", "mode"]))
+            if m["latency_ms"].isna().all() and m.drop(columns="n_rows").isna().all().all():
+                continue
+            est = {}
+            for metric in METRICS:
+                est[metric], inside = _interpolate(pts, m[metric].to_numpy(float), q,
+                                                   metric in LOG_METRICS)
+                if metric == "latency_ms" and mode == ref:
+                    ref_inside = inside
+            for i, rid in enumerate(grp["id"]):
+                rows.append({"unit": rid, "mode": mode, **{k: v[i] for k, v in est.items()}})
+        for i, rid in enumerate(grp["id"]):
+            exact = near_d[i] < 1e-12
+            nearest_unit = pool[near_idx[i]]
+            if exact:
+                how = f"cell {nearest_unit}"
+            elif ref_inside is not None and ref_inside[i]:
+                how = "interpolated in (log prompt, log output)"
+            else:
+                how = f"nearest cell {nearest_unit} (outside measured range)"
+            basis.append({
+                "unit": rid,
+                "condition": condition,
+                "reference_mode": ref,
+                "label_source": "measured" if exact else "estimated",
+                "estimate_basis": f"{how}; pool: {pool_desc}",
+            })
+    est_df = pd.DataFrame(rows)
+    basis_df = pd.DataFrame(basis).set_index("unit")
+    # requests that are themselves measured units take their measurements
+    direct = [rid for rid in req["id"] if rid in measured_ids]
+    if direct:
+        est_df = est_df[~est_df["unit"].isin(direct)]
+        measured = metrics.loc[metrics.index.get_level_values("unit").isin(direct)].reset_index()
+        est_df = pd.concat([est_df, measured.drop(columns="n_rows")], ignore_index=True)
+        for rid in direct:
+            basis_df.loc[rid, "label_source"] = "measured"
+            basis_df.loc[rid, "estimate_basis"] = "measured request"
+            basis_df.loc[rid, "reference_mode"] = units.loc[rid, "reference_mode"]
+    est_df = est_df.set_index(["unit", "mode"]).sort_index()
+    return est_df, basis_df

@@ -1,0 +1,223 @@
+"""Pick, per unit, the fastest mode that meets every constraint.
+
+Decision, per unit (a measured request, a workload cell, or a request whose
+metrics were estimated):
+
+1. Every mode is compared with the unit's reference mode: energy-per-token
+   ratio, peak-memory ratio and the quality signals the reference has
+   (see :class:`oracle.constraints.Constraints`). The reference itself is
+   always safe.
+2. Among safe modes the lowest mean latency wins.
+3. Ties (exactly equal latency, or within ``latency_tie_rel``) break by lower
+   energy per token, then lower peak memory, then the reference first, then the
+   mode name in alphabetical order, so the result never depends on row order.
+
+Missing data is never treated as safe: a unit without reference rows or a mode
+missing a metric that the reference has is an :class:`OracleError`, unless
+``on_incomplete="skip"``, which skips the unit or rejects the mode with reason.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from oracle.cells import Cells, OracleError, summarise
+from oracle.constraints import Constraints
+from oracle.estimate import estimate
+
+EPS = 1e-9
+QUALITY_SIGNALS = ("accuracy", "rouge_l_vs_reference", "rouge_l_vs_baseline")
+
+
+def _fmt_missing(unit, mode, metrics):
+    return f"unit {unit!r}, mode {mode!r}: {', '.join(metrics)} not measured"
+
+
+def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constraints):
+    """Label every unit in ``metrics`` (indexed by unit, mode).
+
+    Returns ``(labels, candidates, skipped)``: one row per labelled unit; one row
+    per (unit, mode) with ratios, violations and the verdict; and the units
+    skipped for want of reference data (only with ``on_incomplete="skip"``).
+    """
+    c = constraints
+    skip = c.on_incomplete == "skip"
+    cand = metrics.reset_index()
+    cand["reference_mode"] = cand["unit"].map(reference_of)
+    cand["is_reference"] = cand["mode"] == cand["reference_mode"]
+
+    skipped = {}
+    ref = cand[cand["is_reference"]].set_index("unit")
+    for unit in cand["unit"].unique():
+        problem = None
+        if unit not in ref.index:
+            problem = f"no rows for its reference mode {reference_of.get(unit)!r}"
+        elif pd.isna(ref.loc[unit, "latency_ms"]):
+            problem = f"its reference mode {ref.loc[unit, 'mode']!r} has no latency"
+        if problem:
+            if not skip:
+                raise OracleError(
+                    f"unit {unit!r}: {problem}; the oracle will not guess a label "
+                    "(use on_incomplete=skip / --incomplete skip to skip such units)"
+                )
+            skipped[unit] = problem
+    cand = cand[~cand["unit"].isin(skipped)].copy()
+
+    r = ref.reindex(cand["unit"])
+    cand["energy_ratio"] = cand["energy_per_token_j"].to_numpy() / r["energy_per_token_j"].to_numpy()
+    cand["memory_ratio"] = cand["peak_memory_mb"].to_numpy() / r["peak_memory_mb"].to_numpy()
+    cand["accuracy_delta_pp"] = (cand["accuracy"].to_numpy() - r["accuracy"].to_numpy()) * 100
+    cand["rouge_vs_reference_delta"] = (
+        cand["rouge_l_vs_reference"].to_numpy() - r["rouge_l_vs_reference"].to_numpy()
+    )
+    cand["speedup"] = r["latency_ms"].to_numpy() / cand["latency_ms"].to_numpy()
+
+    # which signals exist for each unit: the reference has them (ROUGE vs the
+    # reference-mode output exists when any other mode of the unit has it)
+    has_rb = cand[~cand["is_reference"]].groupby("unit")["rouge_l_vs_baseline"].apply(
+        lambda s: s.notna().any())
+    needs = {
+        "latency_ms": pd.Series(True, index=cand.index),
+        "energy_per_token_j": r["energy_per_token_j"].notna().to_numpy(),
+        "peak_memory_mb": r["peak_memory_mb"].notna().to_numpy(),
+        "accuracy": r["accuracy"].notna().to_numpy(),
+        "rouge_l_vs_reference": r["rouge_l_vs_reference"].notna().to_numpy(),
+        "rouge_l_vs_baseline": cand["unit"].map(has_rb).eq(True).to_numpy(),
+    }
+    missing = []
+    for i, row in enumerate(cand.itertuples(index=False)):
+        if row.is_reference:
+            missing.append("")
+            continue
+        gone = [m for m, need in needs.items() if bool(np.asarray(need)[i])
+                and pd.isna(getattr(row, m))]
+        if gone and not skip:
+            raise OracleError(
+                _fmt_missing(row.unit, row.mode, gone)
+                + " although the reference has it; the oracle will not treat it as safe "
+                "(use on_incomplete=skip / --incomplete skip to reject such modes)"
+            )
+        missing.append(",".join(gone))
+    cand["missing"] = missing
+
+    viol = {
+        "energy": cand["energy_ratio"] > c.max_energy_ratio + EPS,
+        "memory": cand["memory_ratio"] > c.max_memory_ratio + EPS,
+        "quality_accuracy": cand["accuracy_delta_pp"] < -c.max_accuracy_drop_pp - EPS,
+        "quality_rouge_vs_baseline": (
+            cand["rouge_l_vs_baseline"] < c.min_rouge_vs_baseline - EPS
+        ) & ~cand["is_reference"],
+        "quality_rouge_vs_reference": (
+            cand["rouge_vs_reference_delta"] < -c.max_rouge_vs_reference_drop - EPS
+        ),
+    }
+    for k, v in viol.items():
+        cand[f"violates_{k}"] = v.fillna(False).astype(bool) & ~cand["is_reference"]
+    cand["violations"] = [
+        ",".join(k for k in viol if row[f"violates_{k}"]) for _, row in cand.iterrows()
+    ]
+    cand["safe"] = cand["is_reference"] | ((cand["violations"] == "") & (cand["missing"] == ""))
+
+    # choose: fastest safe, deterministic tie-break
+    safe = cand[cand["safe"]].copy()
+    best_lat = safe.groupby("unit")["latency_ms"].transform("min")
+    safe["tied"] = safe["latency_ms"] <= best_lat * (1 + c.latency_tie_rel) + EPS * best_lat
+    safe = safe[safe["tied"]]
+    safe = safe.assign(
+        _e=safe["energy_per_token_j"].fillna(np.inf),
+        _m=safe["peak_memory_mb"].fillna(np.inf),
+        _r=(~safe["is_reference"]).astype(int),
+        _lat=safe["latency_ms"] if c.latency_tie_rel == 0 else 0.0,
+    ).sort_values(["unit", "_lat", "_e", "_m", "_r", "mode"])
+    chosen = safe.groupby("unit", sort=False).head(1).set_index("unit")["mode"]
+    cand["chosen"] = cand["mode"] == cand["unit"].map(chosen)
+    cand["reason"] = [_reason(row, c) for _, row in cand.iterrows()]
+    best_latency = cand[cand["chosen"]].set_index("unit")["latency_ms"]
+    cand["slowdown_vs_label"] = cand["latency_ms"] / cand["unit"].map(best_latency)
+
+    ref_lat = r["latency_ms"].groupby(level=0).first()
+    labels = pd.DataFrame({"label": chosen})
+    labels["label_latency_ms"] = best_latency.reindex(labels.index)
+    labels["reference_mode"] = labels.index.map(reference_of)
+    labels["reference_latency_ms"] = ref_lat.reindex(labels.index)
+    labels["speedup"] = labels["reference_latency_ms"] / labels["label_latency_ms"]
+    quality = [m for m in QUALITY_SIGNALS]
+    signals = pd.DataFrame({m: np.asarray(needs[m], dtype=bool) for m in quality})
+    signals["unit"] = cand["unit"].to_numpy()
+    per_unit = signals.groupby("unit")[quality].any()
+    labels["quality_signals"] = per_unit.reindex(labels.index).apply(
+        lambda r: ",".join(m for m in quality if r[m]) or "none", axis=1)
+    labels["n_modes"] = cand.groupby("unit").size().reindex(labels.index)
+    labels["n_safe"] = cand.groupby("unit")["safe"].sum().reindex(labels.index)
+    rejected: dict[str, list[str]] = {}
+    for r_ in cand[~cand["safe"]].itertuples(index=False):
+        why = r_.violations or f"missing {r_.missing}"
+        rejected.setdefault(r_.unit, []).append(f"{r_.mode}: {why}")
+    labels["rejected"] = ["; ".join(rejected.get(u, [])) for u in labels.index]
+    labels.index.name = "unit"
+    cand = cand.drop(columns=[c for c in cand.columns if c.startswith("_")], errors="ignore")
+    return labels, cand, skipped
+
+
+def _reason(row, c: Constraints) -> str:
+    if row["is_reference"] and row.get("chosen"):
+        return "reference; no other mode is faster and safe"
+    parts = []
+    if row["missing"]:
+        parts.append(f"not measured: {row['missing']}")
+    if row["violates_energy"]:
+        parts.append(f"energy/token {row['energy_ratio']:.3f}x > {c.max_energy_ratio:.2f}x "
+                     f"(over by {row['energy_ratio'] - c.max_energy_ratio:.3f})")
+    if row["violates_memory"]:
+        parts.append(f"peak memory {row['memory_ratio']:.4f}x > {c.max_memory_ratio:.2f}x "
+                     f"(over by {row['memory_ratio'] - c.max_memory_ratio:.4f})")
+    if row["violates_quality_accuracy"]:
+        parts.append(f"accuracy {row['accuracy_delta_pp']:+.2f} pp < -{c.max_accuracy_drop_pp} pp "
+                     f"(short by {-c.max_accuracy_drop_pp - row['accuracy_delta_pp']:.2f})")
+    if row["violates_quality_rouge_vs_baseline"]:
+        parts.append(f"ROUGE-L vs reference output {row['rouge_l_vs_baseline']:.3f} < "
+                     f"{c.min_rouge_vs_baseline:.2f} "
+                     f"(short by {c.min_rouge_vs_baseline - row['rouge_l_vs_baseline']:.3f})")
+    if row["violates_quality_rouge_vs_reference"]:
+        parts.append(f"ROUGE-L vs gold {row['rouge_vs_reference_delta']:+.3f} < "
+                     f"-{c.max_rouge_vs_reference_drop:.2f} "
+                     f"(short by {-c.max_rouge_vs_reference_drop - row['rouge_vs_reference_delta']:.3f})")
+    if parts:
+        return "rejected: " + "; ".join(parts)
+    if row["chosen"]:
+        return "chosen: fastest mode that meets every constraint"
+    return "safe, but not the fastest"
+
+
+def _with_units(labels, cells: Cells):
+    info = cells.units[["workload", "family", "condition", "prompt_tokens",
+                        "expected_output_tokens", "shared_prefix_tokens", "memory_pressure"]]
+    out = labels.join(info, how="left")
+    out["label_source"] = "measured"
+    out["estimate_basis"] = "measured cell"
+    return out
+
+
+def label_profile(profile: pd.DataFrame, constraints: Constraints | None = None, source=None):
+    """Label every measured unit of a profile. Returns (labels, candidates, skipped)."""
+    constraints = constraints or Constraints()
+    cells = summarise(profile, source)
+    labels, cand, skipped = decide(cells.metrics, cells.units["reference_mode"], constraints)
+    return _with_units(labels, cells), cand, skipped
+
+
+def label_requests(profile: pd.DataFrame, requests: pd.DataFrame,
+                   constraints: Constraints | None = None, source=None):
+    """Label requests (a DataFrame of Request fields) from a profile, estimating
+    metrics at each request's features where it was not measured itself."""
+    constraints = constraints or Constraints()
+    cells = summarise(profile, source)
+    est, basis = estimate(cells, requests)
+    labels, cand, skipped = decide(est, basis["reference_mode"], constraints)
+    req = requests.set_index("id")
+    cols = [c for c in ("workload", "family", "benchmark_suite", "prompt_tokens",
+                        "expected_output_tokens", "shared_prefix_tokens",
+                        "concurrent_requests", "memory_pressure") if c in req.columns]
+    labels = labels.join(req[cols]).join(basis[["condition", "label_source", "estimate_basis"]])
+    return labels, cand, skipped

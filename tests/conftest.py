@@ -1,0 +1,15 @@
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+A100 = SHARED / "reference" / "a100"
+BENCHMARKS = SHARED / "reference" / "benchmarks"
+
+
+@pytest.fixture
+def a100_dir():
+    if not A100.is_dir():
+        pytest.skip(f"published A100 profiles not present at {A100} (a user's clone has no ../shared)")
+    return A100

@@ -1,0 +1,79 @@
+import json
+
+import pytest
+
+from dataset.errors import InputFileError
+from dataset.features import FEATURE_SET_A, FEATURE_SET_B, features_frame, request_features
+from dataset.requests import Request, read_requests
+from dataset.workloads import get_workload, list_workloads
+
+
+def write_jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_read_requests_validates_and_keeps_optional_fields_missing(tmp_path):
+    p = write_jsonl(tmp_path / "r.jsonl", [
+        {"id": "a", "prompt_tokens": 100, "expected_output_tokens": 32},
+        {"id": "b", "prompt_tokens": 900, "expected_output_tokens": 8, "shared_prefix_tokens": 800,
+         "benchmark_suite": "gsm8k", "prompt": "2+2?"},
+    ])
+    reqs = read_requests(p)
+    assert reqs[0].family is None and reqs[0].concurrent_requests == 1
+    assert reqs[1].shared_prefix_tokens == 800 and reqs[1].prompt == "2+2?"
+
+
+@pytest.mark.parametrize("bad,field", [
+    ({"prompt_tokens": -1}, "prompt_tokens"),
+    ({"expected_output_tokens": 0}, "expected_output_tokens"),
+    ({"memory_pressure": 1.5}, "memory_pressure"),
+    ({"concurrent_requests": "many"}, "concurrent_requests"),
+    ({"shared_prefix_tokens": 500}, "shared_prefix_tokens"),
+])
+def test_bad_request_names_file_row_and_field(tmp_path, bad, field):
+    good = {"id": "a", "prompt_tokens": 100, "expected_output_tokens": 32}
+    p = write_jsonl(tmp_path / "r.jsonl", [good, {**good, "id": "b", **bad}])
+    with pytest.raises(InputFileError) as exc:
+        read_requests(p)
+    assert (exc.value.row, exc.value.field) == (1, field)
+    assert str(p) in str(exc.value)
+
+
+def test_missing_required_field_and_duplicate_ids(tmp_path):
+    p = write_jsonl(tmp_path / "r.jsonl", [{"id": "a", "prompt_tokens": 5}])
+    with pytest.raises(InputFileError) as exc:
+        read_requests(p)
+    assert exc.value.field == "expected_output_tokens"
+    p = write_jsonl(tmp_path / "d.jsonl", [{"id": "a", "prompt_tokens": 5, "expected_output_tokens": 1}] * 2)
+    with pytest.raises(InputFileError, match="duplicate"):
+        read_requests(p)
+
+
+def test_features_are_pure_and_ordered():
+    r = Request(id="x", prompt_tokens=128, expected_output_tokens=32, memory_pressure=0.25,
+                family="short_prompt_short_output")
+    a = request_features(r, "A")
+    assert len(a) == len(FEATURE_SET_A)
+    assert a[0] == 128 and a[1] == 32 and a[2] == pytest.approx(0.25) and a[-1] == 0.25
+    assert request_features(r, "A") == a
+    b = request_features(r, "B")
+    assert b[: len(a)] == a and b[-2:] == ("short_prompt_short_output", "none")
+    df = features_frame([r], "B")
+    assert list(df.columns[: len(FEATURE_SET_B)]) == list(FEATURE_SET_B)
+    with pytest.raises(ValueError):
+        request_features(r, "C")
+
+
+def test_workloads_vary_inside_a_family_and_are_seeded():
+    spec = get_workload("long_prompt_short_output")
+    reqs = spec.sample(50, seed=3)
+    assert len({r.prompt_tokens for r in reqs}) > 10
+    assert len({r.expected_output_tokens for r in reqs}) > 5
+    assert [r.prompt_tokens for r in spec.sample(50, seed=3)] == [r.prompt_tokens for r in reqs]
+    shared = get_workload("shared_prefix_chat").sample(20, seed=1)
+    assert all(r.prompt_tokens > r.shared_prefix_tokens == 1024 for r in shared)
+    assert {w.name for w in list_workloads()} >= {
+        "short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",
+        "long_prompt_long_output", "shared_prefix_chat", "memory_pressure_long_context",
+        "batch_pressure"}
