@@ -249,6 +249,92 @@ def route_cmd(
     console.print(frame_table(df, title=f"{router}: {len(reqs)} requests"))
 
 
+# -------------------------------------------------------------------- model
+model_app = typer.Typer(help="The project's own small model (built, not downloaded).",
+                        no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("build")
+@friendly_errors
+def model_build_cmd(
+    cache_dir: Annotated[Optional[Path], typer.Option(help="Cache folder [$MODESWITCH_CACHE or ~/.cache/modeswitch].")] = None,
+    force: Annotated[bool, typer.Option(help="Rebuild even if a cached build exists.")] = False,
+):
+    """Train the small default target model and its draft (cached; about 4 minutes on 2 cores)."""
+    import json
+
+    from rich.progress import Progress
+
+    from engine.models.tiny import BuildRecipe, build_models
+
+    with Progress(console=console) as progress:
+        built = build_models(cache_dir, BuildRecipe(), force=force, progress=progress,
+                             log=console.print)
+    c = built.card
+    console.print(f"target: {built.target} ({c['target_params'] / 1e6:.1f} M parameters)")
+    console.print(f"draft:  {built.draft} ({c['draft_params'] / 1e6:.1f} M parameters)")
+    console.print(json.dumps({k: c[k] for k in (
+        "target_eval_loss", "draft_eval_loss", "draft_acceptance_rate",
+        "target_median_top1_top2_logit_gap", "build_seconds")}, indent=1)
+        + f"\nfinal train loss: target {c['target']['final_train_loss']:.3f}, "
+          f"draft {c['draft']['final_train_loss']:.3f}")
+
+
+# ------------------------------------------------------------------ profile
+@app.command("profile")
+@friendly_errors
+def profile_cmd(
+    output: Annotated[Path, typer.Option("-o", "--output", help="Profile parquet to write (its journal sits beside it).")],
+    backend: Annotated[str, typer.Option(help="Engine backend.")] = "transformers",
+    model: Annotated[str, typer.Option(help="'tiny' (built here) or a local Hugging Face checkpoint folder.")] = "tiny",
+    draft_model: Annotated[Optional[str], typer.Option(help="Draft checkpoint for speculative decoding.")] = None,
+    modes: Annotated[Optional[list[str]], typer.Option(help="Modes to measure (default: every supported one).")] = None,
+    workloads: Annotated[Optional[list[str]], typer.Option(help="Workloads (default: the study's seven families).")] = None,
+    requests: Annotated[Optional[int], typer.Option(help="Requests (or request groups) per workload [3; quick: 1].")] = None,
+    trials: Annotated[int, typer.Option(help="Trials per (request, mode).")] = 1,
+    benchmarks: Annotated[Optional[list[str]], typer.Option(help="Benchmark JSONL files to draw prompts from.")] = None,
+    benchmark_requests: Annotated[int, typer.Option(help="Prompts per benchmark file.")] = 2,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    seed: Annotated[int, typer.Option(help="Request population seed.")] = 0,
+    quick: Annotated[bool, typer.Option(help="One request per workload, one trial: a fast full sweep.")] = False,
+    threads: Annotated[Optional[int], typer.Option(help="torch threads (default: torch's choice).")] = None,
+    cache_dir: Annotated[Optional[Path], typer.Option(help="Model cache folder.")] = None,
+):
+    """Measure modes on workloads and write a validated, resumable profile table."""
+    from rich.progress import Progress
+
+    from engine.models.resolve import resolve_models
+    from engine.profiler import DEFAULT_WORKLOADS, Profiler, ProfileSpec
+
+    if backend != "transformers":
+        raise ValueError(f"backend {backend!r} is not available in this build; use transformers")
+    with Progress(console=console) as progress:
+        target, draft, card = resolve_models(model, draft_model, cache_dir, progress, console.print)
+    if card:
+        console.print(f"model: project tiny model ({card['target_params'] / 1e6:.1f} M params, "
+                      f"eval loss {card['target_eval_loss']}; draft acceptance "
+                      f"{card['draft_acceptance_rate']:.2f})")
+    spec = ProfileSpec(
+        model=str(target), draft_model=str(draft) if draft else None, backend=backend,
+        device=device, modes=_split(modes) or None,
+        workloads=_split(workloads) or list(DEFAULT_WORKLOADS),
+        requests=requests if requests is not None else (1 if quick else 3),
+        trials=trials, seed=seed, benchmarks=_split(benchmarks),
+        benchmark_requests=benchmark_requests, threads=threads,
+    )
+    df = Profiler(spec, target, draft, output, console=console).run()
+    import pandas as pd
+
+    summary = df.groupby(["family", "mode"])["latency_ms"].mean().unstack("mode")
+    ref = summary["fp16_baseline"]
+    speed = summary.rdiv(ref, axis=0).round(2)
+    console.print(frame_table(speed, title="speedup vs reference (mean latency ratio)"))
+    console.print(f"wrote {len(df)} rows ({df['mode'].nunique()} modes x "
+                  f"{df['family'].nunique()} workload families) to {output}")
+    _ = pd
+
+
 def main():
     app()
 

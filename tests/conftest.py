@@ -13,3 +13,11 @@ def a100_dir():
     if not A100.is_dir():
         pytest.skip(f"published A100 profiles not present at {A100} (a user's clone has no ../shared)")
     return A100
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """The project's model builder with the test recipe (seconds, same code path)."""
+    from engine.models.tiny import TEST_RECIPE, build_models
+
+    return build_models(tmp_path_factory.mktemp("mscache"), TEST_RECIPE, log=lambda *a: None)

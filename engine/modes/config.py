@@ -44,7 +44,8 @@ class ModeConfig:
     measured effect is its own (the study compared an eager-mode FP16 baseline
     with graph-captured modes). ``substitutes`` lists, nearest first, the modes a
     backend that lacks this one should run instead; the chain never ends at the
-    reference implicitly.
+    reference implicitly. ``max_num_batched_tokens`` is the prefill chunk size of
+    chunked-prefill modes (vLLM's name for it).
     """
 
     name: str
@@ -55,6 +56,7 @@ class ModeConfig:
     chunked_prefill: bool = False
     batching: Batching = "none"
     max_num_seqs: Annotated[int, Field(ge=1)] | None = None
+    max_num_batched_tokens: Annotated[int, Field(ge=16)] | None = None
     graph_capture: bool | None = None
     kv_cache_dtype: KVCacheDtype = "auto"
     primary_phase: Phase = "both"

@@ -1,0 +1,273 @@
+"""The transformers/PyTorch backend: every registered mode it can run, for real.
+
+One :class:`TransformersEngine` serves one mode of one model. How each mode is
+implemented (and why the others are not) is declared in :func:`capabilities`,
+the single place the profiler, routers and tests read it from.
+
+Decoding is greedy everywhere so that lossless modes must reproduce the
+reference output token for token.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from pathlib import Path
+
+from dataset.requests import Request
+from engine.backends.base import BackendCapabilities, ModeSupport
+from engine.modes import ModeConfig, get_mode
+from engine.results import Generation
+
+NAME = "transformers"
+
+
+def capabilities(device: str = "cpu") -> BackendCapabilities:
+    """How this backend implements each mode on ``device``, or why it cannot."""
+    cpu = device == "cpu"
+    S = ModeSupport
+    int8_how = ("dynamic int8 linear layers (torch.ao quantize_dynamic, fbgemm)" if cpu else "")
+    int4_how = ("4-bit weight-only RTN, group 32, aten _weight_int4pack_mm_for_cpu with bf16 "
+                "activations (CPU analogue of GPTQ; no calibration)" if cpu else "")
+    no_quant_gpu = ("weight quantization on CUDA needs pre-quantized checkpoints: use the vLLM "
+                    "backend")
+    modes = {
+        "fp16_baseline": S("fp16_baseline", True,
+                           how="unquantized weights in the device's native precision "
+                               "(fp32 on CPU, fp16 on CUDA)"),
+        "int8_quant": S("int8_quant", True, how=int8_how) if cpu else S("int8_quant", False, reason=no_quant_gpu),
+        "gptq_4bit": S("gptq_4bit", True, how=int4_how) if cpu else S("gptq_4bit", False, reason=no_quant_gpu),
+        "awq_4bit": S("awq_4bit", False,
+                      reason="no activation-aware 4-bit path in this backend; gptq_4bit is its "
+                             "only 4-bit mode (routers map awq_4bit to it)"),
+        "speculative_decoding": S("speculative_decoding", True,
+                                  how="assisted generation with the draft model, k tokens per step"),
+        "ngram_speculative_decoding": S("ngram_speculative_decoding", True,
+                                        how="prompt-lookup decoding (n-grams of the prompt)"),
+        "kv_cache_compression": S("kv_cache_compression", True,
+                                  how="fp8 (e4m3) quantized KV cache, per-tensor scale "
+                                      "(transformers QuantizedCache backend 'fp8')"),
+        "prefix_caching": S("prefix_caching", True,
+                            how="KV cache of the shared prefix kept in an LRU store (byte budget), "
+                                "copied into each request that starts with it"),
+        "chunked_prefill": S("chunked_prefill", True,
+                             how="prompt prefilled in chunks of max_num_batched_tokens into the "
+                                 "KV cache, then decoded"),
+        "continuous_batching": S("continuous_batching", True,
+                                 how="transformers' continuous-batching manager (paged KV cache; "
+                                     "requests join the running batch every step)"),
+        "cuda_graphs": S("cuda_graphs", False,
+                         reason="static cache + torch.compile recompiles per prompt length on CPU "
+                                "(16-54 s each) and measured no faster than eager; not offered"),
+        "gptq_plus_prefix_caching": S("gptq_plus_prefix_caching", True, how=int4_how + " + prefix store")
+        if cpu else S("gptq_plus_prefix_caching", False, reason=no_quant_gpu),
+        "int8_plus_prefix_caching": S("int8_plus_prefix_caching", True, how=int8_how + " + prefix store")
+        if cpu else S("int8_plus_prefix_caching", False, reason=no_quant_gpu),
+        "int8_plus_continuous_batching": S("int8_plus_continuous_batching", True,
+                                           how=int8_how + " + continuous-batching manager")
+        if cpu else S("int8_plus_continuous_batching", False, reason=no_quant_gpu),
+        "gptq_plus_continuous_batching": S("gptq_plus_continuous_batching", False,
+                                           reason="not validated with the continuous-batching manager"),
+        "awq_plus_chunked_prefill": S("awq_plus_chunked_prefill", False,
+                                      reason="no activation-aware 4-bit path (see awq_4bit)"),
+        "gptq_plus_chunked_prefill": S("gptq_plus_chunked_prefill", True, how=int4_how + " + chunked prefill")
+        if cpu else S("gptq_plus_chunked_prefill", False, reason=no_quant_gpu),
+        "int8_plus_chunked_prefill": S("int8_plus_chunked_prefill", True, how=int8_how + " + chunked prefill")
+        if cpu else S("int8_plus_chunked_prefill", False, reason=no_quant_gpu),
+        "speculative_plus_chunked_prefill": S("speculative_plus_chunked_prefill", False,
+                                              reason="assisted generation does not take a pre-filled "
+                                                     "target cache here"),
+    }
+    return BackendCapabilities(NAME, "fp16_baseline", "float32" if cpu else "float16", modes)
+
+
+def _quiet_transformers():
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+class TransformersEngine:
+    """One mode of one model on transformers. ``load`` builds it, ``run`` serves a
+    group of requests that arrive together, ``close`` frees it."""
+
+    backend = NAME
+
+    def __init__(self, mode: ModeConfig | str, model_path, draft_path=None, device: str = "cpu",
+                 prefix_cache_mb: int = 256, threads: int | None = None):
+        self.mode = get_mode(mode) if isinstance(mode, str) else mode
+        self.model_path = Path(model_path)
+        self.draft_path = Path(draft_path) if draft_path else None
+        self.device = device
+        self.prefix_cache_mb = prefix_cache_mb
+        self.threads = threads
+        self.model = self.draft = self.tokenizer = self.prefix_store = self._cb = None
+        self.info: dict = {}
+
+    # ----------------------------------------------------------------- set-up
+    def load(self) -> TransformersEngine:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from engine.backends import quantize
+
+        support = capabilities(self.device).support(self.mode.name)
+        if not support.supported:
+            raise NotImplementedError(f"{NAME} cannot run {self.mode.name}: {support.reason}")
+        _quiet_transformers()
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        dtype = torch.float32 if self.device == "cpu" else torch.float16
+        self.dtype = dtype
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device).eval()
+        m = self.mode
+        if m.quantization == "int8":
+            self.info["int8_linears"] = quantize.quantize_int8_dynamic(self.model)
+        elif m.quantization in ("gptq_4bit", "awq_4bit"):
+            self.info["int4_linears"] = quantize.quantize_int4_weight_only(self.model)
+        if m.speculative is not None and m.speculative.method == "draft_model":
+            draft = m.speculative.draft_model or self.draft_path
+            if draft is None:
+                raise ValueError(f"{m.name} needs a draft model (--draft-model PATH)")
+            self.draft = AutoModelForCausalLM.from_pretrained(draft, dtype=dtype).to(self.device).eval()
+            gc = self.draft.generation_config
+            gc.num_assistant_tokens = m.speculative.num_speculative_tokens
+            gc.num_assistant_tokens_schedule = "constant"
+            gc.assistant_confidence_threshold = 0.0
+        if m.prefix_caching:
+            from engine.backends.prefix_cache import PrefixKVStore
+
+            self.prefix_store = PrefixKVStore(self.prefix_cache_mb * 2**20)
+        if m.batching == "continuous":
+            from transformers import GenerationConfig
+
+            gc = GenerationConfig(do_sample=False, max_new_tokens=64,
+                                  eos_token_id=self.tokenizer.eos_token_id,
+                                  pad_token_id=self.tokenizer.pad_token_id)
+            self._cb = self.model.init_continuous_batching(generation_config=gc)
+            self._cb.start()
+        self.info["precision"] = str(dtype).replace("torch.", "")
+        import inspect
+
+        # newer transformers renamed past_key_values to cache
+        self._cache_kw = ("cache" if "cache" in inspect.signature(self.model.forward).parameters
+                          else "past_key_values")
+        return self
+
+    def weights_bytes(self) -> int:
+        from engine.memory import module_bytes
+
+        return module_bytes(self.model, self.draft)
+
+    def warmup(self, prompt_tokens: int = 64, new_tokens: int = 8) -> None:
+        ids = list(range(5, 5 + prompt_tokens))
+        req = Request(id="warmup", prompt_tokens=prompt_tokens, expected_output_tokens=new_tokens)
+        self.run([(req, ids)], ignore_eos=True)
+        if self.prefix_store is not None:
+            self.prefix_store = type(self.prefix_store)(self.prefix_store.max_bytes)
+
+    def close(self) -> None:
+        if self._cb is not None:
+            self._cb.stop(block=True)
+            self._cb = None
+        self.model = self.draft = None
+        import gc
+
+        gc.collect()
+
+    # ---------------------------------------------------------------- serving
+    def run(self, group: list[tuple[Request, list[int]]], ignore_eos: bool = True) -> list[Generation]:
+        """Serve requests that arrive together; latencies count from their arrival."""
+        if self._cb is not None:
+            return self._run_continuous(group, ignore_eos)
+        t0 = time.perf_counter()
+        return [self._generate_one(req, ids, ignore_eos, t0) for req, ids in group]
+
+    def _generate_one(self, req: Request, ids: list[int], ignore_eos: bool, t0: float) -> Generation:
+        import torch
+        from transformers import DynamicCache, QuantizedCache
+
+        from engine.timing import TokenTimer
+
+        m = self.mode
+        timer = TokenTimer(start=t0)
+        max_new = req.expected_output_tokens
+        kwargs = dict(max_new_tokens=max_new, do_sample=False, streamer=timer,
+                      pad_token_id=self.tokenizer.pad_token_id)
+        if ignore_eos:
+            kwargs["min_new_tokens"] = max_new
+        if m.speculative is not None:
+            if m.speculative.method == "draft_model":
+                kwargs["assistant_model"] = self.draft
+            else:
+                kwargs["prompt_lookup_num_tokens"] = m.speculative.num_speculative_tokens
+                kwargs["max_matching_ngram_size"] = m.speculative.prompt_lookup_max
+        input_ids = torch.tensor([ids], device=self.device)
+        cache = None
+        with torch.inference_mode():
+            if m.kv_cache_dtype == "fp8":
+                cache = QuantizedCache(backend="fp8", config=self.model.config)
+            if self.prefix_store is not None:
+                n, cached = self.prefix_store.lookup(ids)
+                if cached is not None:
+                    cache = cached
+                    self.info["prefix_hits"] = self.info.get("prefix_hits", 0) + 1
+                    self.info["prefix_tokens_reused"] = self.info.get("prefix_tokens_reused", 0) + n
+                elif 0 < req.shared_prefix_tokens < len(ids):
+                    p = req.shared_prefix_tokens
+                    cache = DynamicCache(config=self.model.config)
+                    self.model(input_ids[:, :p], use_cache=True, **{self._cache_kw: cache})
+                    self.prefix_store.store(ids[:p], cache)
+            if m.chunked_prefill:
+                cache = cache if cache is not None else DynamicCache(config=self.model.config)
+                chunk = m.max_num_batched_tokens or 256
+                done = cache.get_seq_length()
+                for s in range(done, len(ids) - 1, chunk):
+                    e = min(s + chunk, len(ids) - 1)
+                    self.model(input_ids[:, s:e], use_cache=True, **{self._cache_kw: cache})
+                self.info["prefill_chunks"] = self.info.get("prefill_chunks", 0) + max(
+                    0, -(-(len(ids) - 1 - done) // chunk))
+            if cache is not None:
+                kwargs[self._cache_kw] = cache
+            out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
+        latency = (time.perf_counter() - t0) * 1000
+        new = out[0, len(ids):].tolist()
+        return Generation(req.id, new, self.tokenizer.decode(new, skip_special_tokens=True), latency,
+                          timer.times_ms[: len(new)])
+
+    def _run_continuous(self, group, ignore_eos: bool) -> list[Generation]:
+        t0 = time.perf_counter()
+        eos = -1 if ignore_eos else self.tokenizer.eos_token_id
+        rids = {}
+        for req, ids in group:
+            rid = self._cb.add_request(list(ids), max_new_tokens=req.expected_output_tokens,
+                                       record_timestamps=True, eos_token_id=eos)
+            rids[rid] = req
+        done: dict[str, Generation] = {}
+        while len(done) < len(rids):
+            res = self._cb.get_result(timeout=60)
+            if res is None:
+                raise TimeoutError("continuous batching produced no result within 60 s")
+            if res.request_id not in rids or not res.is_finished():
+                continue
+            if res.error:
+                raise RuntimeError(f"continuous batching failed: {res.error}")
+            now = time.perf_counter()
+            toks = list(res.generated_tokens)
+            times = [(t - t0) * 1000 for t in (res.timestamps or [])][: len(toks)]
+            done[res.request_id] = Generation(
+                rids[res.request_id].id, toks, self.tokenizer.decode(toks, skip_special_tokens=True),
+                (now - t0) * 1000, times)
+        order = {req.id: i for i, (req, _) in enumerate(group)}
+        return sorted(done.values(), key=lambda g: order[g.request_id])
+
+
+def engine_copy(engine: TransformersEngine, mode) -> TransformersEngine:
+    """A new, unloaded engine for another mode of the same model."""
+    e = copy.copy(engine)
+    e.__init__(mode, engine.model_path, engine.draft_path, engine.device, engine.prefix_cache_mb,
+               engine.threads)
+    return e

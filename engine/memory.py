@@ -1,0 +1,63 @@
+"""Peak memory during a request window.
+
+On CUDA the allocator's peak counter is exact. On CPU we report the resident
+model (every parameter and buffer, packed quantized weights included, at their
+real byte size) plus the peak growth of the process's resident set during the
+request (KV cache and activations), sampled every few milliseconds. Process RSS
+alone would mostly measure the PyTorch runtime, the same for every mode.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psutil
+
+
+def module_bytes(*modules) -> int:
+    """Bytes held by the parameters and buffers of modules (shared storage once)."""
+    seen, total = set(), 0
+    for m in modules:
+        if m is None:
+            continue
+        tensors = list(m.parameters()) + list(m.buffers())
+        for extra in getattr(m, "_modeswitch_extra_tensors", lambda: [])():
+            tensors.append(extra)
+        for t in tensors:
+            key = t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t)
+            if key in seen:
+                continue
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+class PeakRSS:
+    """Context manager sampling process RSS; ``peak_growth_mb`` after exit."""
+
+    def __init__(self, interval_s: float = 0.005):
+        self.interval_s = interval_s
+        self.proc = psutil.Process()
+        self.base = self.peak = 0
+        self._stop = threading.Event()
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(self.interval_s)
+
+    def __enter__(self):
+        self.base = self.peak = self.proc.memory_info().rss
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    @property
+    def peak_growth_mb(self) -> float:
+        return max(0, self.peak - self.base) / 2**20

@@ -1,0 +1,1 @@
+"""Models the engine runs: the project's own small default model, or any local checkpoint."""

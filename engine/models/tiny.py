@@ -1,0 +1,227 @@
+"""Build the project's small default model and its draft, trained on stdlib text.
+
+No model hub is reachable, so the embedded default model is made here: a
+byte-level BPE tokenizer and a small Llama-architecture causal LM (the target),
+plus a smaller draft sharing the tokenizer, trained with a fixed seed and step
+count on the Python standard library's sources. They are saved as ordinary
+Hugging Face checkpoint folders in a cache directory keyed by the recipe's hash
+and reused when present.
+
+Training must really happen: random weights give near-flat logits, so any
+quantization flips outputs and a draft never agrees with the target. The build
+reports the final loss and the draft's acceptance rate against the target (the
+fraction of held-out positions where the draft's greedy token equals the
+target's, which is the per-token acceptance probability of greedy speculative
+decoding).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from dataset.corpus import corpus_hash, stdlib_text
+
+CARD = "modeswitch_model.json"
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    max_position_embeddings: int = 4096
+
+
+@dataclass(frozen=True)
+class BuildRecipe:
+    """Everything that determines the built models (hashed into the cache key)."""
+
+    vocab_size: int = 4096
+    corpus_bytes: int = 6_000_000
+    seq_len: int = 128
+    batch_size: int = 16
+    lr: float = 4e-3
+    seed: int = 0
+    target: ArchConfig = field(default_factory=lambda: ArchConfig(256, 4, 704, 4))
+    target_steps: int = 200
+    draft: ArchConfig = field(default_factory=lambda: ArchConfig(128, 2, 352, 2))
+    draft_steps: int = 200
+    #: stop a stage early if it runs this long (a slow machine); recorded in the card
+    stage_time_cap_s: float = 180.0
+
+    def key(self) -> str:
+        blob = json.dumps(asdict(self), sort_keys=True) + platform.python_version()
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+#: A few-second recipe for tests: same code path, tiny sizes.
+TEST_RECIPE = BuildRecipe(
+    vocab_size=512, corpus_bytes=400_000, seq_len=128, batch_size=16, lr=4e-3,
+    target=ArchConfig(128, 2, 352, 2, 2048), target_steps=150,
+    draft=ArchConfig(64, 1, 176, 2, 2048), draft_steps=150,
+)
+
+
+@dataclass
+class BuiltModels:
+    target: Path
+    draft: Path
+    card: dict
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("MODESWITCH_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "modeswitch"
+
+
+def _train_tokenizer(text: str, vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator([text[i:i + 100_000] for i in range(0, len(text), 100_000)], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>", unk_token=None)
+
+
+def _llama(arch: ArchConfig, tokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size, num_hidden_layers=arch.num_hidden_layers,
+        num_attention_heads=arch.num_attention_heads, num_key_value_heads=arch.num_attention_heads,
+        max_position_embeddings=arch.max_position_embeddings, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def _train(model, stream, recipe: BuildRecipe, steps: int, label: str, progress=None) -> dict:
+    import torch
+
+    g = torch.Generator().manual_seed(recipe.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01, betas=(0.9, 0.95))
+    warmup = max(1, steps // 10)
+
+    def lr_at(step):
+        if step < warmup:
+            return (step + 1) / warmup
+        t = (step - warmup) / max(1, steps - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    model.train()
+    n = len(stream) - recipe.seq_len - 1
+    start, losses, done = time.perf_counter(), [], 0
+    task = progress.add_task(f"train {label}", total=steps) if progress else None
+    for step in range(steps):
+        idx = torch.randint(0, n, (recipe.batch_size,), generator=g)
+        batch = torch.stack([stream[i:i + recipe.seq_len] for i in idx.tolist()])
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        done = step + 1
+        if progress:
+            progress.update(task, advance=1, description=f"train {label} loss {loss.item():.2f}")
+        if time.perf_counter() - start > recipe.stage_time_cap_s:
+            break
+    model.eval()
+    tail = losses[-10:]
+    return {"steps": done, "steps_planned": steps, "final_train_loss": sum(tail) / len(tail),
+            "train_seconds": round(time.perf_counter() - start, 1),
+            "tokens_seen": done * recipe.batch_size * recipe.seq_len}
+
+
+def _eval(target, draft, stream, recipe: BuildRecipe, n_windows: int = 8) -> dict:
+    """Held-out loss of both models and the draft's greedy agreement with the target."""
+    import torch
+
+    g = torch.Generator().manual_seed(recipe.seed + 1)
+    n = len(stream) - recipe.seq_len - 1
+    idx = torch.randint(0, n, (n_windows,), generator=g)
+    batch = torch.stack([stream[i:i + recipe.seq_len] for i in idx.tolist()])
+    with torch.inference_mode():
+        t_out = target(input_ids=batch, labels=batch)
+        d_out = draft(input_ids=batch, labels=batch)
+        t_top = t_out.logits.argmax(-1)
+        agree = (d_out.logits.argmax(-1) == t_top).float().mean().item()
+        top2 = t_out.logits.topk(2, dim=-1).values
+        gap = (top2[..., 0] - top2[..., 1]).median().item()
+    return {"target_eval_loss": round(t_out.loss.item(), 4), "draft_eval_loss": round(d_out.loss.item(), 4),
+            "draft_acceptance_rate": round(agree, 4), "target_median_top1_top2_logit_gap": round(gap, 3)}
+
+
+def build_models(cache_dir: Path | None = None, recipe: BuildRecipe = BuildRecipe(),
+                 force: bool = False, progress=None, log=print) -> BuiltModels:
+    """Build (or reuse) the default target and draft models; return their folders."""
+    import torch
+
+    cache_dir = Path(cache_dir or default_cache_dir()) / "models" / f"tiny-{recipe.key()}"
+    target_dir, draft_dir = cache_dir / "target", cache_dir / "draft"
+    card_path = cache_dir / CARD
+    if card_path.exists() and not force:
+        return BuiltModels(target_dir, draft_dir, json.loads(card_path.read_text()))
+
+    torch.manual_seed(recipe.seed)
+    t0 = time.perf_counter()
+    text = stdlib_text(recipe.corpus_bytes)
+    log(f"corpus: {len(text) / 1e6:.1f} MB of Python {platform.python_version()} stdlib sources")
+    tokenizer = _train_tokenizer(text, recipe.vocab_size)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    stream = torch.tensor(ids, dtype=torch.long)
+    split = int(len(stream) * 0.95)
+    train, held = stream[:split], stream[split:]
+    log(f"tokenizer: {len(tokenizer)} tokens; corpus {len(stream)} tokens "
+        f"({time.perf_counter() - t0:.1f} s)")
+
+    target = _llama(recipe.target, tokenizer)
+    draft = _llama(recipe.draft, tokenizer)
+    t_stats = _train(target, train, recipe, recipe.target_steps, "target", progress)
+    d_stats = _train(draft, train, replace(recipe, seed=recipe.seed + 7), recipe.draft_steps,
+                     "draft", progress)
+    ev = _eval(target, draft, held, recipe)
+    card = {
+        "recipe_key": recipe.key(),
+        "recipe": asdict(recipe),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "corpus_sha256_16": corpus_hash(text),
+        "target_params": sum(p.numel() for p in target.parameters()),
+        "draft_params": sum(p.numel() for p in draft.parameters()),
+        "target": t_stats,
+        "draft": d_stats,
+        **ev,
+        "build_seconds": round(time.perf_counter() - t0, 1),
+    }
+    tmp = cache_dir.with_name(cache_dir.name + f".tmp{os.getpid()}")
+    for d, m in ((tmp / "target", target), (tmp / "draft", draft)):
+        m.generation_config.pad_token_id = tokenizer.pad_token_id
+        m.save_pretrained(d)
+        tokenizer.save_pretrained(d)
+    (tmp / CARD).write_text(json.dumps(card, indent=2))
+    if cache_dir.exists():
+        import shutil
+
+        shutil.rmtree(cache_dir)
+    tmp.rename(cache_dir)
+    return BuiltModels(target_dir, draft_dir, card)

@@ -1,0 +1,171 @@
+"""The transformers backend really runs each mode (tiny trained model, CPU)."""
+
+import pytest
+import torch
+
+from dataset.requests import Request
+from dataset.workloads import get_workload
+from engine.backends.transformers_backend import TransformersEngine, capabilities
+from engine.modes import list_modes
+from engine.prompts import PromptBuilder
+
+
+class ForwardSpy:
+    """Wraps model.forward to record how many tokens each call processed."""
+
+    def __init__(self, model):
+        self.calls = []
+        self.cache_types = set()
+        self._orig = model.forward
+
+        def fwd(*args, **kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is not None:
+                self.calls.append(ids.shape[-1])
+            pkv = kwargs.get("cache", kwargs.get("past_key_values"))
+            if pkv is not None:
+                self.cache_types.add(type(pkv).__name__)
+            return self._orig(*args, **kwargs)
+
+        model.forward = fwd
+
+
+@pytest.fixture(scope="module")
+def reqs(tiny_models):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_models.target)
+    b = PromptBuilder(tok, corpus_bytes=200_000)
+    rs = [Request(id="a", prompt_tokens=300, expected_output_tokens=24),
+          Request(id="b", prompt_tokens=90, expected_output_tokens=16)]
+    rs += get_workload("shared_prefix_chat").sample(2, seed=3)
+    return [b.prepare(r) for r in rs]
+
+
+def engine(tiny_models, mode):
+    return TransformersEngine(mode, tiny_models.target, tiny_models.draft).load()
+
+
+@pytest.fixture(scope="module")
+def reference_outputs(tiny_models, reqs):
+    e = engine(tiny_models, "fp16_baseline")
+    out = [e.run([rq])[0] for rq in reqs]
+    e.close()
+    return out
+
+
+def test_the_model_was_trained(tiny_models):
+    card = tiny_models.card
+    assert card["target"]["final_train_loss"] < 5.5  # uniform over 512 tokens would be 6.24
+    assert card["target_median_top1_top2_logit_gap"] > 0.2
+    assert 0 < card["draft_acceptance_rate"] <= 1
+
+
+def test_capabilities_cover_the_registry_and_explain_gaps():
+    caps = capabilities("cpu")
+    assert len(caps.supported_modes()) >= 8
+    for m in list_modes():
+        s = caps.support(m.name)
+        assert s.how if s.supported else s.reason
+
+
+def test_unsupported_mode_refuses_to_load(tiny_models):
+    with pytest.raises(NotImplementedError, match="awq_4bit"):
+        TransformersEngine("awq_4bit", tiny_models.target).load()
+
+
+@pytest.mark.parametrize("mode", ["prefix_caching", "chunked_prefill", "ngram_speculative_decoding",
+                                  "speculative_decoding"])
+def test_lossless_modes_reproduce_the_reference(tiny_models, reqs, reference_outputs, mode):
+    e = engine(tiny_models, mode)
+    got = [e.run([rq])[0] for rq in reqs]
+    e.close()
+    for g, ref in zip(got, reference_outputs):
+        assert g.output_ids == ref.output_ids, (mode, g.request_id)
+        assert g.output_tokens == ref.output_tokens
+
+
+def test_continuous_batching_serves_a_group_with_reference_outputs(tiny_models, reqs, reference_outputs):
+    e = engine(tiny_models, "continuous_batching")
+    got = e.run(reqs)
+    e.close()
+    assert [g.request_id for g in got] == [r.id for r, _ in reqs]
+    for g, ref in zip(got, reference_outputs):
+        assert g.output_ids == ref.output_ids
+        assert len(g.token_times_ms) == g.output_tokens and g.ttft_ms > 0
+
+
+def test_int8_replaces_linear_layers_and_changes_numerics(tiny_models, reqs):
+    from torch.ao.nn.quantized.dynamic import Linear as DynLinear
+
+    e = engine(tiny_models, "int8_quant")
+    n_layers = e.model.config.num_hidden_layers
+    assert e.info["int8_linears"] == 7 * n_layers
+    assert sum(isinstance(m, DynLinear) for m in e.model.modules()) == 7 * n_layers
+    ref = TransformersEngine("fp16_baseline", tiny_models.target).load()
+    ids = torch.tensor([reqs[0][1]])
+    with torch.inference_mode():
+        a, b = ref.model(ids).logits, e.model(ids).logits
+    assert not torch.equal(a, b)
+    # same model underneath: the top token agrees almost everywhere
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.8
+    assert e.weights_bytes() < ref.weights_bytes()
+
+
+def test_int4_packs_weights_and_stays_close(tiny_models, reqs):
+    from engine.backends.quantize import Int4WeightOnlyLinear
+
+    e = engine(tiny_models, "gptq_4bit")
+    ref = TransformersEngine("fp16_baseline", tiny_models.target).load()
+    assert sum(isinstance(m, Int4WeightOnlyLinear) for m in e.model.modules()) == e.info["int4_linears"] > 0
+    ids = torch.tensor([reqs[0][1]])
+    with torch.inference_mode():
+        a, b = ref.model(ids).logits, e.model(ids).logits
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.6
+    assert e.weights_bytes() < ref.weights_bytes()
+
+
+def test_prefix_caching_skips_the_prefix_on_the_second_request(tiny_models, reqs):
+    e = engine(tiny_models, "prefix_caching")
+    spy = ForwardSpy(e.model)
+    first, second = reqs[2], reqs[3]
+    p = first[0].shared_prefix_tokens
+    assert first[1][:p] == second[1][:p] and p == 1024
+    e.run([first])
+    spy.calls.clear()
+    e.run([second])
+    # the second request's prefill covers only its own suffix
+    assert spy.calls[0] == len(second[1]) - p
+    assert e.info["prefix_hits"] == 1 and e.info["prefix_tokens_reused"] == p
+
+
+def test_speculative_decoding_accepts_draft_tokens(tiny_models, reqs, reference_outputs):
+    from engine.modes import get_mode
+
+    # the target as its own draft agrees with itself: every proposal is accepted, so the
+    # target runs about once per k+1 tokens instead of once per token
+    mode = get_mode("speculative_decoding").with_overrides(
+        {"speculative.draft_model": str(tiny_models.target)})
+    e = TransformersEngine(mode, tiny_models.target).load()
+    spy = ForwardSpy(e.model)
+    g = e.run([reqs[0]])[0]
+    k = mode.speculative.num_speculative_tokens
+    assert len(spy.calls) <= -(-g.output_tokens // (k + 1)) + 1
+    assert max(spy.calls[1:]) == k + 1  # each verification step checks k draft tokens + 1
+    assert g.output_ids == reference_outputs[0].output_ids
+
+
+def test_kv_cache_compression_uses_a_quantized_cache(tiny_models, reqs):
+    e = engine(tiny_models, "kv_cache_compression")
+    spy = ForwardSpy(e.model)
+    e.run([reqs[1]])
+    assert spy.cache_types == {"QuantizedCache"}
+
+
+def test_chunked_prefill_never_prefills_more_than_a_chunk(tiny_models, reqs):
+    e = engine(tiny_models, "chunked_prefill")
+    e.mode = e.mode.with_overrides({"max_num_batched_tokens": 64})
+    spy = ForwardSpy(e.model)
+    e.run([reqs[0]])
+    assert max(spy.calls) <= 64
+    assert e.info["prefill_chunks"] == -(-(len(reqs[0][1]) - 1) // 64)
