@@ -258,7 +258,7 @@ app.add_typer(model_app, name="model")
 @model_app.command("build")
 @friendly_errors
 def model_build_cmd(
-    cache_dir: Annotated[Optional[Path], typer.Option(help="Cache folder [$MODESWITCH_CACHE or ~/.cache/modeswitch].")] = None,
+    cache_dir: Annotated[Path | None, typer.Option(help="Cache folder [$MODESWITCH_CACHE or ~/.cache/modeswitch].")] = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if a cached build exists.")] = False,
 ):
     """Train the small default target model and its draft (cached; about 4 minutes on 2 cores)."""
@@ -288,18 +288,18 @@ def profile_cmd(
     output: Annotated[Path, typer.Option("-o", "--output", help="Profile parquet to write (its journal sits beside it).")],
     backend: Annotated[str, typer.Option(help="Engine backend.")] = "transformers",
     model: Annotated[str, typer.Option(help="'tiny' (built here) or a local Hugging Face checkpoint folder.")] = "tiny",
-    draft_model: Annotated[Optional[str], typer.Option(help="Draft checkpoint for speculative decoding.")] = None,
-    modes: Annotated[Optional[list[str]], typer.Option(help="Modes to measure (default: every supported one).")] = None,
-    workloads: Annotated[Optional[list[str]], typer.Option(help="Workloads (default: the study's seven families).")] = None,
-    requests: Annotated[Optional[int], typer.Option(help="Requests (or request groups) per workload [3; quick: 1].")] = None,
+    draft_model: Annotated[str | None, typer.Option(help="Draft checkpoint for speculative decoding.")] = None,
+    modes: Annotated[list[str] | None, typer.Option(help="Modes to measure (default: every supported one).")] = None,
+    workloads: Annotated[list[str] | None, typer.Option(help="Workloads (default: the study's seven families).")] = None,
+    requests: Annotated[int | None, typer.Option(help="Requests (or request groups) per workload [3; quick: 1].")] = None,
     trials: Annotated[int, typer.Option(help="Trials per (request, mode).")] = 1,
-    benchmarks: Annotated[Optional[list[str]], typer.Option(help="Benchmark JSONL files to draw prompts from.")] = None,
+    benchmarks: Annotated[list[str] | None, typer.Option(help="Benchmark JSONL files to draw prompts from.")] = None,
     benchmark_requests: Annotated[int, typer.Option(help="Prompts per benchmark file.")] = 2,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     seed: Annotated[int, typer.Option(help="Request population seed.")] = 0,
     quick: Annotated[bool, typer.Option(help="One request per workload, one trial: a fast full sweep.")] = False,
-    threads: Annotated[Optional[int], typer.Option(help="torch threads (default: torch's choice).")] = None,
-    cache_dir: Annotated[Optional[Path], typer.Option(help="Model cache folder.")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's choice).")] = None,
+    cache_dir: Annotated[Path | None, typer.Option(help="Model cache folder.")] = None,
 ):
     """Measure modes on workloads and write a validated, resumable profile table."""
     from rich.progress import Progress
