@@ -6,7 +6,9 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 SHARED  ?= ../shared/reference/a100
-RUN_DIR ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
+ifndef RUN_DIR
+RUN_DIR := runs/demo-$(shell date +%Y%m%d-%H%M%S)
+endif
 PIP     := $(BIN)/pip --disable-pip-version-check
 
 .PHONY: install demo test ui lint clean-venv
@@ -25,20 +27,26 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# End-to-end demo of what exists so far: import the study's published A100
-# profiles, label every workload with the oracle (with reasons), then route a
-# drawn request population with the rule baseline and label it by estimation.
+# End-to-end demo of what exists so far, all measured for real: build the small
+# default model (cached), profile every supported mode on every workload family
+# (--quick), label each measured request with the oracle, and route a drawn
+# request population with the rule baseline. When the study's published A100
+# profiles are present (SHARED=...), they are imported and labelled too.
 demo: $(STAMP)
-	@test -d $(SHARED) || { echo "demo: published profiles not found at $(SHARED); set SHARED=path/to/reference/a100"; exit 2; }
 	@mkdir -p $(RUN_DIR)
-	$(BIN)/modeswitch modes
-	$(BIN)/modeswitch import-profiles $(SHARED)/profiles_a100_curated_sweep_trials.csv \
-		$(SHARED)/profiles_a100_curated_sweep.csv -o $(RUN_DIR)/a100.parquet
-	$(BIN)/modeswitch label --profiles $(RUN_DIR)/a100.parquet --explain -o $(RUN_DIR)/labels.parquet
+	$(BIN)/modeswitch model build
+	$(BIN)/modeswitch profile --quick -o $(RUN_DIR)/profiles.parquet
+	$(BIN)/modeswitch label --profiles $(RUN_DIR)/profiles.parquet -o $(RUN_DIR)/labels.parquet
 	$(BIN)/modeswitch requests -n 20 -o $(RUN_DIR)/requests.jsonl
-	$(BIN)/modeswitch route --requests $(RUN_DIR)/requests.jsonl --router rule
-	$(BIN)/modeswitch label --profiles $(RUN_DIR)/a100.parquet --requests $(RUN_DIR)/requests.jsonl \
+	$(BIN)/modeswitch label --profiles $(RUN_DIR)/profiles.parquet --requests $(RUN_DIR)/requests.jsonl \
 		-o $(RUN_DIR)/request_labels.parquet
+	$(BIN)/modeswitch route --requests $(RUN_DIR)/requests.jsonl --router rule \
+		--available-modes "$$($(BIN)/python -c 'from engine.backends.transformers_backend import capabilities; print(",".join(capabilities().supported_modes()))')"
+	@if [ -d $(SHARED) ]; then \
+		$(BIN)/modeswitch import-profiles $(SHARED)/profiles_a100_curated_sweep_trials.csv \
+			$(SHARED)/profiles_a100_curated_sweep.csv -o $(RUN_DIR)/a100.parquet && \
+		$(BIN)/modeswitch label --profiles $(RUN_DIR)/a100.parquet --explain -o $(RUN_DIR)/a100_labels.parquet; \
+	else echo "published A100 profiles not found at $(SHARED): skipping their import"; fi
 	@echo "demo outputs in $(RUN_DIR)"
 
 # MLflow UI over the project's store, bound to loopback.

@@ -70,6 +70,9 @@ class Unit:
     id: str
     family: str
     requests: list[Request]
+    #: untimed requests run first: the study times the follow-up to a request that
+    #: shares its prefix ("prime, then follow"), so prefix caches are warm
+    prime: list[Request] = field(default_factory=list)
 
 
 def build_units(spec: ProfileSpec) -> list[Unit]:
@@ -84,8 +87,11 @@ def build_units(spec: ProfileSpec) -> list[Unit]:
                                             concurrent_requests=n_conc) for k, r in enumerate(reqs)]
                 units.append(Unit(f"{name}-{spec.seed}-{u:03d}", name, reqs))
         else:
-            for r in w.sample(spec.requests, seed=spec.seed * 1000 + i):
-                units.append(Unit(r.id, name, [r]))
+            reqs = w.sample(spec.requests + 1, seed=spec.seed * 1000 + i)
+            primer = [dataclasses.replace(reqs[-1], id=f"{name}-{spec.seed}-prime")] \
+                if w.shared_prefix_tokens else []
+            for r in reqs[:-1]:
+                units.append(Unit(r.id, name, [r], prime=primer))
     for path in spec.benchmarks:
         for r in read_benchmark(path, spec.benchmark_requests, seed=spec.seed):
             units.append(Unit(r.id, r.family, [r]))
@@ -265,6 +271,7 @@ class Profiler:
                 if prepared is None:
                     builder = PromptBuilder(engine.tokenizer)
                     prepared = {u.id: [builder.prepare(r) for r in u.requests] for u in units}
+                    primers = {u.id: [builder.prepare(r) for r in u.prime] for u in units}
                 progress.update(task, description=f"{mode}: warm-up")
                 engine.warmup()
                 weights_mb = engine.weights_bytes() / 2**20
@@ -272,6 +279,8 @@ class Profiler:
                     progress.update(task, description=f"{mode}: {unit.family}")
                     group = prepared[unit.id]
                     ignore_eos = not any(r.benchmark_suite for r, _ in group)
+                    if primers[unit.id]:
+                        engine.run(primers[unit.id], ignore_eos=ignore_eos)
                     meter.start()
                     with PeakRSS() as rss:
                         gens = engine.run(group, ignore_eos=ignore_eos)

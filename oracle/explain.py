@@ -58,7 +58,7 @@ def print_explanations(labels: pd.DataFrame, cand: pd.DataFrame, constraints: Co
 
 
 def print_labels(labels: pd.DataFrame, skipped: dict, constraints: Constraints,
-                 out: Console | None = None, limit: int = 60) -> None:
+                 out: Console | None = None, limit: int = 25) -> None:
     out = out or console
     t = Table(title=f"Oracle labels ({len(labels)} units)", header_style="bold")
     for col in ("unit", "family", "label", "source", "speedup", "safe/modes", "quality signals"):

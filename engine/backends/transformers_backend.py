@@ -86,6 +86,7 @@ def _quiet_transformers():
     import transformers
 
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
