@@ -335,6 +335,101 @@ def profile_cmd(
     _ = pd
 
 
+# ------------------------------------------------------------------ dataset
+dataset_app = typer.Typer(help="Training tables: requests, features, oracle labels, per-mode costs.",
+                          no_args_is_help=True)
+app.add_typer(dataset_app, name="dataset")
+
+
+@dataset_app.command("build")
+@friendly_errors
+def dataset_build_cmd(
+    profiles: Annotated[list[str], typer.Option("--profiles", "-p", help="Profile parquet file(s).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Training table parquet to write.")],
+    requests: Annotated[int, typer.Option(help="Requests to draw in all (split evenly over workloads).")] = 2000,
+    workloads: Annotated[list[str] | None, typer.Option(help="Workloads to draw from (default: the profile's families that are registered).")] = None,
+    benchmarks: Annotated[list[str] | None, typer.Option(help="Benchmark JSONL files to add prompts from.")] = None,
+    benchmark_requests: Annotated[int, typer.Option(help="Prompts per benchmark file.")] = 50,
+    seed: Annotated[int, typer.Option(help="Population seed.")] = 0,
+    config: Annotated[Path | None, typer.Option(help="TOML constraint thresholds.")] = None,
+    incomplete: Annotated[str | None, typer.Option(help="error (default) or skip.")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing output file.")] = False,
+):
+    """Draw requests, compute features, label them with the oracle, attach per-mode costs."""
+    from dataset.benchmarks import read_benchmark
+    from dataset.io import write_parquet
+    from dataset.profile_schema import read_profiles
+    from dataset.workloads import get_workload, list_workloads
+    from oracle import Constraints
+    from oracle.training_table import build_training_table
+
+    c = Constraints.from_toml(config) if config else Constraints()
+    c = c.replace(on_incomplete=incomplete)
+    paths = _split(profiles)
+    profile = read_profiles(paths)
+    registered = {w.name for w in list_workloads()}
+    names = _split(workloads) or [f for f in profile["family"].unique() if f in registered]
+    if not names:
+        raise ValueError("no registered workload families in the profile; pass --workloads")
+    per = max(1, requests // len(names))
+    reqs = [r for i, n in enumerate(names) for r in get_workload(n).sample(per, seed=seed * 100 + i)]
+    for f in _split(benchmarks):
+        reqs += read_benchmark(f, benchmark_requests, seed=seed)
+    table = build_training_table(profile, reqs, c, source=", ".join(paths))
+    write_parquet(table, output, overwrite=overwrite)
+    counts = table["label"].value_counts()
+    console.print(f"wrote {len(table)} requests x {table.shape[1]} columns to {output}")
+    console.print("labels: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    console.print("label source: " + ", ".join(
+        f"{k} {v}" for k, v in table["label_source"].value_counts().items()))
+
+
+# -------------------------------------------------------------------- train
+@app.command("train")
+@friendly_errors
+def train_cmd(
+    data: Annotated[Path, typer.Option(help="Training table from `modeswitch dataset build`.")],
+    routers: Annotated[str, typer.Option(help="Router families: dt,rf,lr,lgbm.")] = "dt,rf,lr,lgbm",
+    feature_set: Annotated[str, typer.Option(help="A (request shape) or B (A + family/suite).")] = "A",
+    split: Annotated[str, typer.Option(help="random, group (by family) or lofo.")] = "group",
+    trials: Annotated[int, typer.Option(help="Optuna trials per router family.")] = 30,
+    seed: Annotated[int, typer.Option(help="Split and sampler seed.")] = 42,
+    unsafe_penalty: Annotated[float, typer.Option(help="Objective penalty per unsafe pick.")] = 1.0,
+    safety_threshold: Annotated[float | None, typer.Option(help="Only predict modes whose P(safe) >= this.")] = None,
+    fallback: Annotated[str, typer.Option(help="rule or reference, when no mode looks safe.")] = "rule",
+    storage: Annotated[str | None, typer.Option(help="Optuna storage URL [sqlite:///mlruns/optuna.db].")] = None,
+    mlruns: Annotated[Path, typer.Option(help="MLflow/Optuna store folder.")] = Path("mlruns"),
+    preset: Annotated[str | None, typer.Option(help="modeswitch-paper: the study's setup.")] = None,
+):
+    """Tune and train learned routers with Optuna; track everything in MLflow."""
+    import pandas as pd
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    from routers.training import TrainConfig, train
+
+    table = pd.read_parquet(data)
+    cfg = TrainConfig(routers=_split([routers]), feature_set=feature_set, split=split,
+                      trials=trials, seed=seed, unsafe_penalty=unsafe_penalty,
+                      safety_threshold=safety_threshold, fallback=fallback, storage=storage,
+                      mlruns=str(mlruns), preset=preset)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), console=console) as progress:
+        res = train(table, cfg, progress)
+    cols = ["router", "split", "best_validation_objective", "test_objective", "test_oracle_match",
+            "test_macro_f1", "test_mean_regret", "test_violation_rate_any", "rule_objective",
+            "rule_oracle_match", "rule_violation_rate_any", "n_test"]
+    console.print(frame_table(res.set_index("router")[cols[1:]],
+                              title=f"best trial per router family (held-out requests; split {cfg.split})"))
+    console.print("runs: " + ", ".join(f"{r.router}={r.run_id}" for r in res.itertuples())
+                  + " — open them with `make ui`")
+
+
 def _short(name: str) -> str:
     """Compact column labels for wide mode x family tables."""
     return {"short_prompt_short_output": "s/s", "short_prompt_long_output": "s/l",

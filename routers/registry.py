@@ -11,7 +11,7 @@ import importlib
 from collections.abc import Callable
 
 _REGISTRY: dict[str, tuple[Callable, str]] = {}
-_MODULES = ("routers.rule_baseline",)
+_MODULES = ("routers.rule_baseline", "routers.learned")
 _loaded = False
 
 

@@ -1,0 +1,64 @@
+"""The per-request training table: features, the oracle's label, and every mode's
+estimated cost, so training and scoring can compute regret for any pick.
+
+One row per request. Columns: the request's fields and features (sets A and B),
+``label`` / ``label_source`` / ``estimate_basis``, and for every mode ``m``:
+``latency_ms__m``, ``energy_ratio__m``, ``memory_ratio__m``, ``rouge_l_vs_baseline__m``,
+``safe__m`` and ``violates_{quality,energy,memory}__m``. The table's provenance
+(constraints, profile content hash) is kept in ``DataFrame.attrs``, which parquet
+preserves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pandas as pd
+
+from dataset.features import features_frame
+from dataset.requests import Request, requests_frame
+from oracle.constraints import Constraints
+from oracle.label import label_requests
+
+PER_MODE = ("latency_ms", "energy_ratio", "memory_ratio", "rouge_l_vs_baseline")
+
+
+def frame_hash(df: pd.DataFrame) -> str:
+    h = pd.util.hash_pandas_object(df.reset_index(drop=True), index=False).values
+    return hashlib.sha256(h.tobytes()).hexdigest()[:12]
+
+
+def build_training_table(profile: pd.DataFrame, requests: list[Request],
+                         constraints: Constraints | None = None, source=None) -> pd.DataFrame:
+    constraints = constraints or Constraints()
+    reqs_df = requests_frame(requests)
+    labels, cand, skipped = label_requests(profile, reqs_df, constraints, source=source)
+    cand = cand.copy()
+    cand["violates_quality"] = cand[[c for c in cand.columns if c.startswith("violates_quality_")]].any(axis=1)
+    wide = {}
+    for col in PER_MODE + ("safe", "violates_quality", "violates_energy", "violates_memory"):
+        piv = cand.pivot(index="unit", columns="mode", values=col)
+        for mode in piv.columns:
+            wide[f"{col}__{mode}"] = piv[mode]
+    wide = pd.DataFrame(wide)
+    feats = features_frame([r for r in requests if r.id in labels.index], "B", with_context=True)
+    table = feats.join(labels[["label", "label_source", "estimate_basis", "reference_mode", "condition"]])
+    table = table.join(wide)
+    table.index.name = "request_id"
+    table = table.reset_index()
+    modes = sorted(cand["mode"].unique())
+    table.attrs["modeswitch"] = json.dumps({
+        "modes": modes,
+        "constraints": constraints.to_dict(),
+        "profile_hash": frame_hash(profile),
+        "skipped": skipped,
+    })
+    return table
+
+
+def table_meta(table: pd.DataFrame) -> dict:
+    raw = table.attrs.get("modeswitch")
+    if not raw:
+        raise ValueError("not a training table built by `modeswitch dataset build` (no metadata)")
+    return json.loads(raw)

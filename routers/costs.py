@@ -1,0 +1,84 @@
+"""What a pick costs: latency regret, unsafe picks, and the tuning objective.
+
+For request i with oracle label o_i and a predicted mode p:
+
+    cost_i(p) = max(L_i(p) / L_i(o_i) - 1, 0)  +  lambda * 1[p is unsafe for i]
+
+where L is the (measured or estimated) latency and "unsafe" means p violates a
+quality, energy or memory constraint (or was not measured for i). The tuning
+objective is the mean cost over the validation requests; lambda is
+``unsafe_penalty`` (default 1.0: an unsafe pick costs as much as doubling the
+latency). Regret sample weights for training are 1 + the mean cost of the wrong
+picks for that request, normalised to mean 1, so requests where a mistake hurts
+count more.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from sklearn.metrics import f1_score
+
+from oracle.training_table import table_meta
+
+UNSAFE_PENALTY = 1.0
+
+
+def modes_of(table: pd.DataFrame) -> list[str]:
+    return table_meta(table)["modes"]
+
+
+def _matrix(table, prefix, modes, dtype=float):
+    return np.column_stack([table[f"{prefix}__{m}"].to_numpy(dtype=dtype, na_value=np.nan)
+                            if dtype is float else table[f"{prefix}__{m}"].fillna(False).to_numpy(dtype=bool)
+                            for m in modes])
+
+
+def cost_matrix(table: pd.DataFrame, modes=None, unsafe_penalty: float = UNSAFE_PENALTY) -> np.ndarray:
+    """(n_requests, n_modes) cost of picking each mode."""
+    modes = modes or modes_of(table)
+    lat = _matrix(table, "latency_ms", modes)
+    safe = _matrix(table, "safe", modes, dtype=bool)
+    label_idx = np.array([modes.index(x) for x in table["label"]])
+    best = lat[np.arange(len(table)), label_idx]
+    regret = lat / best[:, None] - 1
+    # an unsafe mode may be faster than the oracle's pick: that earns nothing
+    regret = np.where(np.isnan(regret), 0.0, np.maximum(regret, 0.0))
+    return regret + unsafe_penalty * (~safe)
+
+
+def regret_weights(table: pd.DataFrame, modes=None, unsafe_penalty: float = UNSAFE_PENALTY) -> np.ndarray:
+    modes = modes or modes_of(table)
+    c = cost_matrix(table, modes, unsafe_penalty)
+    label_idx = np.array([modes.index(x) for x in table["label"]])
+    mask = np.ones_like(c, dtype=bool)
+    mask[np.arange(len(c)), label_idx] = False
+    w = 1 + (c * mask).sum(1) / np.maximum(mask.sum(1), 1)
+    return w / w.mean()
+
+
+def evaluate(table: pd.DataFrame, pred, modes=None, unsafe_penalty: float = UNSAFE_PENALTY) -> dict:
+    """Oracle match, macro-F1, regret, violation rates by type, and the objective."""
+    modes = modes or modes_of(table)
+    pred = np.asarray(pred, dtype=object)
+    idx = np.array([modes.index(p) if p in modes else -1 for p in pred])
+    rows = np.arange(len(table))
+    known = idx >= 0
+    c = cost_matrix(table, modes, unsafe_penalty)
+    cost = np.where(known, c[rows, np.maximum(idx, 0)], unsafe_penalty)
+    lat = _matrix(table, "latency_ms", modes)
+    label_idx = np.array([modes.index(x) for x in table["label"]])
+    regret = lat[rows, np.maximum(idx, 0)] / lat[rows, label_idx] - 1
+    out = {
+        "objective": float(cost.mean()),
+        "oracle_match": float((pred == table["label"].to_numpy(dtype=object)).mean()),
+        "macro_f1": float(f1_score(table["label"].astype(str), pred.astype(str), average="macro",
+                                   zero_division=0)),
+        "mean_regret": float(np.nanmean(np.where(known, regret, np.nan))) if known.any() else float("nan"),
+    }
+    for kind in ("quality", "energy", "memory"):
+        v = _matrix(table, f"violates_{kind}", modes, dtype=bool)
+        out[f"violation_rate_{kind}"] = float(np.where(known, v[rows, np.maximum(idx, 0)], False).mean())
+    safe = _matrix(table, "safe", modes, dtype=bool)
+    out["violation_rate_any"] = float((~np.where(known, safe[rows, np.maximum(idx, 0)], False)).mean())
+    return out

@@ -1,0 +1,276 @@
+"""Learned routers: decision tree, random forest, logistic regression, LightGBM.
+
+Each is a scikit-learn classifier (``__init__`` stores parameters, ``fit`` returns
+self, learned attributes end in ``_``) wrapping a Pipeline: numeric features
+(feature set A: request shape) scaled where the model needs it, categorical
+features (set B adds family and benchmark suite) one-hot encoded with unknown
+categories ignored. Arrays are accepted too (all columns numeric).
+
+Safety guard (``safety_threshold``): ``fit`` also learns, per mode, the probability
+that the mode is constraint-safe for a request (from the training table's
+``safe__<mode>`` columns, passed as ``safe=``). ``predict`` then takes the most
+likely mode whose predicted safety clears the threshold, and otherwise falls
+back to the rule baseline (``fallback="rule"``) or the reference
+(``fallback="reference"``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.compose import ColumnTransformer
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import OneHotEncoder, StandardScaler
+from sklearn.tree import DecisionTreeClassifier
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import (
+    _check_sample_weight,
+    check_array,
+    check_is_fitted,
+    column_or_1d,
+)
+
+from dataset.features import CATEGORICAL_FEATURES, FEATURE_SETS
+from routers.registry import register_router
+
+REFERENCE = "fp16_baseline"
+
+
+class LearnedRouter(ClassifierMixin, BaseEstimator):
+    """Shared machinery; subclasses define ``_make_estimator`` and their parameters."""
+
+    _scale = False
+
+    def _make_estimator(self):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _columns(self, X):
+        if not hasattr(X, "columns"):
+            return None, None
+        wanted = list(FEATURE_SETS[self.feature_set])
+        missing = [c for c in wanted if c not in X.columns]
+        if len(missing) == len(wanted):
+            return None, None  # a frame without our feature names: a plain numeric matrix
+        if missing:
+            raise ValueError(f"{type(self).__name__}: feature frame lacks {', '.join(missing)} "
+                             f"(feature set {self.feature_set})")
+        num = [c for c in wanted if c not in CATEGORICAL_FEATURES]
+        cat = [c for c in wanted if c in CATEGORICAL_FEATURES]
+        return num, cat
+
+    def _pipeline(self, X) -> Pipeline:
+        num, cat = self._columns(X)
+        scaler = StandardScaler() if self._scale else "passthrough"
+        if num is None:
+            n = np.shape(X)[1] if np.ndim(X) == 2 else 0
+            prep = ColumnTransformer([("num", scaler, list(range(n)))])
+        else:
+            parts = [("num", scaler, num)]
+            if cat:
+                parts.append(("cat", OneHotEncoder(handle_unknown="ignore"), cat))
+            prep = ColumnTransformer(parts)
+        return Pipeline([("prep", prep), ("clf", self._make_estimator())])
+
+    def _check_X(self, X):
+        if hasattr(X, "columns") and self._columns(X)[0] is not None:
+            return X
+        allow_nan = self.__sklearn_tags__().input_tags.allow_nan
+        return check_array(X, accept_sparse=False, ensure_all_finite="allow-nan" if allow_nan else True)
+
+    def fit(self, X, y, sample_weight=None, safe=None):
+        X = self._check_X(X)
+        y = column_or_1d(np.asarray(y), warn=True)
+        check_classification_targets(y)
+        if len(y) != len(X):
+            raise ValueError(f"X has {len(X)} rows but y has {len(y)}")
+        if sample_weight is not None:
+            sample_weight = _check_sample_weight(sample_weight, X, ensure_non_negative=True)
+            if not np.any(sample_weight > 0):
+                raise ValueError("sample_weight is all zero: no sample would count")
+            if len(np.unique(y[sample_weight > 0])) < 2 <= len(np.unique(y)):
+                raise ValueError("after dropping zero-weight samples only one class is left")
+        self.pipeline_ = self._pipeline(X)
+        params = {} if sample_weight is None else {"clf__sample_weight": sample_weight}
+        self.pipeline_.fit(X, y, **params)
+        self.classes_ = self.pipeline_.classes_
+        self.n_features_in_ = self.pipeline_.n_features_in_
+        if hasattr(self.pipeline_.named_steps["clf"], "n_iter_"):
+            self.n_iter_ = self.pipeline_.named_steps["clf"].n_iter_
+        if hasattr(self.pipeline_, "feature_names_in_"):
+            self.feature_names_in_ = self.pipeline_.feature_names_in_
+        self.safety_ = None
+        if self.safety_threshold is not None:
+            if safe is None:
+                raise ValueError("safety_threshold needs safe= (per-mode safety labels) in fit")
+            self.safety_ = self._fit_safety(X, safe)
+            if self.fallback == "rule":
+                from routers.rule_baseline import RuleBaselineRouter
+
+                self.fallback_ = RuleBaselineRouter(
+                    available_modes=sorted(set(self.classes_) | {REFERENCE})).fit()
+        return self
+
+    def _fit_safety(self, X, safe) -> dict:
+        safe = pd.DataFrame(safe)
+        models = {}
+        for mode in self.classes_:
+            y = safe[mode].fillna(False).astype(bool).to_numpy() if mode in safe else np.zeros(len(X), bool)
+            if y.all() or not y.any():
+                models[mode] = float(y.all())
+            else:
+                models[mode] = Pipeline([("prep", self._pipeline(X).named_steps["prep"]),
+                                         ("clf", DecisionTreeClassifier(max_depth=6, min_samples_leaf=5,
+                                                                        random_state=0))]).fit(X, y)
+        return models
+
+    def predict_proba(self, X):
+        check_is_fitted(self, "pipeline_")
+        return self.pipeline_.predict_proba(self._check_X(X))
+
+    def safety_proba(self, X) -> np.ndarray:
+        """(n, n_classes) predicted probability that each mode is constraint-safe."""
+        check_is_fitted(self, "safety_")
+        cols = []
+        for mode in self.classes_:
+            m = self.safety_[mode]
+            if isinstance(m, float):
+                cols.append(np.full(len(X), m))
+            else:
+                p = m.predict_proba(X)
+                cols.append(p[:, list(m.classes_).index(True)] if True in m.classes_ else np.zeros(len(X)))
+        return np.column_stack(cols)
+
+    def predict_with_fallback(self, X):
+        """(modes, fallback mask): which rows fell back because no mode looked safe."""
+        X = self._check_X(X) if not hasattr(X, "columns") else X
+        proba = self.predict_proba(X)
+        if self.safety_threshold is None or self.safety_ is None:
+            return self.classes_[proba.argmax(1)], np.zeros(len(proba), bool)
+        ok = self.safety_proba(X) >= self.safety_threshold
+        ranked = np.argsort(-proba, axis=1)
+        pick = np.full(len(proba), -1)
+        for i in range(len(proba)):
+            for j in ranked[i]:
+                if ok[i, j]:
+                    pick[i] = j
+                    break
+        out = np.where(pick >= 0, self.classes_[np.maximum(pick, 0)], None).astype(object)
+        fell = pick < 0
+        if fell.any():
+            if self.fallback == "rule":
+                Xf = X[fell] if hasattr(X, "iloc") else np.asarray(X)[fell]
+                out[fell] = self.fallback_.predict(Xf)
+            else:
+                out[fell] = REFERENCE
+        return out, fell
+
+    def predict(self, X):
+        return self.predict_with_fallback(X)[0]
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        inner = self._make_estimator().__sklearn_tags__()
+        tags.input_tags.allow_nan = inner.input_tags.allow_nan and not self._scale
+        return tags
+
+    def feature_importances(self) -> pd.Series:
+        """Importance per input column after preprocessing (|coef| for linear models)."""
+        clf = self.pipeline_.named_steps["clf"]
+        names = self.pipeline_.named_steps["prep"].get_feature_names_out()
+        if hasattr(clf, "feature_importances_"):
+            vals = np.asarray(clf.feature_importances_, dtype=float)
+        else:
+            vals = np.abs(np.atleast_2d(clf.coef_)).mean(0)
+        return pd.Series(vals, index=[n.split("__", 1)[-1] for n in names]).sort_values(ascending=False)
+
+
+class DecisionTreeRouter(LearnedRouter):
+    def __init__(self, max_depth=5, min_samples_leaf=3, criterion="gini", class_weight=None,
+                 feature_set="A", safety_threshold=None, fallback="rule", random_state=0):
+        self.max_depth = max_depth
+        self.min_samples_leaf = min_samples_leaf
+        self.criterion = criterion
+        self.class_weight = class_weight
+        self.feature_set = feature_set
+        self.safety_threshold = safety_threshold
+        self.fallback = fallback
+        self.random_state = random_state
+
+    def _make_estimator(self):
+        return DecisionTreeClassifier(max_depth=self.max_depth, min_samples_leaf=self.min_samples_leaf,
+                                      criterion=self.criterion, class_weight=self.class_weight,
+                                      random_state=self.random_state)
+
+
+class RandomForestRouter(LearnedRouter):
+    def __init__(self, n_estimators=100, max_depth=10, min_samples_leaf=2, max_features="sqrt",
+                 class_weight=None, feature_set="A", safety_threshold=None, fallback="rule",
+                 random_state=0, n_jobs=1):
+        self.n_estimators = n_estimators
+        self.max_depth = max_depth
+        self.min_samples_leaf = min_samples_leaf
+        self.max_features = max_features
+        self.class_weight = class_weight
+        self.feature_set = feature_set
+        self.safety_threshold = safety_threshold
+        self.fallback = fallback
+        self.random_state = random_state
+        self.n_jobs = n_jobs
+
+    def _make_estimator(self):
+        from sklearn.ensemble import RandomForestClassifier
+
+        return RandomForestClassifier(n_estimators=self.n_estimators, max_depth=self.max_depth,
+                                      min_samples_leaf=self.min_samples_leaf,
+                                      max_features=self.max_features, class_weight=self.class_weight,
+                                      random_state=self.random_state, n_jobs=self.n_jobs)
+
+
+class LogisticRouter(LearnedRouter):
+    _scale = True
+
+    def __init__(self, C=1.0, max_iter=3000, class_weight=None, feature_set="A",
+                 safety_threshold=None, fallback="rule"):
+        self.C = C
+        self.max_iter = max_iter
+        self.class_weight = class_weight
+        self.feature_set = feature_set
+        self.safety_threshold = safety_threshold
+        self.fallback = fallback
+
+    def _make_estimator(self):
+        from sklearn.linear_model import LogisticRegression
+
+        return LogisticRegression(C=self.C, max_iter=self.max_iter, class_weight=self.class_weight,
+                                  solver="lbfgs")
+
+
+class LightGBMRouter(LearnedRouter):
+    def __init__(self, n_estimators=100, num_leaves=15, learning_rate=0.1, min_child_samples=10,
+                 class_weight=None, feature_set="A", safety_threshold=None, fallback="rule",
+                 random_state=0):
+        self.n_estimators = n_estimators
+        self.num_leaves = num_leaves
+        self.learning_rate = learning_rate
+        self.min_child_samples = min_child_samples
+        self.class_weight = class_weight
+        self.feature_set = feature_set
+        self.safety_threshold = safety_threshold
+        self.fallback = fallback
+        self.random_state = random_state
+
+    def _make_estimator(self):
+        from lightgbm import LGBMClassifier
+
+        return LGBMClassifier(n_estimators=self.n_estimators, num_leaves=self.num_leaves,
+                              learning_rate=self.learning_rate,
+                              min_child_samples=self.min_child_samples,
+                              class_weight=self.class_weight, random_state=self.random_state,
+                              n_jobs=1, verbose=-1)
+
+
+register_router("dt", DecisionTreeRouter, "decision tree (scikit-learn)")
+register_router("rf", RandomForestRouter, "random forest (scikit-learn)")
+register_router("lr", LogisticRouter, "logistic regression (scikit-learn)")
+register_router("lgbm", LightGBMRouter, "gradient-boosted trees (LightGBM)")

@@ -1,0 +1,157 @@
+"""Learned routers: estimator API, costs, splits, and a small tracked training run."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.base import clone
+from sklearn.utils.estimator_checks import check_estimator
+
+from dataset.workloads import get_workload
+from oracle.training_table import build_training_table, table_meta
+from routers import get_router
+from routers.costs import cost_matrix, evaluate, regret_weights
+from routers.learned import DecisionTreeRouter, LightGBMRouter, LogisticRouter, RandomForestRouter
+from routers.splits import split_indices
+from tests.helpers import profile, row
+
+REF = "fp16_baseline"
+# Inherent to the wrapped models, not to the wrapper: tree min-leaf sizes, forest
+# bootstraps and LightGBM's min_child_samples count rows, not weights; lbfgs stops
+# at a tolerance. scikit-learn's own estimators behave the same with such settings.
+EXPECTED = {
+    "check_sample_weight_equivalence_on_dense_data":
+        "min_samples_leaf / bootstrap / min_child_samples count rows, not weight",
+}
+
+
+@pytest.mark.parametrize("cls,kw", [
+    (DecisionTreeRouter, {}), (RandomForestRouter, {"n_estimators": 10}),
+    (LogisticRouter, {}), (LightGBMRouter, {"n_estimators": 10}),
+])
+def test_scikit_learn_estimator_checks(cls, kw):
+    expected = dict(EXPECTED)
+    if cls is DecisionTreeRouter:
+        expected["check_class_weight_classifiers"] = (
+            "the study's depth-5 / min-leaf-3 defaults underfit the check's synthetic data")
+    check_estimator(cls(**kw), expected_failed_checks=expected)
+
+
+def synthetic_profile():
+    """Plain 2x2 grid, a shared-prefix cell and a batch cell, six modes.
+
+    gptq is fastest but fails quality on long outputs; speculation wins on long
+    outputs; prefix caching wins on shared prefixes; batching under batch pressure.
+    """
+    rows = []
+    for p in (128, 1024):
+        for o in (32, 128):
+            u, base = f"p{p}o{o}", 0.4 * p + 20 * o
+            kw = dict(prompt_tokens=p, expected_output_tokens=o)
+            rows += [row(u, REF, base, rouge_l_vs_baseline=1.0, **kw),
+                     row(u, "int8_quant", 0.7 * base, rouge_l_vs_baseline=0.9, **kw),
+                     row(u, "gptq_4bit", 0.5 * base, rouge_l_vs_baseline=0.9 if o == 32 else 0.5, **kw),
+                     row(u, "speculative_decoding", (0.4 if o == 128 else 1.1) * base,
+                         rouge_l_vs_baseline=1.0, **kw)]
+    kw = dict(prompt_tokens=1088, expected_output_tokens=64, shared_prefix_tokens=1024,
+              family="shared_prefix_chat")
+    rows += [row("chat", REF, 1000, rouge_l_vs_baseline=1.0, **kw),
+             row("chat", "prefix_caching", 300, rouge_l_vs_baseline=1.0, **kw)]
+    kw = dict(prompt_tokens=128, expected_output_tokens=64, concurrent_requests=8, family="batch_pressure")
+    rows += [row("batch", REF, 5000, rouge_l_vs_baseline=1.0, **kw),
+             row("batch", "int8_plus_continuous_batching", 1500, rouge_l_vs_baseline=0.95, **kw)]
+    return profile(rows)
+
+
+@pytest.fixture(scope="module")
+def table():
+    reqs = []
+    for i, name in enumerate(["short_prompt_short_output", "short_prompt_long_output",
+                              "long_prompt_short_output", "long_prompt_long_output",
+                              "shared_prefix_chat", "batch_pressure"]):
+        reqs += get_workload(name).sample(40, seed=i)
+    return build_training_table(synthetic_profile(), reqs)
+
+
+def test_training_table_has_labels_costs_and_provenance(table):
+    meta = table_meta(table)
+    assert set(meta["modes"]) >= {REF, "gptq_4bit", "prefix_caching"}
+    assert meta["constraints"]["min_rouge_vs_baseline"] == 0.8
+    assert {"label", "label_source", "latency_ms__gptq_4bit", "safe__gptq_4bit",
+            "violates_quality__gptq_4bit", "log_prompt_tokens", "family"} <= set(table.columns)
+    assert set(table.loc[table["family"] == "shared_prefix_chat", "label"]) == {"prefix_caching"}
+    assert set(table.loc[table["family"] == "long_prompt_long_output", "label"]) == {"speculative_decoding"}
+    # the features vary inside a family (the study's did not)
+    assert table.groupby("family")["prompt_tokens"].nunique().min() > 10
+
+
+def test_costs_and_regret_weights(table):
+    modes = table_meta(table)["modes"]
+    c = cost_matrix(table, modes, unsafe_penalty=2.0)
+    lab = [modes.index(x) for x in table["label"]]
+    assert np.allclose(c[np.arange(len(table)), lab], 0)  # the oracle's pick costs nothing
+    unsafe = ~table[[f"safe__{m}" for m in modes]].fillna(False).to_numpy(bool)
+    assert (c[unsafe] >= 2.0).all()
+    w = regret_weights(table, modes)
+    assert w.mean() == pytest.approx(1.0) and (w > 0).all()
+    ev = evaluate(table, table["label"], modes)
+    assert ev["oracle_match"] == 1 and ev["objective"] == pytest.approx(0) and ev["violation_rate_any"] == 0
+    bad = evaluate(table, ["gptq_4bit"] * len(table), modes)
+    assert bad["violation_rate_quality"] > 0 and bad["objective"] > 0
+
+
+def test_group_splits_never_leak_families(table):
+    for split in ("group", "lofo"):
+        for tr, te in split_indices(table, split):
+            assert not set(table["family"].iloc[tr]) & set(table["family"].iloc[te])
+    (tr, te), = split_indices(table, "random")
+    assert len(te) == pytest.approx(0.25 * len(table), abs=2)
+    assert len(split_indices(table, "lofo")) == table["family"].nunique()
+
+
+def test_routers_learn_the_table_and_safety_guard_falls_back(table):
+    X, y = table, table["label"].astype(str)
+    dt = get_router("dt", feature_set="B", max_depth=8).fit(X, y)
+    assert (dt.predict(X) == y).mean() > 0.9
+    safe = pd.DataFrame({m: table[f"safe__{m}"].fillna(False).astype(bool) for m in table_meta(table)["modes"]})
+    guarded = clone(dt).set_params(safety_threshold=1.01, fallback="reference").fit(X, y, safe=safe)
+    pred, fell = guarded.predict_with_fallback(X)
+    assert fell.all() and set(pred) == {REF}
+    ruled = clone(dt).set_params(safety_threshold=0.5, fallback="rule").fit(X, y, safe=safe)
+    pred, fell = ruled.predict_with_fallback(X)
+    assert not fell.all()
+
+
+def test_small_tracked_training_run(table, tmp_path):
+    import mlflow
+
+    from routers.training import TrainConfig, train
+
+    cfg = TrainConfig(routers=["dt", "lgbm"], trials=4, split="group", mlruns=str(tmp_path / "mlruns"))
+    res = train(table, cfg)
+    assert list(res["router"]) == ["dt", "lgbm"]
+    assert (res["test_oracle_match"].between(0, 1)).all() and res["rule_oracle_match"].notna().all()
+    client = mlflow.MlflowClient()
+    for r in res.itertuples():
+        run = client.get_run(r.run_id)
+        assert run.data.tags["split"] == "group" and "profile_hash" in run.data.tags
+        assert "test_violation_rate_quality" in run.data.metrics
+        children = client.search_runs([run.info.experiment_id],
+                                      filter_string=f"tags.mlflow.parentRunId = '{r.run_id}'")
+        assert len(children) == 4
+        arts = {a.path for a in client.list_artifacts(r.run_id, "plots")}
+        assert f"plots/confusion_matrix_{r.router}.png" in arts
+        model = mlflow.sklearn.load_model(r.model_uri)
+        assert len(model.predict(table.head(5))) == 5
+    # everything stayed under the chosen mlruns folder
+    assert (tmp_path / "mlruns" / "mlflow.db").exists() and (tmp_path / "mlruns" / "optuna.db").exists()
+    assert any((tmp_path / "mlruns" / "artifacts").rglob("*.png"))
+
+
+def test_paper_preset(table, tmp_path):
+    from routers.training import TrainConfig, train
+
+    res = train(table, TrainConfig(routers=["dt"], preset="modeswitch-paper", trials=0,
+                                   mlruns=str(tmp_path / "m")))
+    assert res["split"].item() == "random" and res["feature_set"].item() == "B"
+    params = eval(res["params"].item())
+    assert params == {"max_depth": 5, "min_samples_leaf": 3, "class_weight": "balanced"}
