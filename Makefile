@@ -29,14 +29,18 @@ lint: $(STAMP)
 
 # End-to-end demo of what exists so far, all measured for real: build the small
 # default model (cached), profile every supported mode on every workload family
-# (--quick), label each measured request with the oracle, and route a drawn
-# request population with the rule baseline. When the study's published A100
+# (--quick), label each measured request with the oracle, build a training table
+# and train the four learned routers (a few Optuna trials, tracked in mlruns/),
+# and route a drawn request population with the rule baseline. When the study's published A100
 # profiles are present (SHARED=...), they are imported and labelled too.
 demo: $(STAMP)
 	@mkdir -p $(RUN_DIR)
 	$(BIN)/modeswitch model build
 	$(BIN)/modeswitch profile --quick -o $(RUN_DIR)/profiles.parquet
 	$(BIN)/modeswitch label --profiles $(RUN_DIR)/profiles.parquet -o $(RUN_DIR)/labels.parquet
+	$(BIN)/modeswitch dataset build --profiles $(RUN_DIR)/profiles.parquet --requests 700 \
+		-o $(RUN_DIR)/train.parquet
+	$(BIN)/modeswitch train --data $(RUN_DIR)/train.parquet --trials 5
 	$(BIN)/modeswitch requests -n 20 -o $(RUN_DIR)/requests.jsonl
 	$(BIN)/modeswitch label --profiles $(RUN_DIR)/profiles.parquet --requests $(RUN_DIR)/requests.jsonl \
 		-o $(RUN_DIR)/request_labels.parquet

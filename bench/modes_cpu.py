@@ -1,7 +1,9 @@
 """Mode x workload table on the CPU engine: latency, tokens/s and quality vs the reference.
 
-Everything is measured in this one process, one mode at a time, through the same
-profiler the CLI uses (so the numbers are the profile's numbers).
+Everything is measured in this one process through the same profiler the CLI
+uses, with every mode's engine loaded at once and each request measured in all
+modes back to back (``interleave``), so the machine's drift over the run hits
+every mode alike.
 
     .venv/bin/python bench/modes_cpu.py [--model tiny|PATH] [--requests 2] [--trials 1]
 
@@ -26,7 +28,7 @@ def main():
     ap.add_argument("--modes", default=None, help="comma-separated (default: all supported)")
     ap.add_argument("--workloads", default=None, help="comma-separated (default: the study's seven)")
     ap.add_argument("--requests", type=int, default=2)
-    ap.add_argument("--trials", type=int, default=1)
+    ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--keep", default=None, help="also keep the profile parquet here")
     args = ap.parse_args()
 
@@ -44,7 +46,7 @@ def main():
         model=str(target), draft_model=str(draft) if draft else None,
         modes=args.modes.split(",") if args.modes else None,
         workloads=args.workloads.split(",") if args.workloads else list(DEFAULT_WORKLOADS),
-        requests=args.requests, trials=args.trials,
+        requests=args.requests, trials=args.trials, interleave=True,
     )
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.keep) if args.keep else Path(tmp) / "bench.parquet"

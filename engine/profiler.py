@@ -57,6 +57,9 @@ class ProfileSpec:
     batch_size: int | None = None
     watts_per_core: float = 4.0
     threads: int | None = None
+    #: keep every mode's engine loaded and measure each unit in all modes back to
+    #: back (fair ratios on a noisy machine; needs memory for all engines at once)
+    interleave: bool = False
 
     def identity(self) -> str:
         d = asdict(self)
@@ -233,10 +236,7 @@ class Profiler:
             TimeRemainingColumn,
         )
 
-        from engine.backends.transformers_backend import TransformersEngine
         from engine.energy import make_meter
-        from engine.memory import PeakRSS
-        from engine.prompts import PromptBuilder
 
         if self.out.exists() and not self.journal_path.exists():
             raise FileExistsError(f"{self.out} already exists and is not a run in progress; "
@@ -247,63 +247,92 @@ class Profiler:
         journal = Journal(self.journal_path, self.spec)
         done = journal.keys()
         units = build_units(self.spec)
-        meter = make_meter(self.spec.device, watts_per_core=self.spec.watts_per_core)
-        hardware, software = hardware_string(self.spec.device), software_string()
-        mid = model_id(self.model_path)
-        ref_outputs = {(r["request_id"], r["trial"]): r["output_text"] for r in journal.rows
-                       if r["mode"] == modes[0]}
-        ref_output0 = {r["request_id"]: r["output_text"] for r in journal.rows
-                       if r["mode"] == modes[0] and r["trial"] == 0}
+        self._ctx = {
+            "journal": journal, "caps": caps, "reference": modes[0],
+            "meter": make_meter(self.spec.device, watts_per_core=self.spec.watts_per_core),
+            "hardware": hardware_string(self.spec.device), "software": software_string(),
+            "model_id": model_id(self.model_path),
+            "ref_output": {r["request_id"]: r["output_text"] for r in journal.rows
+                           if r["mode"] == modes[0] and r["trial"] == 0},
+            "prepared": None,
+        }
+        trials = range(self.spec.trials)
         total = len(units) * len(modes) * self.spec.trials
-        prepared = None
         columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
         with Progress(*columns, console=self.console, transient=False) as progress:
             task = progress.add_task("profiling", total=total, completed=sum(
-                1 for u in units for m in modes for t in range(self.spec.trials) if (u.id, m, t) in done))
-            for mode in modes:
-                todo = [(u, t) for u in units for t in range(self.spec.trials) if (u.id, mode, t) not in done]
-                if not todo:
-                    continue
-                progress.update(task, description=f"{mode}: loading")
-                engine = TransformersEngine(mode, self.model_path, self.draft_path, self.spec.device,
-                                            threads=self.spec.threads).load()
-                if prepared is None:
-                    builder = PromptBuilder(engine.tokenizer)
-                    prepared = {u.id: [builder.prepare(r) for r in u.requests] for u in units}
-                    primers = {u.id: [builder.prepare(r) for r in u.prime] for u in units}
-                progress.update(task, description=f"{mode}: warm-up")
-                engine.warmup()
-                weights_mb = engine.weights_bytes() / 2**20
-                for unit, trial in todo:
-                    progress.update(task, description=f"{mode}: {unit.family}")
-                    group = prepared[unit.id]
-                    ignore_eos = not any(r.benchmark_suite for r, _ in group)
-                    if primers[unit.id]:
-                        engine.run(primers[unit.id], ignore_eos=ignore_eos)
-                    meter.start()
-                    with PeakRSS() as rss:
-                        gens = engine.run(group, ignore_eos=ignore_eos)
-                    energy = meter.stop()
-                    text = "\n".join(g.text for g in gens)
-                    row = self._row(unit, group, gens, mode, trial, energy, meter,
-                                    weights_mb + rss.peak_growth_mb, text, journal.run_id, mid,
-                                    hardware, software, caps.reference_mode, engine.info)
-                    if mode == modes[0]:
-                        ref_outputs[(unit.id, trial)] = text
-                        ref_output0.setdefault(unit.id, text)
-                    from engine.quality import rouge_l
-
-                    base = ref_output0.get(unit.id)
-                    row["rouge_l_vs_baseline"] = None if base is None else rouge_l(text, base)
-                    journal.add(row)
-                    progress.advance(task)
-                    if self.on_row:
-                        self.on_row(row)
-                engine.close()
-                del engine
+                1 for u in units for m in modes for t in trials if (u.id, m, t) in done))
+            if self.spec.interleave:
+                # every engine loaded at once; each unit is measured in every mode
+                # back to back, so machine drift hits all modes alike
+                todo_modes = [m for m in modes if any((u.id, m, t) not in done
+                                                      for u in units for t in trials)]
+                engines = {m: self._load(m, units, progress, task) for m in todo_modes}
+                for unit in units:
+                    for t in trials:
+                        for m in todo_modes:
+                            if (unit.id, m, t) not in done:
+                                self._measure(engines[m], m, unit, t, progress, task)
+                for e in engines.values():
+                    e.close()
+            else:
+                for m in modes:
+                    todo = [(u, t) for u in units for t in trials if (u.id, m, t) not in done]
+                    if not todo:
+                        continue
+                    engine = self._load(m, units, progress, task)
+                    for unit, t in todo:
+                        self._measure(engine, m, unit, t, progress, task)
+                    engine.close()
+                    del engine
             progress.update(task, description="done")
         return self.finish(journal)
+
+    def _load(self, mode, units, progress, task):
+        from engine.backends.transformers_backend import TransformersEngine
+        from engine.prompts import PromptBuilder
+
+        progress.update(task, description=f"{mode}: loading")
+        engine = TransformersEngine(mode, self.model_path, self.draft_path, self.spec.device,
+                                    threads=self.spec.threads).load()
+        if self._ctx["prepared"] is None:
+            builder = PromptBuilder(engine.tokenizer)
+            self._ctx["prepared"] = {u.id: [builder.prepare(r) for r in u.requests] for u in units}
+            self._ctx["primers"] = {u.id: [builder.prepare(r) for r in u.prime] for u in units}
+        progress.update(task, description=f"{mode}: warm-up")
+        engine.warmup()
+        engine.weights_mb = engine.weights_bytes() / 2**20
+        return engine
+
+    def _measure(self, engine, mode, unit, trial, progress, task):
+        from engine.memory import PeakRSS
+        from engine.quality import rouge_l
+
+        ctx = self._ctx
+        progress.update(task, description=f"{mode}: {unit.family}")
+        group = ctx["prepared"][unit.id]
+        ignore_eos = not any(r.benchmark_suite for r, _ in group)
+        if ctx["primers"][unit.id]:
+            engine.run(ctx["primers"][unit.id], ignore_eos=ignore_eos)
+        meter = ctx["meter"]
+        meter.start()
+        with PeakRSS() as rss:
+            gens = engine.run(group, ignore_eos=ignore_eos)
+        energy = meter.stop()
+        text = "\n".join(g.text for g in gens)
+        row = self._row(unit, group, gens, mode, trial, energy, meter,
+                        engine.weights_mb + rss.peak_growth_mb, text, ctx["journal"].run_id,
+                        ctx["model_id"], ctx["hardware"], ctx["software"],
+                        ctx["caps"].reference_mode, engine.info)
+        if mode == ctx["reference"] and trial == 0:
+            ctx["ref_output"][unit.id] = text
+        base = ctx["ref_output"].get(unit.id)
+        row["rouge_l_vs_baseline"] = None if base is None else rouge_l(text, base)
+        ctx["journal"].add(row)
+        progress.advance(task)
+        if self.on_row:
+            self.on_row(row)
 
     def finish(self, journal: Journal) -> pd.DataFrame:
         from dataset.io import write_parquet

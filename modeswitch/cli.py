@@ -300,6 +300,7 @@ def profile_cmd(
     quick: Annotated[bool, typer.Option(help="One request per workload, one trial: a fast full sweep.")] = False,
     threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's choice).")] = None,
     cache_dir: Annotated[Path | None, typer.Option(help="Model cache folder.")] = None,
+    interleave: Annotated[bool, typer.Option(help="Keep all engines loaded; measure each request in every mode back to back.")] = False,
 ):
     """Measure modes on workloads and write a validated, resumable profile table."""
     from rich.progress import Progress
@@ -321,7 +322,7 @@ def profile_cmd(
         workloads=_split(workloads) or list(DEFAULT_WORKLOADS),
         requests=requests if requests is not None else (1 if quick else 3),
         trials=trials, seed=seed, benchmarks=_split(benchmarks),
-        benchmark_requests=benchmark_requests, threads=threads,
+        benchmark_requests=benchmark_requests, threads=threads, interleave=interleave,
     )
     df = Profiler(spec, target, draft, output, console=console).run()
     import pandas as pd

@@ -97,3 +97,12 @@ def test_existing_finished_output_is_not_overwritten(tiny_models, tmp_path):
     pd.DataFrame({"x": [1]}).to_parquet(out)
     with pytest.raises(FileExistsError):
         run(tiny_models, out)
+
+
+def test_interleaved_sweep_measures_the_same_rows(tiny_models, tmp_path, full):
+    seen = []
+    df = run(tiny_models, tmp_path / "i.parquet", on_row=seen.append, interleave=True)
+    keys = set(zip(df["request_id"], df["mode"], df["trial"]))
+    assert keys == set(zip(full[1]["request_id"], full[1]["mode"], full[1]["trial"]))
+    # each unit is measured in every mode before the next unit starts
+    assert [r["mode"] for r in seen[:3]] == MODES
