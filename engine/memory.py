@@ -30,6 +30,21 @@ def module_bytes(*modules) -> int:
                 continue
             seen.add(key)
             total += t.untyped_storage().nbytes()
+        total += _packed_bytes(m)
+    return total
+
+
+def _packed_bytes(module) -> int:
+    """Weights held in packed form outside parameters/buffers (torch's dynamic int8
+    linear keeps them in an opaque ``_packed_params`` object)."""
+    total = 0
+    for sub in module.modules():
+        if hasattr(sub, "_packed_params") and callable(getattr(sub, "weight", None)):
+            w = sub.weight()
+            total += w.int_repr().numel() * w.int_repr().element_size()
+            b = sub.bias()
+            if b is not None:
+                total += b.numel() * b.element_size()
     return total
 
 

@@ -110,6 +110,9 @@ def test_int8_replaces_linear_layers_and_changes_numerics(tiny_models, reqs):
     # same model underneath: the top token agrees almost everywhere
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.8
     assert e.weights_bytes() < ref.weights_bytes()
+    # the packed int8 weights are counted: about a quarter of the fp32 linear weights
+    n_lin = sum(p.numel() for n, p in ref.model.named_parameters() if "layers" in n and p.dim() == 2)
+    assert ref.weights_bytes() - e.weights_bytes() == pytest.approx(3 * n_lin, rel=0.02)
 
 
 def test_int4_packs_weights_and_stays_close(tiny_models, reqs):

@@ -1,0 +1,108 @@
+"""Routing overhead: rule baseline vs learned routers as the study ran them vs compiled.
+
+In one process, after warm-up, on the same stream of raw requests:
+
+* ``rule``: the rule baseline's ``route(request)`` (pure Python);
+* ``<family> (pipeline)``: the study's path, a one-row DataFrame of features through
+  the scikit-learn pipeline (``features_frame([request])`` + ``predict``);
+* ``<family> (compiled)``: ``compile(router).route(request)`` (one C call, feature
+  extraction included).
+
+Prints single-decision p50/p99 in microseconds and batch throughput, with ratios
+to the rule baseline's p50 measured in the same run.
+
+    .venv/bin/python bench/routing_overhead.py [--decisions 100000] [--pipeline-decisions 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+
+import numpy as np
+
+
+def single(fn, reqs, n):
+    times = np.empty(n, dtype=np.int64)
+    m = len(reqs)
+    for i in range(min(2000, n)):
+        fn(reqs[i % m])
+    gc.disable()
+    try:
+        for i in range(n):
+            r = reqs[i % m]
+            t0 = time.perf_counter_ns()
+            fn(r)
+            times[i] = time.perf_counter_ns() - t0
+    finally:
+        gc.enable()
+    return np.percentile(times, 50) / 1e3, np.percentile(times, 99) / 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--decisions", type=int, default=100_000)
+    ap.add_argument("--pipeline-decisions", type=int, default=2_000,
+                    help="the pandas path costs ~ms each; fewer decisions keep the run short")
+    ap.add_argument("--batch", type=int, default=1_000_000)
+    ap.add_argument("--feature-set", default="B")
+    args = ap.parse_args()
+
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from dataset.features import features_frame
+    from dataset.workloads import get_workload
+    from oracle.training_table import build_training_table
+    from routers import get_router
+    from routers.compiled import compile
+    from routers.rule_baseline import RuleBaselineRouter
+    from tests.test_routers_learned import synthetic_profile
+
+    names = ["short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",
+             "long_prompt_long_output", "shared_prefix_chat", "batch_pressure"]
+    reqs = [r for i, n in enumerate(names) for r in get_workload(n).sample(300, seed=i)]
+    table = build_training_table(synthetic_profile(), reqs)
+    y = table["label"].astype(str)
+    modes = sorted(set(y) | {"fp16_baseline"})
+    rule = RuleBaselineRouter().fit()
+    stream = [r for i, n in enumerate(names) for r in get_workload(n).sample(500, seed=100 + i)]
+
+    rows = []
+    p50, p99 = single(rule.route, stream, args.decisions)
+    rows.append(("rule", p50, p99, None))
+    base = p50
+    big = features_frame(stream, args.feature_set)
+    reps = max(1, args.batch // len(big))
+    for fam, kw in (("dt", dict(max_depth=5, min_samples_leaf=3)),
+                    ("rf", dict(n_estimators=300, max_depth=10, min_samples_leaf=2)),
+                    ("lr", dict(max_iter=3000)), ("lgbm", dict(n_estimators=100))):
+        est = get_router(fam, feature_set=args.feature_set, class_weight="balanced", **kw).fit(table, y)
+        p50, p99 = single(lambda r, e=est: e.predict(features_frame([r], args.feature_set)), stream,
+                          args.pipeline_decisions)
+        t0 = time.perf_counter()
+        est.predict(big)
+        thr = len(big) / (time.perf_counter() - t0)
+        rows.append((f"{fam} (pipeline)", p50, p99, thr))
+        c = compile(est)
+        assert (c.predict(table) == est.predict(table)).all()
+        p50, p99 = single(c.route, stream, args.decisions)
+        M = np.ascontiguousarray(np.tile(c.matrix(big), (reps, 1)))
+        c.predict_matrix(M[:1000])
+        t0 = time.perf_counter()
+        c.predict_matrix(M)
+        thr = len(M) / (time.perf_counter() - t0)
+        rows.append((f"{fam} (compiled)", p50, p99, thr))
+    _ = modes
+    print(f"decisions: {args.decisions} single (pipeline rows: {args.pipeline_decisions}); "
+          f"batch rows: compiled {reps * len(big)}, pipeline {len(big)}; feature set {args.feature_set}")
+    print(f"{'router':<18} {'p50 us':>10} {'p99 us':>10} {'p50 / rule':>11} {'batch decisions/s':>18}")
+    for name, p50, p99, thr in rows:
+        t = f"{thr:,.0f}" if thr else "-"
+        print(f"{name:<18} {p50:10.2f} {p99:10.2f} {p50 / base:10.2f}x {t:>18}")
+
+
+if __name__ == "__main__":
+    main()
