@@ -233,7 +233,12 @@ def compile(router) -> CompiledRouter:  # noqa: A001 - the issue's name for the 
     n_features = n_num + len(fam) + len(suite)
     classes = router.classes_
     if isinstance(clf, DecisionTreeClassifier):
-        return CompiledRouter(router, 0, classes, n_num, fam, suite, _sklearn_trees([clf], len(classes)))
+        from routers.codegen import compile_tree
+
+        comp = CompiledRouter(router, 0, classes, n_num, fam, suite, _sklearn_trees([clf], len(classes)))
+        # single decisions: generated Python beats a C call for a handful of comparisons
+        comp.route, comp.source_code = compile_tree(clf, classes, n_num, fam, suite)
+        return comp
     if isinstance(clf, RandomForestClassifier):
         return CompiledRouter(router, 0, classes, n_num, fam, suite,
                               _sklearn_trees(clf.estimators_, len(classes)))

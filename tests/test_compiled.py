@@ -85,3 +85,16 @@ def test_safety_guarded_routers_are_refused(data):
         table, table["label"].astype(str), safe=__import__("pandas").DataFrame(safe))
     with pytest.raises(ValueError, match="safety guard"):
         compile(est)
+
+
+@settings(max_examples=300, deadline=None)
+@given(t=st.floats(-1e6, 1e6, allow_nan=False), dx=st.integers(-3, 3))
+def test_float32_boundary_reproduces_float32_comparisons(t, dx):
+    from routers.codegen import float32_boundary
+
+    b, inclusive = float32_boundary(t)
+    x = b
+    for _ in range(abs(dx)):
+        x = np.nextafter(x, np.inf if dx > 0 else -np.inf)
+    x = float(x)
+    assert (float(np.float32(x)) <= t) == (x <= b if inclusive else x < b)
