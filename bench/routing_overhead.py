@@ -66,7 +66,6 @@ def main():
     reqs = [r for i, n in enumerate(names) for r in get_workload(n).sample(300, seed=i)]
     table = build_training_table(synthetic_profile(), reqs)
     y = table["label"].astype(str)
-    modes = sorted(set(y) | {"fp16_baseline"})
     rule = RuleBaselineRouter().fit()
     stream = [r for i, n in enumerate(names) for r in get_workload(n).sample(500, seed=100 + i)]
 
@@ -95,7 +94,6 @@ def main():
         c.predict_matrix(M)
         thr = len(M) / (time.perf_counter() - t0)
         rows.append((f"{fam} (compiled)", p50, p99, thr))
-    _ = modes
     print(f"decisions: {args.decisions} single (pipeline rows: {args.pipeline_decisions}); "
           f"batch rows: compiled {reps * len(big)}, pipeline {len(big)}; feature set {args.feature_set}")
     print(f"{'router':<18} {'p50 us':>10} {'p99 us':>10} {'p50 / rule':>11} {'batch decisions/s':>18}")

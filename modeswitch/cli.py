@@ -325,15 +325,12 @@ def profile_cmd(
         benchmark_requests=benchmark_requests, threads=threads, interleave=interleave,
     )
     df = Profiler(spec, target, draft, output, console=console).run()
-    import pandas as pd
-
     summary = df.groupby(["mode", "family"])["latency_ms"].mean().unstack("family")
     speed = (summary.loc["fp16_baseline"] / summary).round(2)
     speed.columns = [_short(c) for c in speed.columns]
     console.print(frame_table(speed, title="speedup vs the reference (reference latency / mode latency; >1 is faster)"))
     console.print(f"wrote {len(df)} rows ({df['mode'].nunique()} modes x "
                   f"{df['family'].nunique()} workload families) to {output}")
-    _ = pd
 
 
 # ------------------------------------------------------------------ dataset

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import tempfile
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -287,6 +287,3 @@ def train(table: pd.DataFrame, cfg: TrainConfig, progress=None) -> pd.DataFrame:
             })
     return pd.DataFrame(results)
 
-
-def config_dict(cfg: TrainConfig) -> dict:
-    return asdict(cfg)

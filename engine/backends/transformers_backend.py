@@ -10,7 +10,6 @@ reference output token for token.
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from pathlib import Path
@@ -265,10 +264,3 @@ class TransformersEngine:
         order = {req.id: i for i, (req, _) in enumerate(group)}
         return sorted(done.values(), key=lambda g: order[g.request_id])
 
-
-def engine_copy(engine: TransformersEngine, mode) -> TransformersEngine:
-    """A new, unloaded engine for another mode of the same model."""
-    e = copy.copy(engine)
-    e.__init__(mode, engine.model_path, engine.draft_path, engine.device, engine.prefix_cache_mb,
-               engine.threads)
-    return e
