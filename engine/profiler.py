@@ -316,13 +316,21 @@ class Profiler:
         if ctx["primers"][unit.id]:
             engine.run(ctx["primers"][unit.id], ignore_eos=ignore_eos)
         meter = ctx["meter"]
+        cuda = self.spec.device.startswith("cuda")
+        if cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
         meter.start()
         with PeakRSS() as rss:
             gens = engine.run(group, ignore_eos=ignore_eos)
         energy = meter.stop()
+        # CPU: resident model + RSS growth; CUDA: the allocator's peak (weights included)
+        peak_mb = (torch.cuda.max_memory_allocated() / 2**20 if cuda
+                   else engine.weights_mb + rss.peak_growth_mb)
         text = "\n".join(g.text for g in gens)
         row = self._row(unit, group, gens, mode, trial, energy, meter,
-                        engine.weights_mb + rss.peak_growth_mb, text, ctx["journal"].run_id,
+                        peak_mb, text, ctx["journal"].run_id,
                         ctx["model_id"], ctx["hardware"], ctx["software"],
                         ctx["caps"].reference_mode, engine.info)
         if mode == ctx["reference"] and trial == 0:
