@@ -108,7 +108,8 @@ class Journal:
         self.path = path
         self.rows: list[dict] = []
         if path.exists():
-            lines = path.read_text().splitlines()
+            text = path.read_text()
+            lines = text.splitlines()
             header = json.loads(lines[0]) if lines else {}
             if header.get("identity") != spec.identity():
                 raise ValueError(
@@ -122,16 +123,15 @@ class Journal:
                 except json.JSONDecodeError:
                     if i != len(lines):
                         raise ValueError(f"{path}: line {i} is corrupt") from None
-                    # an interrupted last write: drop it, it will be measured again
-            if lines and not lines[-1].strip() == "" and not path.read_text().endswith("\n"):
-                self._rewrite()
+                    # an interrupted last write: dropped, it will be measured again
+            if not text.endswith("\n"):
+                self._rewrite(header)
         else:
             self.run_id = uuid.uuid4().hex[:12]
             path.parent.mkdir(parents=True, exist_ok=True)
             self._append({"identity": spec.identity(), "run_id": self.run_id, "spec": asdict(spec)})
 
-    def _rewrite(self):
-        header = json.loads(self.path.read_text().splitlines()[0])
+    def _rewrite(self, header: dict):
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text("\n".join(json.dumps(r) for r in [header] + self.rows) + "\n")
         os.replace(tmp, self.path)

@@ -240,7 +240,7 @@ def train(table: pd.DataFrame, cfg: TrainConfig, progress=None) -> pd.DataFrame:
                 study_name = f"{experiment}-{family}-{cfg.split}-{cfg.feature_set}-s{cfg.seed}"
                 study = tune(family, cfg, table, y, safe, modes, folds[0][0] if cfg.split != "lofo"
                              else np.arange(len(table)), study_name, cbs)
-                params = {k: v for k, v in study.best_params.items()}
+                params = dict(study.best_params)
                 use_w = bool(params.pop("regret_weights", False))
                 best_value = study.best_value
                 mlflow.log_metric("best_validation_objective", best_value)

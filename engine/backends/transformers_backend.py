@@ -25,59 +25,49 @@ NAME = "transformers"
 def capabilities(device: str = "cpu") -> BackendCapabilities:
     """How this backend implements each mode on ``device``, or why it cannot."""
     cpu = device == "cpu"
-    S = ModeSupport
-    int8_how = ("dynamic int8 linear layers (torch.ao quantize_dynamic, fbgemm)" if cpu else "")
-    int4_how = ("4-bit weight-only RTN, group 32, aten _weight_int4pack_mm_for_cpu with bf16 "
-                "activations (CPU analogue of GPTQ; no calibration)" if cpu else "")
-    no_quant_gpu = ("weight quantization on CUDA needs pre-quantized checkpoints: use the vLLM "
-                    "backend")
-    modes = {
-        "fp16_baseline": S("fp16_baseline", True,
-                           how="unquantized weights in the device's native precision "
-                               "(fp32 on CPU, fp16 on CUDA)"),
-        "int8_quant": S("int8_quant", True, how=int8_how) if cpu else S("int8_quant", False, reason=no_quant_gpu),
-        "gptq_4bit": S("gptq_4bit", True, how=int4_how) if cpu else S("gptq_4bit", False, reason=no_quant_gpu),
-        "awq_4bit": S("awq_4bit", False,
-                      reason="no activation-aware 4-bit path in this backend; gptq_4bit is its "
-                             "only 4-bit mode (routers map awq_4bit to it)"),
-        "speculative_decoding": S("speculative_decoding", True,
-                                  how="assisted generation with the draft model, k tokens per step"),
-        "ngram_speculative_decoding": S("ngram_speculative_decoding", True,
-                                        how="prompt-lookup decoding (n-grams of the prompt)"),
-        "kv_cache_compression": S("kv_cache_compression", True,
-                                  how="fp8 (e4m3) quantized KV cache, per-tensor scale "
-                                      "(transformers QuantizedCache backend 'fp8')"),
-        "prefix_caching": S("prefix_caching", True,
-                            how="KV cache of the shared prefix kept in an LRU store (byte budget), "
-                                "copied into each request that starts with it"),
-        "chunked_prefill": S("chunked_prefill", True,
-                             how="prompt prefilled in chunks of max_num_batched_tokens into the "
-                                 "KV cache, then decoded"),
-        "continuous_batching": S("continuous_batching", True,
-                                 how="transformers' continuous-batching manager (paged KV cache; "
-                                     "requests join the running batch every step)"),
-        "cuda_graphs": S("cuda_graphs", False,
-                         reason="static cache + torch.compile recompiles per prompt length on CPU "
-                                "(16-54 s each) and measured no faster than eager; not offered"),
-        "gptq_plus_prefix_caching": S("gptq_plus_prefix_caching", True, how=int4_how + " + prefix store")
-        if cpu else S("gptq_plus_prefix_caching", False, reason=no_quant_gpu),
-        "int8_plus_prefix_caching": S("int8_plus_prefix_caching", True, how=int8_how + " + prefix store")
-        if cpu else S("int8_plus_prefix_caching", False, reason=no_quant_gpu),
-        "int8_plus_continuous_batching": S("int8_plus_continuous_batching", True,
-                                           how=int8_how + " + continuous-batching manager")
-        if cpu else S("int8_plus_continuous_batching", False, reason=no_quant_gpu),
-        "gptq_plus_continuous_batching": S("gptq_plus_continuous_batching", False,
-                                           reason="not validated with the continuous-batching manager"),
-        "awq_plus_chunked_prefill": S("awq_plus_chunked_prefill", False,
-                                      reason="no activation-aware 4-bit path (see awq_4bit)"),
-        "gptq_plus_chunked_prefill": S("gptq_plus_chunked_prefill", True, how=int4_how + " + chunked prefill")
-        if cpu else S("gptq_plus_chunked_prefill", False, reason=no_quant_gpu),
-        "int8_plus_chunked_prefill": S("int8_plus_chunked_prefill", True, how=int8_how + " + chunked prefill")
-        if cpu else S("int8_plus_chunked_prefill", False, reason=no_quant_gpu),
-        "speculative_plus_chunked_prefill": S("speculative_plus_chunked_prefill", False,
-                                              reason="assisted generation does not take a pre-filled "
-                                                     "target cache here"),
-    }
+    int8 = "dynamic int8 linear layers (torch.ao quantize_dynamic, fbgemm)"
+    int4 = ("4-bit weight-only RTN, group 32, aten _weight_int4pack_mm_for_cpu with bf16 "
+            "activations (CPU analogue of GPTQ; no calibration)")
+    no_quant_gpu = "weight quantization on CUDA needs pre-quantized checkpoints: use the vLLM backend"
+    modes: dict[str, ModeSupport] = {}
+
+    def yes(name, how):
+        modes[name] = ModeSupport(name, True, how=how)
+
+    def no(name, reason):
+        modes[name] = ModeSupport(name, False, reason=reason)
+
+    def cpu_only(name, how):
+        yes(name, how) if cpu else no(name, no_quant_gpu)
+
+    yes("fp16_baseline", "unquantized weights in the device's native precision (fp32 on CPU, "
+                         "fp16 on CUDA)")
+    cpu_only("int8_quant", int8)
+    cpu_only("gptq_4bit", int4)
+    no("awq_4bit", "no activation-aware 4-bit path in this backend; gptq_4bit is its only 4-bit "
+                   "mode (routers map awq_4bit to it)")
+    yes("speculative_decoding", "assisted generation with the draft model, k tokens per step")
+    yes("ngram_speculative_decoding", "prompt-lookup decoding (n-grams of the prompt)")
+    yes("kv_cache_compression", "fp8 (e4m3) quantized KV cache, per-tensor scale (transformers "
+                                "QuantizedCache backend 'fp8')")
+    yes("prefix_caching", "KV cache of the shared prefix kept in an LRU store (byte budget), "
+                          "copied into each request that starts with it")
+    yes("chunked_prefill", "prompt prefilled in chunks of max_num_batched_tokens into the KV "
+                           "cache, then decoded")
+    yes("continuous_batching", "transformers' continuous-batching manager (paged KV cache; "
+                               "requests join the running batch every step)")
+    no("cuda_graphs", "not built: static cache + torch.compile recompiles for every new prompt "
+                      "length on CPU (a trial run noted 16-54 s per compile and no gain over eager)")
+    cpu_only("gptq_plus_prefix_caching", int4 + " + prefix store")
+    cpu_only("int8_plus_prefix_caching", int8 + " + prefix store")
+    cpu_only("int8_plus_continuous_batching", int8 + " + continuous-batching manager")
+    no("gptq_plus_continuous_batching", "not built: the int4 linear layer was not validated "
+                                        "inside the continuous-batching manager")
+    no("awq_plus_chunked_prefill", "no activation-aware 4-bit path (see awq_4bit)")
+    cpu_only("gptq_plus_chunked_prefill", int4 + " + chunked prefill")
+    cpu_only("int8_plus_chunked_prefill", int8 + " + chunked prefill")
+    no("speculative_plus_chunked_prefill", "not built: prefilling the target's cache in chunks "
+                                           "before assisted generation was not implemented")
     return BackendCapabilities(NAME, "fp16_baseline", "float32" if cpu else "float16", modes)
 
 
