@@ -428,6 +428,60 @@ def train_cmd(
                   + " — open them with `make ui`")
 
 
+# -------------------------------------------------------------------- score
+@app.command("score")
+@friendly_errors
+def score_cmd(
+    data: Annotated[Path, typer.Option(help="Training table the routers were trained on.")],
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="New report folder [reports/score-<time>].")] = None,
+    run: Annotated[list[str] | None, typer.Option(help="Training run id(s) to score (default: latest per family).")] = None,
+    live: Annotated[bool, typer.Option(help="Also run a held-out stream through the real engine.")] = False,
+    live_requests: Annotated[int, typer.Option(help="Requests in the live stream.")] = 12,
+    model: Annotated[str, typer.Option(help="Engine model for --live: 'tiny' or a checkpoint folder.")] = "tiny",
+    draft_model: Annotated[str | None, typer.Option(help="Draft checkpoint for --live.")] = None,
+    compile_routers: Annotated[bool, typer.Option("--compile/--no-compile", help="Route with compiled routers (default) or the scikit-learn pipelines.")] = True,
+    decisions: Annotated[int, typer.Option(help="Single decisions timed per router.")] = 20_000,
+    mlruns: Annotated[Path, typer.Option(help="MLflow store folder.")] = Path("mlruns"),
+    seed: Annotated[int, typer.Option(help="Live stream seed.")] = 0,
+):
+    """Score trained routers against the rule baseline: overhead, violations, speedup, energy, quality."""
+    from datetime import datetime
+
+    import pandas as pd
+
+    from modeswitch.display import fmt
+    from routers.evaluation import ScoreConfig, score
+
+    out = output or Path("reports") / f"score-{datetime.now():%Y%m%d-%H%M%S}"
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} already holds a report; choose a new folder")
+    cfg = ScoreConfig(mlruns=str(mlruns), run_ids=_split(run), compiled=compile_routers,
+                      decisions=decisions, live=live, live_requests=live_requests, model=model,
+                      draft_model=draft_model, seed=seed, name=out.name)
+    with console.status("scoring") as status:
+        res = score(pd.read_parquet(data), cfg, out, progress=lambda m: status.update(m))
+    head = res["headline"].copy()
+    head.index.name = "router"
+    cols = {"overhead_p50_us": "p50 us", "overhead_p99_us": "p99 us",
+            "violation_rate_quality": "viol qual", "violation_rate_energy": "viol energy",
+            "violation_rate_memory": "viol mem", "speedup": "speedup", "energy_ratio": "energy",
+            "rouge_delta": "ROUGE-L d", "accuracy_delta_pp": "acc d pp",
+            "oracle_match": "oracle match", "latency_capture": "capture lat",
+            "energy_capture": "capture energy"}
+    table = head[[c for c in cols if c in head.columns]].rename(columns=cols)
+    if res["live_summary"] is not None:
+        ls = res["live_summary"].set_index("router")
+        table["live speedup"] = ls["speedup"].reindex(table.index)
+        table["live energy"] = ls["energy_ratio"].reindex(table.index)
+        table["live viol qual"] = ls["violation_rate_quality"].reindex(table.index)
+    console.print(frame_table(table, title=f"routers vs the rule baseline — held-out requests, "
+                                           f"equal family weights ({out})"))
+    if res["live_summary"] is not None:
+        console.print(f"live: {cfg.live_requests} requests; profile-estimate latency error "
+                      f"(mean absolute %): {fmt(res['live_figures']['estimate_mape_pct'], 1)}")
+    console.print(f"report: {out}/README.md; MLflow scoring run {res['mlflow_run_id']} (`make ui`)")
+
+
 def _short(name: str) -> str:
     """Compact column labels for wide mode x family tables."""
     return {"short_prompt_short_output": "s/s", "short_prompt_long_output": "s/l",

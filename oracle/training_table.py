@@ -4,6 +4,7 @@ estimated cost, so training and scoring can compute regret for any pick.
 One row per request. Columns: the request's fields and features (sets A and B),
 ``label`` / ``label_source`` / ``estimate_basis``, and for every mode ``m``:
 ``latency_ms__m``, ``energy_ratio__m``, ``memory_ratio__m``, ``rouge_l_vs_baseline__m``,
+``accuracy_delta_pp__m`` (benchmark requests),
 ``safe__m`` and ``violates_{quality,energy,memory}__m``. The table's provenance
 (constraints, profile content hash) is kept in ``DataFrame.attrs``, which parquet
 preserves.
@@ -21,7 +22,7 @@ from dataset.requests import Request, requests_frame
 from oracle.constraints import Constraints
 from oracle.label import label_requests
 
-PER_MODE = ("latency_ms", "energy_ratio", "memory_ratio", "rouge_l_vs_baseline")
+PER_MODE = ("latency_ms", "energy_ratio", "memory_ratio", "rouge_l_vs_baseline", "accuracy_delta_pp")
 
 
 def frame_hash(df: pd.DataFrame) -> str:

@@ -2,8 +2,9 @@
 
 The study's learned routers cost 4.5-50 ms per decision because each went through
 a pandas row and a scikit-learn pipeline. :func:`compile` turns a fitted router
-into flat arrays run by a small C kernel (``routers/native/kernels.c``, built
-once with the system C compiler and cached):
+into packed nodes run by a small C kernel (``routers/native/kernels.c``, built
+once with the system C compiler against this Python's headers and cached; it is
+both a CPython extension, for single decisions, and a ctypes library, for batches):
 
 * decision trees and random forests: node arrays; features compared as float32,
   leaf class-probability vectors normalised and averaged in the same order as
@@ -12,29 +13,37 @@ once with the system C compiler and cached):
 * logistic regression: one dot product per class with the standard scaling
   folded into the weights and the one-hot categories as weight columns.
 
+Tree ensembles stop early, exactly: once no remaining tree can change the leading
+class (per-class suffix sums of leaf maxima/minima bound what is left), the loop
+ends; the answer is the one the full ensemble gives.
+
 The compiled object keeps the estimator API (``predict``; ``classes_``) and adds
 ``route(request)``: feature extraction and prediction from a raw request in one
-C call. Unseen categories encode as all-zero one-hot columns, as the pipeline's
+CPython fast call (the request's fields are read in C). Unseen categories encode as all-zero one-hot columns, as the pipeline's
 ``OneHotEncoder(handle_unknown="ignore")`` does.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
+import importlib.machinery
+import importlib.util
 import os
 import shutil
 import subprocess
+import sysconfig
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from dataset.features import CATEGORICAL_FEATURES, FEATURE_SET_A, NONE_CATEGORY
-from dataset.requests import Request
 
 _SRC = Path(__file__).parent / "native" / "kernels.c"
 _LIB = None
+_EXT = None
 _I32 = ctypes.POINTER(ctypes.c_int32)
 _F64 = ctypes.POINTER(ctypes.c_double)
 
@@ -44,28 +53,53 @@ def _cache_dir() -> Path:
     return (Path(env) if env else Path.home() / ".cache" / "modeswitch") / "native"
 
 
-def library():
-    """Build (once, cached by source hash) and load the C kernel."""
-    global _LIB
-    if _LIB is not None:
-        return _LIB
+def _build() -> Path:
     src = _SRC.read_bytes()
-    out = _cache_dir() / f"kernels-{hashlib.sha256(src).hexdigest()[:12]}.so"
+    include = sysconfig.get_paths()["include"]
+    tag = hashlib.sha256(src + include.encode()).hexdigest()[:12]
+    out = _cache_dir() / f"kernels-{tag}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
     if not out.exists():
         cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
         if cc is None:
             raise RuntimeError("compiled routers need a C compiler (cc/gcc) on PATH; "
                                "use the uncompiled router instead (--no-compile)")
+        if not Path(include, "Python.h").exists():
+            raise RuntimeError(f"compiled routers need Python's C headers (Python.h not in {include}); "
+                               "install the python3-dev package or use --no-compile")
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             tmp_so = Path(tmp) / "k.so"
-            subprocess.run([cc, "-O3", "-shared", "-fPIC", "-o", str(tmp_so), str(_SRC), "-lm"],
-                           check=True, capture_output=True)
+            res = subprocess.run([cc, "-O3", "-shared", "-fPIC", f"-I{include}", "-o", str(tmp_so),
+                                  str(_SRC), "-lm"], capture_output=True, text=True)
+            if res.returncode:
+                raise RuntimeError(f"building {_SRC} failed:\n{res.stderr}")
             os.replace(tmp_so, out)
-    lib = ctypes.CDLL(str(out))
+    return out
+
+
+def extension():
+    """The kernel as a CPython extension module (single decisions from request objects)."""
+    global _EXT
+    if _EXT is None:
+        path = _build()
+        loader = importlib.machinery.ExtensionFileLoader("_modeswitch_kernels", str(path))
+        spec = importlib.util.spec_from_file_location("_modeswitch_kernels", str(path), loader=loader)
+        mod = importlib.util.module_from_spec(spec)
+        loader.exec_module(mod)
+        _EXT = mod
+    return _EXT
+
+
+def library():
+    """Build (once, cached by source hash) and load the C kernel through ctypes."""
+    global _LIB
+    if _LIB is not None:
+        return _LIB
+    extension()  # one build, one load: the extension and ctypes share the model table
+    lib = ctypes.CDLL(str(_build()))
     lib.register_model.restype = ctypes.c_int
-    lib.register_model.argtypes = [ctypes.c_int] * 7 + [_I32, _F64, _I32, _I32, _F64, _I32, _I32,
-                                                          _F64, _F64]
+    lib.register_model.argtypes = [ctypes.c_int] * 8 + [_I32, _F64, _I32, _I32, _F64, _I32, _I32,
+                                                          _F64, _F64, _F64, _F64]
     lib.route.restype = ctypes.c_int
     lib.route.argtypes = [ctypes.c_int] + [ctypes.c_double] * 5 + [ctypes.c_int, ctypes.c_int]
     lib.predict_batch.restype = None
@@ -96,24 +130,23 @@ class CompiledRouter:
         lib = library()
         self._route = lib.route
         self._batch = lib.predict_batch
+        n_nodes = len(a["feature"]) if "feature" in a else 0
         self.handle = lib.register_model(
             kind, self.n_features, a["n_classes"], a.get("n_trees", 0), n_num, len(self.fam_cats),
-            len(self.suite_cats), _ptr(a.get("feature"), _I32), _ptr(a.get("threshold"), _F64),
-            _ptr(a.get("left"), _I32), _ptr(a.get("right"), _I32), _ptr(a.get("value"), _F64),
-            _ptr(a.get("roots"), _I32), _ptr(a.get("tree_class"), _I32),
-            _ptr(a.get("weights"), _F64), _ptr(a.get("bias"), _F64))
+            len(self.suite_cats), n_nodes, _ptr(a.get("feature"), _I32),
+            _ptr(a.get("threshold"), _F64), _ptr(a.get("left"), _I32), _ptr(a.get("right"), _I32),
+            _ptr(a.get("value"), _F64), _ptr(a.get("roots"), _I32), _ptr(a.get("tree_class"), _I32),
+            _ptr(a.get("weights"), _F64), _ptr(a.get("bias"), _F64), _ptr(a.get("sufmax"), _F64),
+            _ptr(a.get("sufmin"), _F64))
         if self.handle < 0:
-            raise RuntimeError("compiled router: model too large for the kernel's limits")
+            raise RuntimeError("compiled router: the kernel refused the model (over 4096 models in this process, "
+                               "more than 64 classes or 512 features, or out of memory)")
+        #: one decision from a raw request: a C-level partial over the extension's fast call
+        self.route = functools.partial(
+            extension().route_request, self.handle, tuple(self.classes_),
+            self.fam_index if self.fam_cats else None, self.suite_index if self.suite_cats else None)
 
     # ------------------------------------------------------------- decisions
-    def route(self, request: Request) -> str:
-        """One decision from a raw request (feature extraction included)."""
-        return self.classes_[self._route(
-            self.handle, request.prompt_tokens, request.expected_output_tokens,
-            request.shared_prefix_tokens, request.concurrent_requests, request.memory_pressure,
-            self.fam_index.get(request.family or NONE_CATEGORY, -1),
-            self.suite_index.get(request.benchmark_suite or NONE_CATEGORY, -1))]
-
     def route_features(self, p, o, sp=0.0, cc=1.0, mp=0.0, family=None, suite=None) -> str:
         return self.classes_[self._route(self.handle, p, o, sp, cc, mp,
                                          self.fam_index.get(family or NONE_CATEGORY, -1),
@@ -165,6 +198,15 @@ def _layout(router):
     return num_cols, fam, suite
 
 
+def _suffix_bounds(leaf_max: np.ndarray, leaf_min: np.ndarray) -> dict:
+    """Per tree position t and class k: the most / least the trees t.. can still add."""
+    zero = np.zeros((1, leaf_max.shape[1]))
+    sufmax = np.vstack([np.cumsum(leaf_max[::-1], axis=0)[::-1], zero])
+    sufmin = np.vstack([np.cumsum(leaf_min[::-1], axis=0)[::-1], zero])
+    return dict(sufmax=np.ascontiguousarray(sufmax.reshape(-1)),
+                sufmin=np.ascontiguousarray(sufmin.reshape(-1)))
+
+
 def _sklearn_trees(trees, n_classes):
     feature, threshold, left, right, value, roots = [], [], [], [], [], []
     offset = 0
@@ -180,7 +222,10 @@ def _sklearn_trees(trees, n_classes):
         norm[norm == 0.0] = 1.0
         value.append(v / norm)
         offset += tr.node_count
-    return dict(feature=np.concatenate(feature).astype(np.int32),
+    leaves = [(val[t.tree_.children_left < 0]) for val, t in zip(value, trees)]
+    bounds = _suffix_bounds(np.array([lv.max(axis=0) for lv in leaves]),
+                            np.array([lv.min(axis=0) for lv in leaves]))
+    return dict(**bounds,feature=np.concatenate(feature).astype(np.int32),
                 threshold=np.concatenate(threshold).astype(np.float64),
                 left=np.concatenate(left).astype(np.int32),
                 right=np.concatenate(right).astype(np.int32),
@@ -211,10 +256,17 @@ def _lightgbm_trees(booster, n_features):
             value[idx] = float(node["leaf_value"])
         return idx
 
+    leaf_max, leaf_min = [], []
     for i, info in enumerate(dump["tree_info"]):
+        start = len(feature)
         roots.append(walk(info["tree_structure"]))
         tree_class.append(i % k)
-    return dict(feature=np.asarray(feature, np.int32), threshold=np.asarray(threshold, np.float64),
+        leaf = [value[j] for j in range(start, len(feature)) if left[j] < 0]
+        hi, lo = np.zeros(k), np.zeros(k)
+        hi[i % k], lo[i % k] = max(leaf), min(leaf)
+        leaf_max.append(hi)
+        leaf_min.append(lo)
+    return dict(**_suffix_bounds(np.array(leaf_max), np.array(leaf_min)),feature=np.asarray(feature, np.int32), threshold=np.asarray(threshold, np.float64),
                 left=np.asarray(left, np.int32), right=np.asarray(right, np.int32),
                 value=np.asarray(value, np.float64), roots=np.asarray(roots, np.int32),
                 tree_class=np.asarray(tree_class, np.int32), n_trees=len(roots), n_classes=k)

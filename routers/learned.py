@@ -108,7 +108,7 @@ class LearnedRouter(ClassifierMixin, BaseEstimator):
                 from routers.rule_baseline import RuleBaselineRouter
 
                 self.fallback_ = RuleBaselineRouter(
-                    available_modes=sorted(set(self.classes_) | {REFERENCE})).fit()
+                    available_modes=sorted(set(self.classes_) | {REFERENCE}), unavailable="reference").fit()
         return self
 
     def _fit_safety(self, X, safe) -> dict:

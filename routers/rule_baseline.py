@@ -33,7 +33,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from dataset.features import FEATURE_SET_A, NONE_CATEGORY
 from dataset.requests import Request
-from engine.modes import mode_names, resolve_mode
+from engine.modes import mode_names, reference_mode, resolve_mode
 from routers.registry import register_router
 
 SYNTHETIC_FAMILIES = {
@@ -90,12 +90,14 @@ def _cat(value) -> str:
 
 class RuleBaselineRouter(ClassifierMixin, BaseEstimator):
     """The study's hand-written controller. ``fit`` learns nothing from data; it
-    resolves the policy's modes against the backend's ``available_modes``."""
+    resolves the policy's modes against the backend's ``available_modes`` (a mode with no
+    available substitute is an error, or with ``unavailable="reference"`` the reference)."""
 
     def __init__(self, available_modes=None, batch_threshold=4, short_prompt_max=384,
                  short_output_max=64, long_output_min=128, prefill_score_min=40,
-                 long_prompt_min=768):
+                 long_prompt_min=768, unavailable="error"):
         self.available_modes = available_modes
+        self.unavailable = unavailable
         self.batch_threshold = batch_threshold
         self.short_prompt_max = short_prompt_max
         self.short_output_max = short_output_max
@@ -106,7 +108,19 @@ class RuleBaselineRouter(ClassifierMixin, BaseEstimator):
     # -- estimator API -------------------------------------------------------
     def fit(self, X=None, y=None):
         available = list(self.available_modes) if self.available_modes is not None else mode_names()
-        self.mode_map_ = {m: resolve_mode(m, available) for m in POLICY_MODES}
+        if self.unavailable not in ("error", "reference"):
+            raise ValueError(f"unavailable={self.unavailable!r}: choose 'error' or 'reference'")
+        self.mode_map_ = {}
+        for m in POLICY_MODES:
+            try:
+                self.mode_map_[m] = resolve_mode(m, available)
+            except LookupError:
+                # a small mode set (a partial profile) may lack a rule's mode and all its
+                # substitutes: either say so, or run the reference for that rule
+                ref = reference_mode().name
+                if self.unavailable == "error" or ref not in available:
+                    raise
+                self.mode_map_[m] = ref
         self.classes_ = np.array(sorted(set(self.mode_map_.values())))
         if X is not None:
             self._check_columns(X)

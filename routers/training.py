@@ -259,7 +259,7 @@ def train(table: pd.DataFrame, cfg: TrainConfig, progress=None) -> pd.DataFrame:
             test_rows = np.array(sorted(test_rows))
             test = table.iloc[test_rows]
             metrics = evaluate(test, preds[test_rows], modes, cfg.unsafe_penalty)
-            rule = RuleBaselineRouter(available_modes=modes).fit()
+            rule = RuleBaselineRouter(available_modes=modes, unavailable="reference").fit()
             rule_metrics = evaluate(test, rule.predict(test), modes, cfg.unsafe_penalty)
             mlflow.log_metrics({f"test_{k}": v for k, v in metrics.items()})
             mlflow.log_metrics({f"rule_test_{k}": v for k, v in rule_metrics.items()})
@@ -277,6 +277,7 @@ def train(table: pd.DataFrame, cfg: TrainConfig, progress=None) -> pd.DataFrame:
                 pip_requirements=["scikit-learn", "lightgbm", "pandas", "numpy"],
                 skops_trusted_types=trusted_types(est),
             )
+            mlflow.set_tag("model_uri", info.model_uri)
             results.append({
                 "router": family, "split": cfg.split, "feature_set": cfg.feature_set,
                 "run_id": parent.info.run_id, "model_uri": info.model_uri,

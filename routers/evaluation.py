@@ -1,0 +1,189 @@
+"""``modeswitch score``: trained routers from MLflow vs the rule baseline, offline and live.
+
+Which routers: the latest training run per router family for this training
+table (experiment ``modeswitch-train-<table hash>``), or the runs named. Which
+requests: the held-out part of the run's own split (same split kind, test size
+and seed as in training), so no router is scored on requests it was fitted on.
+The rule baseline, the reference-only router and the oracle are scored on the
+same requests.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from oracle.training_table import frame_hash, table_meta
+from routers.rule_baseline import RuleBaselineRouter
+from routers.scoring import OracleRouter, ReferenceRouter, requests_from_table
+
+
+@dataclass
+class ScoreConfig:
+    mlruns: str = "mlruns"
+    run_ids: list[str] = field(default_factory=list)
+    compiled: bool = True
+    decisions: int = 20_000
+    pipeline_decisions: int = 300
+    live: bool = False
+    live_requests: int = 12
+    model: str = "tiny"
+    draft_model: str | None = None
+    device: str = "cpu"
+    seed: int = 0
+    name: str | None = None
+
+
+@dataclass
+class TrainedRouter:
+    name: str
+    run_id: str
+    model_uri: str
+    estimator: object
+    split: str
+    test_size: float
+    seed: int
+    feature_set: str
+
+
+def find_runs(table: pd.DataFrame, mlruns: str, run_ids=()) -> list[dict]:
+    """Training runs to score: the named ones, or the latest per family for this table."""
+    import mlflow
+
+    from routers.tracking import setup
+
+    thash = frame_hash(table.reset_index(drop=True))
+    setup(Path(mlruns), f"modeswitch-train-{thash}")
+    client = mlflow.MlflowClient()
+    if run_ids:
+        runs = [client.get_run(r) for r in run_ids]
+    else:
+        exp = client.get_experiment_by_name(f"modeswitch-train-{thash}")
+        if exp is None:
+            raise LookupError(f"no training runs for this table (hash {thash}) in {mlruns}; "
+                              "run `modeswitch train --data ...` first")
+        found = client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'",
+                                   order_by=["attributes.start_time DESC"], max_results=500)
+        latest = {}
+        for r in found:
+            fam = r.data.tags.get("router_family")
+            if fam and "mlflow.parentRunId" not in r.data.tags and fam not in latest:
+                latest[fam] = r
+        runs = list(latest.values())
+    if not runs:
+        raise LookupError(f"no finished training runs for this table in {mlruns}")
+    out = []
+    for r in runs:
+        tags, params = r.data.tags, r.data.params
+        if tags.get("training_table_hash") not in (None, thash):
+            raise ValueError(f"run {r.info.run_id} was trained on another table "
+                             f"({tags.get('training_table_hash')}, this one is {thash})")
+        out.append({"run_id": r.info.run_id, "family": tags["router_family"],
+                    "split": tags.get("split", "group"), "feature_set": tags.get("feature_set", "A"),
+                    "test_size": float(params.get("test_size", 0.25)), "seed": int(params.get("seed", 42)),
+                    "model_uri": tags.get("model_uri")})
+    return out
+
+
+def load_routers(table, mlruns, run_ids=()) -> list[TrainedRouter]:
+    import mlflow
+    import mlflow.sklearn
+
+    out = []
+    for r in find_runs(table, mlruns, run_ids):
+        uri = r["model_uri"]
+        if not uri:
+            models = mlflow.search_logged_models(filter_string=f"source_run_id = '{r['run_id']}'",
+                                                 output_format="list")
+            if not models:
+                raise LookupError(f"run {r['run_id']} has no logged router model")
+            uri = f"models:/{models[0].model_id}"
+        est = mlflow.sklearn.load_model(uri)
+        out.append(TrainedRouter(r["family"], r["run_id"], uri, est, r["split"], r["test_size"],
+                                 r["seed"], r["feature_set"]))
+    return out
+
+
+def held_out_rows(table: pd.DataFrame, trained: list[TrainedRouter]) -> np.ndarray:
+    """The test rows of the first fold of the routers' split (which must agree)."""
+    from routers.splits import split_indices
+
+    keys = {(t.split, t.test_size, t.seed) for t in trained}
+    if len(keys) > 1:
+        raise ValueError("the routers to score were trained with different splits "
+                         f"({sorted(keys)}); name runs of one split with --run")
+    split, test_size, seed = keys.pop()
+    return np.sort(split_indices(table, split, test_size, seed)[0][1])
+
+
+def score(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=None) -> dict:
+    """Run the whole scoring; returns the tables and figures (the report is written to ``out``)."""
+    from routers import overhead as oh
+    from routers import report
+    from routers.scoring import score_offline, summarise
+
+    def say(msg):
+        if progress:
+            progress(msg)
+
+    table = table.reset_index(drop=True)
+    meta = table_meta(table)
+    modes = meta["modes"]
+    say("loading trained routers from MLflow")
+    trained = load_routers(table, cfg.mlruns, cfg.run_ids)
+    test = table.iloc[held_out_rows(table, trained)].reset_index(drop=True)
+    test.attrs = table.attrs
+    routers = {"reference": ReferenceRouter(), "rule": RuleBaselineRouter(available_modes=modes, unavailable="reference").fit()}
+    routers.update({t.name: t.estimator for t in trained})
+    requests = requests_from_table(test)
+    say("measuring routing overhead")
+    overhead = oh.measure(routers, requests, cfg.decisions, cfg.pipeline_decisions, cfg.compiled,
+                          progress=say)
+    say("offline scoring")
+    with_oracle = {**routers, "oracle": OracleRouter()}
+    per_request = score_offline(test, with_oracle, {k: v.p50_us for k, v in overhead.items()})
+    per_family, overall = summarise(per_request)
+    context = {
+        "name": cfg.name or out.name, "training_table_hash": frame_hash(table),
+        "profile_hash": meta["profile_hash"], "held_out_requests": len(test),
+        "families": ", ".join(sorted(test["family"].astype(str).unique())),
+        "split": trained[0].split, "constraints": json.dumps(meta["constraints"]),
+        "decision_path": "compiled" if cfg.compiled else "pipeline (--no-compile)",
+        "router_runs": ", ".join(f"{t.name}={t.run_id}" for t in trained),
+    }
+    live_per = live_summary = estimate = None
+    live_figures = {}
+    if cfg.live:
+        from engine.models.resolve import resolve_models
+        from oracle.constraints import Constraints
+        from routers.live import run_live, score_live, stratified, summarise_live
+
+        stream = stratified(requests, cfg.live_requests, cfg.seed)
+        decisions = {}
+        for name, router in routers.items():
+            fn, _ = oh.decision_function(router, cfg.compiled)
+            decisions[name] = [str(fn(r)) for r in stream]
+        label_of = dict(zip(test["request_id"].astype(str), test["label"].astype(str)))
+        decisions["oracle"] = [label_of[r.id] for r in stream]  # the profile oracle's pick, run live
+        target, draft, _ = resolve_models(cfg.model, cfg.draft_model, None, None, lambda *a: None)
+        runs = run_live(stream, decisions, target, draft, cfg.device, progress=say)
+        live_per, estimate, live_figures = score_live(
+            runs, stream, decisions, {k: v.p50_us for k, v in overhead.items()},
+            Constraints(**{k: v for k, v in meta["constraints"].items()}), test)
+        live_summary = summarise_live(live_per)
+        context["live_requests"] = len(stream)
+        context["live_model"] = str(target)
+    say("writing the report")
+    report.write_report(out, per_request=per_request, per_family=per_family, overall=overall,
+                        overhead=overhead, context=context, live_per=live_per,
+                        live_summary=live_summary, estimate=estimate, live_figures=live_figures)
+    head = report.headline_table(overall, overhead)
+    run_id = report.log_to_mlflow(out, Path(cfg.mlruns), head, context,
+                                  {t.name: t.run_id for t in trained}, live_summary)
+    return {"headline": head, "overall": overall, "per_family": per_family, "overhead": overhead,
+            "live_summary": live_summary, "live_figures": live_figures, "estimate": estimate,
+            "mlflow_run_id": run_id, "trained": trained}

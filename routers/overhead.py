@@ -1,0 +1,117 @@
+"""Routing overhead measured the way serving pays it.
+
+One decision = feature extraction + prediction from a raw request object, as the
+server calls it. All routers are measured in one process on the same request
+stream, after warm-up, with the garbage collector paused during timing; the
+result is p50/p95/p99 in microseconds plus batch throughput (decisions/s) on a
+ready feature frame.
+
+Learned routers are measured in their compiled form by default
+(:func:`routers.compiled.compile`); ``compiled=False`` measures the study's path (a
+one-row DataFrame through the scikit-learn pipeline), which costs milliseconds, so
+it gets fewer decisions.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Overhead:
+    router: str
+    path: str
+    decisions: int
+    p50_us: float
+    p95_us: float
+    p99_us: float
+    batch_per_s: float | None
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def decision_function(router, compiled: bool = True, feature_set: str | None = None):
+    """(callable(request) -> mode, path description) for one decision from a raw request."""
+    from dataset.features import features_frame
+
+    if getattr(router, "pipeline_", None) is None:
+        return router.route, "python"
+    reason = ""
+    if compiled:
+        from routers.compiled import compile
+
+        try:
+            return compile(router).route, "compiled"
+        except (ValueError, TypeError, RuntimeError) as exc:  # e.g. a safety-guarded router
+            reason = str(exc).splitlines()[0]
+    fs = feature_set or getattr(router, "feature_set", "B")
+    path = "pipeline" + (f" (not compiled: {reason})" if reason else "")
+    return (lambda r: router.predict(features_frame([r], fs))[0]), path
+
+
+def time_decisions(fn, requests, n: int, warmup: int = 500) -> np.ndarray:
+    """Per-decision wall times in microseconds."""
+    m = len(requests)
+    for i in range(min(warmup, n)):
+        fn(requests[i % m])
+    times = np.empty(n, dtype=np.int64)
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        for i in range(n):
+            r = requests[i % m]
+            t0 = time.perf_counter_ns()
+            fn(r)
+            times[i] = time.perf_counter_ns() - t0
+    finally:
+        if gc_was:
+            gc.enable()
+    return times / 1e3
+
+
+def batch_throughput(router, frame, compiled: bool = True, min_rows: int = 100_000) -> float | None:
+    """Decisions per second on a ready feature frame (the compiled kernel when possible)."""
+    if getattr(router, "predict", None) is None:
+        return None
+    if compiled and getattr(router, "pipeline_", None) is not None:
+        try:
+            from routers.compiled import compile
+
+            c = compile(router)
+            M = c.matrix(frame)
+            M = np.ascontiguousarray(np.tile(M, (max(1, min_rows // len(M)), 1)))
+            c.predict_matrix(M[:100])
+            t0 = time.perf_counter()
+            c.predict_matrix(M)
+            return len(M) / (time.perf_counter() - t0)
+        except (ValueError, TypeError, RuntimeError):
+            pass
+    router.predict(frame.iloc[:10])
+    t0 = time.perf_counter()
+    router.predict(frame)
+    return len(frame) / (time.perf_counter() - t0)
+
+
+def measure(routers: dict, requests, decisions: int = 20_000, pipeline_decisions: int = 300,
+            compiled: bool = True, feature_set: str = "B", progress=None) -> dict[str, Overhead]:
+    """Overhead of every router (name -> fitted router) on the same request stream."""
+    from dataset.features import features_frame
+
+    frame = features_frame(requests, "B", with_context=True)
+    out = {}
+    for name, router in routers.items():
+        if getattr(router, "route", None) is None and getattr(router, "pipeline_", None) is None:
+            continue  # the oracle: no decision from a request exists
+        fn, path = decision_function(router, compiled, feature_set)
+        n = decisions if not path.startswith("pipeline") else min(decisions, pipeline_decisions)
+        if progress is not None:
+            progress(f"routing overhead: {name} ({path}, {n} decisions)")
+        t = time_decisions(fn, requests, n, warmup=min(500, n))
+        out[name] = Overhead(name, path, n, float(np.percentile(t, 50)), float(np.percentile(t, 95)),
+                             float(np.percentile(t, 99)), batch_throughput(router, frame, compiled))
+    return out

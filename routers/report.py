@@ -1,0 +1,221 @@
+"""The scoring report: markdown summary, CSV tables, plots, and an MLflow scoring run.
+
+Everything goes into a new folder (an existing one is refused: a run's results
+are never overwritten); the MLflow run holds the same files and every router's
+headline figures as metrics, tagged with the training runs it scored.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+#: The study's per-decision overhead (arXiv 2605.23057), drawn for comparison.
+STUDY_OVERHEAD_US = {"rule (study)": 9.6, "dt/lr (study)": 4500.0, "rf (study)": 50000.0}
+
+HEADLINE = ["overhead_p50_us", "overhead_p99_us", "violation_rate_quality", "violation_rate_energy",
+            "violation_rate_memory", "violation_rate_unmeasured", "speedup", "energy_ratio",
+            "rouge_delta", "accuracy_delta_pp", "oracle_match", "latency_capture", "energy_capture",
+            "mean_regret", "fallback_rate"]
+
+
+def headline_table(overall: pd.DataFrame, overhead: dict, weighting: str = "families") -> pd.DataFrame:
+    t = overall[overall["weighting"] == weighting].set_index("router").copy()
+    t["overhead_p50_us"] = [overhead[r].p50_us if r in overhead else np.nan for r in t.index]
+    t["overhead_p99_us"] = [overhead[r].p99_us if r in overhead else np.nan for r in t.index]
+    return t[[c for c in HEADLINE if c in t.columns]]
+
+
+def _fig(plt, w=7, h=4):
+    return plt.subplots(figsize=(w, h))
+
+
+def plots(out: Path, per_request: pd.DataFrame, per_family: pd.DataFrame, overall: pd.DataFrame,
+          overhead: dict, live: pd.DataFrame | None = None) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from sklearn.metrics import ConfusionMatrixDisplay
+
+    paths = []
+
+    def save(fig, name):
+        p = out / "plots" / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(p, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        paths.append(p)
+
+    eq = overall[overall["weighting"] == "families"].set_index("router")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    eq["speedup"].plot.bar(ax=axes[0], color="tab:blue")
+    axes[0].axhline(1.0, color="grey", lw=1, ls="--")
+    axes[0].set_title("latency speedup vs reference (overhead charged)")
+    eq["energy_ratio"].plot.bar(ax=axes[1], color="tab:green")
+    axes[1].axhline(1.0, color="grey", lw=1, ls="--")
+    axes[1].set_title("energy ratio vs reference (lower is better)")
+    save(fig, "speedup_energy.png")
+
+    fig, ax = _fig(plt)
+    eq[["latency_capture", "energy_capture"]].plot.bar(ax=ax)
+    ax.axhline(1.0, color="grey", lw=1, ls="--")
+    ax.set_title("oracle capture (share of the oracle's saving achieved)")
+    save(fig, "oracle_capture.png")
+
+    if overhead:
+        fig, ax = _fig(plt, 8, 0.45 * (len(overhead) + len(STUDY_OVERHEAD_US)) + 1.5)
+        names = list(overhead) + list(STUDY_OVERHEAD_US)
+        p50 = [overhead[n].p50_us for n in overhead] + list(STUDY_OVERHEAD_US.values())
+        p99 = [overhead[n].p99_us for n in overhead] + list(STUDY_OVERHEAD_US.values())
+        colors = ["tab:blue"] * len(overhead) + ["tab:grey"] * len(STUDY_OVERHEAD_US)
+        ax.barh(names, p50, color=colors, label="p50")
+        ax.scatter(p99, names, color="black", marker="|", s=200, label="p99", zorder=3)
+        ax.set_xscale("log")
+        ax.set_xlabel("microseconds per decision (log scale)")
+        ax.set_title("routing overhead: this run (blue) vs the study's (grey)")
+        ax.legend()
+        save(fig, "routing_overhead.png")
+
+    fig, ax = _fig(plt)
+    cols = [c for c in ("violation_rate_quality", "violation_rate_energy", "violation_rate_memory",
+                        "violation_rate_unmeasured") if c in eq]
+    eq[cols].rename(columns=lambda c: c.replace("violation_rate_", "")).plot.bar(stacked=True, ax=ax)
+    ax.set_title("constraint violations by type (rate)")
+    save(fig, "violations.png")
+
+    fig, ax = _fig(plt, 7, 5)
+    for r, row in eq.iterrows():
+        ax.scatter(row["speedup"], row["energy_ratio"], s=60)
+        ax.annotate(r, (row["speedup"], row["energy_ratio"]), textcoords="offset points", xytext=(5, 3))
+    ax.axvline(1.0, color="grey", lw=1, ls="--")
+    ax.axhline(1.0, color="grey", lw=1, ls="--")
+    ax.set_xlabel("latency speedup (higher is better)")
+    ax.set_ylabel("energy ratio (lower is better)")
+    ax.set_title("latency vs energy per router")
+    save(fig, "pareto.png")
+
+    piv = per_family.pivot(index="router", columns="family", values="speedup")
+    fig, ax = _fig(plt, 1.2 * piv.shape[1] + 3, 0.5 * piv.shape[0] + 2)
+    im = ax.imshow(piv.to_numpy(dtype=float), cmap="RdYlGn", aspect="auto")
+    ax.set_xticks(range(piv.shape[1]), piv.columns, rotation=45, ha="right")
+    ax.set_yticks(range(piv.shape[0]), piv.index)
+    for i in range(piv.shape[0]):
+        for j in range(piv.shape[1]):
+            v = piv.iat[i, j]
+            if np.isfinite(v):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8)
+    fig.colorbar(im, ax=ax, label="speedup")
+    ax.set_title("speedup per workload family")
+    save(fig, "per_family_speedup.png")
+
+    for r, g in per_request.groupby("router", sort=False):
+        if r == "oracle":
+            continue
+        labels = sorted(set(g["label"].astype(str)) | set(g["pick"].astype(str)))
+        fig, ax = plt.subplots(figsize=(1.0 + 0.7 * len(labels), 1.0 + 0.6 * len(labels)))
+        ConfusionMatrixDisplay.from_predictions(g["label"].astype(str), g["pick"].astype(str),
+                                                labels=labels, ax=ax, xticks_rotation="vertical",
+                                                colorbar=False)
+        ax.set_title(f"{r}: oracle label (rows) vs pick")
+        save(fig, f"confusion_{r}.png")
+
+    if live is not None and len(live):
+        fig, ax = _fig(plt)
+        live.set_index("router")[["speedup", "energy_ratio"]].plot.bar(ax=ax)
+        ax.axhline(1.0, color="grey", lw=1, ls="--")
+        ax.set_title("live: speedup and energy ratio vs reference")
+        save(fig, "live_speedup_energy.png")
+    return paths
+
+
+def _md_table(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
+    cols = [str(c) for c in df.columns]
+    lines = ["| " + " | ".join([df.index.name or ""] + cols) + " |",
+             "|" + "---|" * (len(cols) + 1)]
+    for idx, row in df.iterrows():
+        cells = []
+        for v in row:
+            if isinstance(v, (float, np.floating)):
+                cells.append("" if not np.isfinite(v) else format(v, floatfmt))
+            else:
+                cells.append(str(v))
+        lines.append("| " + " | ".join([str(idx)] + cells) + " |")
+    return "\n".join(lines)
+
+
+def write_report(out: Path, *, per_request, per_family, overall, overhead: dict, context: dict,
+                 live_per=None, live_summary=None, estimate=None, live_figures=None) -> list[Path]:
+    """Write the report folder (which must not exist yet); returns the files written."""
+    from dataset.io import atomic_path
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} already holds a report; choose a new folder (results are never overwritten)")
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+
+    def csv(df, name, **kw):
+        p = out / name
+        with atomic_path(p) as tmp:
+            df.to_csv(tmp, **kw)
+        files.append(p)
+
+    head = headline_table(overall, overhead)
+    csv(per_request, "per_request.csv", index=False)
+    csv(per_family, "per_family.csv", index=False)
+    csv(overall, "overall.csv", index=False)
+    csv(pd.DataFrame([o.as_dict() for o in overhead.values()]), "routing_overhead.csv", index=False)
+    csv(head, "headline.csv")
+    if live_per is not None:
+        csv(live_per, "live_per_request.csv", index=False)
+        csv(live_summary, "live_summary.csv", index=False)
+    if estimate is not None:
+        csv(estimate, "live_estimate_error.csv", index=False)
+    files += plots(out, per_request, per_family, overall, overhead, live_summary)
+
+    md = [f"# Router scoring: {context.get('name', out.name)}", ""]
+    md += [f"- {k}: {v}" for k, v in context.items()]
+    md += ["", "## Offline, held-out requests (equal family weights; overhead charged at its p50)", "",
+           _md_table(head), "",
+           "## Offline, request-weighted", "",
+           _md_table(headline_table(overall, overhead, "requests")), "",
+           "## Routing overhead (one decision from a raw request; batch on a ready frame)", "",
+           _md_table(pd.DataFrame([o.as_dict() for o in overhead.values()]).set_index("router")), ""]
+    if live_summary is not None:
+        md += ["## Live (real engine runs on a held-out stream; equal family weights)", "",
+               _md_table(live_summary.set_index("router")), ""]
+        if live_figures:
+            md += [f"- {k}: {v}" for k, v in live_figures.items()] + [""]
+    md += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in files if p.suffix == ".png"]
+    p = out / "README.md"
+    with atomic_path(p) as tmp:
+        Path(tmp).write_text("\n".join(md) + "\n")
+    files.append(p)
+    return files
+
+
+def log_to_mlflow(out: Path, mlruns: Path, head: pd.DataFrame, context: dict,
+                  router_runs: dict[str, str], live_summary=None) -> str:
+    """One MLflow run in experiment ``modeswitch-score`` holding the report; returns its id."""
+    import mlflow
+
+    from routers.tracking import git_commit, setup
+
+    setup(Path(mlruns), "modeswitch-score")
+    with mlflow.start_run(run_name=context.get("name", out.name)) as run:
+        mlflow.set_tags({"git_commit": git_commit(), "router_run_ids": json.dumps(router_runs),
+                         **{f"router_run.{k}": v for k, v in router_runs.items()},
+                         **{f"context.{k}": str(v)[:500] for k, v in context.items()}})
+        for r, row in head.iterrows():
+            mlflow.log_metrics({f"{r}.{k}": float(v) for k, v in row.items()
+                                if isinstance(v, (int, float, np.floating)) and np.isfinite(v)})
+        if live_summary is not None:
+            for _, row in live_summary.iterrows():
+                mlflow.log_metrics({f"live.{row['router']}.{k}": float(v) for k, v in row.items()
+                                    if k != "router" and np.isfinite(v)})
+        mlflow.log_artifacts(str(out), artifact_path="report")
+        return run.info.run_id

@@ -1,0 +1,204 @@
+"""Offline scoring: every router's picks replayed against the training table's costs.
+
+For each held-out request and router the pick is looked up in the table's
+per-mode columns (measured or estimated from profiles) and charged the router's
+measured routing overhead (p50, from :mod:`routers.overhead`):
+
+* ``speedup``: reference latency / (pick latency + overhead), aggregated as the
+  ratio of summed latencies (mean latency speedup, as the study reports it);
+* ``energy_ratio`` / ``memory_ratio``: the pick's ratio to the reference (mean);
+* quality: ``rouge_delta`` (ROUGE-L of the pick's output vs the reference
+  output, minus the reference's own 1.0) and, on benchmark requests,
+  ``accuracy_delta_pp``;
+* ``oracle_match``; ``latency_capture`` = saved latency / the oracle's saved
+  latency (both vs the reference, overhead charged to the router); ``energy_capture``
+  likewise for energy; ``mean_regret`` = mean(pick latency + overhead) / oracle
+  latency - 1;
+* violations of each constraint type (quality, energy, memory; a pick the table
+  has no numbers for counts as ``unmeasured``), as counts and rates; fallbacks
+  (routers with a safety guard that found no safe mode).
+
+Aggregates exist per workload family, overall with equal family weights (the mean
+of the family values: five benchmark requests do not vanish among 600 synthetic
+ones, as they did in the study), and request-weighted.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dataset.requests import Request
+from oracle.training_table import table_meta
+
+VIOLATION_TYPES = ("quality", "energy", "memory", "unmeasured")
+REFERENCE = "fp16_baseline"
+
+
+# ------------------------------------------------------------------ routers
+class ReferenceRouter:
+    """Always the reference mode: the speedup-1.0 line every router is measured against."""
+
+    def __init__(self, mode: str = REFERENCE):
+        self.mode = mode
+
+    def fit(self, X=None, y=None):
+        return self
+
+    def predict(self, X):
+        return np.full(len(X), self.mode, dtype=object)
+
+    def route(self, request):
+        return self.mode
+
+
+class OracleRouter:
+    """The table's label: an upper bound, not a router (it needs every mode's measured cost)."""
+
+    def predict(self, X):
+        return X["label"].to_numpy(dtype=object)
+
+    route = None  # no request-only decision exists
+
+
+def requests_from_table(table: pd.DataFrame) -> list[Request]:
+    """Request objects for the table's rows (fields the training table carries)."""
+    def cat(v):
+        return None if v is None or (isinstance(v, float) and np.isnan(v)) or v in ("none", "") else str(v)
+
+    out = []
+    for row in table.itertuples(index=False):
+        out.append(Request(
+            id=str(row.request_id), prompt_tokens=int(row.prompt_tokens),
+            expected_output_tokens=int(row.expected_output_tokens),
+            shared_prefix_tokens=int(row.shared_prefix_tokens),
+            concurrent_requests=int(row.concurrent_requests),
+            memory_pressure=float(row.memory_pressure), family=cat(row.family),
+            workload=cat(getattr(row, "workload", None)),
+            benchmark_suite=cat(row.benchmark_suite),
+            evaluation_mode=cat(getattr(row, "evaluation_mode", None))))
+    return out
+
+
+def predictions(router, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(picks, fell-back mask) for a feature/table frame."""
+    if hasattr(router, "predict_with_fallback"):
+        picks, fell = router.predict_with_fallback(X)
+        return np.asarray(picks, dtype=object), np.asarray(fell, dtype=bool)
+    picks = np.asarray(router.predict(X), dtype=object)
+    return picks, np.zeros(len(picks), dtype=bool)
+
+
+# ------------------------------------------------------------------ per request
+def _col(table, prefix, mode):
+    name = f"{prefix}__{mode}"
+    return table[name] if name in table.columns else pd.Series(np.nan, index=table.index)
+
+
+def _pick(table, prefix, picks, dtype=float):
+    """Value of ``prefix__<pick>`` for each row."""
+    out = np.full(len(table), np.nan if dtype is float else False, dtype=dtype if dtype is float else object)
+    for mode in set(picks):
+        rows = picks == mode
+        vals = _col(table, prefix, mode).to_numpy()[rows]
+        out[rows] = vals
+    return out
+
+
+def score_requests(table: pd.DataFrame, picks, fell=None, overhead_us: float = 0.0,
+                   router: str = "router") -> pd.DataFrame:
+    """One row per request: the pick and what it costs, overhead included."""
+    meta = table_meta(table)
+    modes = set(meta["modes"])
+    picks = np.asarray(picks, dtype=object)
+    ref_mode = table["reference_mode"].to_numpy(dtype=object) if "reference_mode" in table else \
+        np.full(len(table), REFERENCE, dtype=object)
+    lat = _pick(table, "latency_ms", picks)
+    ref_lat = _pick(table, "latency_ms", ref_mode)
+    oracle_lat = _pick(table, "latency_ms", table["label"].to_numpy(dtype=object))
+    oh_ms = overhead_us / 1000.0
+    eff = lat + oh_ms
+    energy = _pick(table, "energy_ratio", picks)
+    oracle_energy = _pick(table, "energy_ratio", table["label"].to_numpy(dtype=object))
+    measured = np.array([p in modes for p in picks]) & ~np.isnan(lat)
+    df = pd.DataFrame({
+        "router": router,
+        "request_id": table["request_id"].to_numpy(),
+        "family": table["family"].astype(str).to_numpy(),
+        "label": table["label"].to_numpy(dtype=object),
+        "pick": picks,
+        "fallback": np.zeros(len(table), bool) if fell is None else np.asarray(fell, bool),
+        "overhead_us": overhead_us,
+        "latency_ms": lat, "effective_latency_ms": eff, "reference_latency_ms": ref_lat,
+        "oracle_latency_ms": oracle_lat,
+        "speedup": ref_lat / eff,
+        "energy_ratio": energy, "oracle_energy_ratio": oracle_energy,
+        "memory_ratio": _pick(table, "memory_ratio", picks),
+        "rouge_delta": _pick(table, "rouge_l_vs_baseline", picks) - 1.0,
+        "accuracy_delta_pp": _pick(table, "accuracy_delta_pp", picks),
+        "oracle_match": picks == table["label"].to_numpy(dtype=object),
+        "regret": eff / oracle_lat - 1.0,
+    })
+    for kind in ("quality", "energy", "memory"):
+        v = _pick(table, f"violates_{kind}", picks, dtype=object)
+        df[f"violates_{kind}"] = np.where(measured, v, False).astype(bool)
+    df["violates_unmeasured"] = ~measured
+    df["violates_any"] = df[[f"violates_{k}" for k in VIOLATION_TYPES]].any(axis=1)
+    return df
+
+
+# ------------------------------------------------------------------ aggregates
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else np.nan
+
+
+def _aggregate(g: pd.DataFrame) -> dict:
+    saved = (g["reference_latency_ms"] - g["effective_latency_ms"]).sum()
+    best = (g["reference_latency_ms"] - g["oracle_latency_ms"]).sum()
+    e_saved = (1 - g["energy_ratio"]).sum()
+    e_best = (1 - g["oracle_energy_ratio"]).sum()
+    out = {
+        "requests": len(g),
+        "speedup": _ratio(g["reference_latency_ms"].sum(), g["effective_latency_ms"].sum()),
+        "energy_ratio": g["energy_ratio"].mean(),
+        "memory_ratio": g["memory_ratio"].mean(),
+        "rouge_delta": g["rouge_delta"].mean(),
+        "accuracy_delta_pp": g["accuracy_delta_pp"].mean(),
+        "oracle_match": g["oracle_match"].mean(),
+        "latency_capture": saved / best if best > 1e-12 else np.nan,
+        "energy_capture": e_saved / e_best if e_best > 1e-12 else np.nan,
+        "mean_regret": g["regret"].mean(),
+        "fallback_rate": g["fallback"].mean(),
+        "overhead_us": g["overhead_us"].iloc[0] if len(g) else np.nan,
+    }
+    for kind in VIOLATION_TYPES + ("any",):
+        out[f"violations_{kind}"] = int(g[f"violates_{kind}"].sum())
+        out[f"violation_rate_{kind}"] = float(g[f"violates_{kind}"].mean())
+    return out
+
+
+def summarise(per_request: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per-family table, overall table with ``weighting`` in {families, requests})."""
+    fam = pd.DataFrame([{"router": r, "family": f, **_aggregate(g)}
+                        for (r, f), g in per_request.groupby(["router", "family"], sort=False)])
+    rows = []
+    num = [c for c in fam.columns if c not in ("router", "family")]
+    for r, g in fam.groupby("router", sort=False):
+        eq = g[num].mean(numeric_only=True).to_dict()
+        eq["requests"] = int(g["requests"].sum())
+        for kind in VIOLATION_TYPES + ("any",):
+            eq[f"violations_{kind}"] = int(g[f"violations_{kind}"].sum())
+        rows.append({"router": r, "weighting": "families", **eq})
+        rows.append({"router": r, "weighting": "requests",
+                     **_aggregate(per_request[per_request["router"] == r])})
+    return fam, pd.DataFrame(rows)
+
+
+def score_offline(table: pd.DataFrame, routers: dict, overhead_us: dict | None = None) -> pd.DataFrame:
+    """Per-request scores for every router (name -> object with ``predict``)."""
+    overhead_us = overhead_us or {}
+    parts = []
+    for name, router in routers.items():
+        picks, fell = predictions(router, table)
+        parts.append(score_requests(table, picks, fell, float(overhead_us.get(name, 0.0)), name))
+    return pd.concat(parts, ignore_index=True)

@@ -1,0 +1,161 @@
+"""Scoring arithmetic on hand-built tables: overhead in the speedup, violations by
+type, equal family weights vs request weights, oracle capture, and the live path."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from routers.scoring import OracleRouter, ReferenceRouter, score_offline, score_requests, summarise
+
+
+def table(rows):
+    """A training table with modes ref (fp16_baseline) and fast."""
+    df = pd.DataFrame(rows)
+
+    def default(col, value):
+        df[col] = df[col].fillna(value) if col in df else value
+
+    df["reference_mode"] = "fp16_baseline"
+    for k in ("quality", "energy", "memory"):
+        df[f"violates_{k}__fp16_baseline"] = False
+        default(f"violates_{k}__fast", False)
+        df[f"violates_{k}__fast"] = df[f"violates_{k}__fast"].astype(bool)
+    df["safe__fp16_baseline"] = True
+    df["safe__fast"] = ~df[[f"violates_{k}__fast" for k in ("quality", "energy", "memory")]].any(axis=1)
+    for m in ("fp16_baseline", "fast"):
+        default(f"energy_ratio__{m}", 1.0)
+        default(f"memory_ratio__{m}", 1.0)
+        default(f"rouge_l_vs_baseline__{m}", 1.0)
+    df.attrs["modeswitch"] = json.dumps({"modes": ["fast", "fp16_baseline"], "constraints": {},
+                                         "profile_hash": "x", "skipped": {}})
+    return df
+
+
+def base_rows():
+    # family a: 3 requests, fast is 2x faster; family b: 1 request, fast 4x faster
+    return [
+        {"request_id": f"a{i}", "family": "a", "label": "fast", "latency_ms__fp16_baseline": 10.0,
+         "latency_ms__fast": 5.0, "energy_ratio__fast": 0.5} for i in range(3)
+    ] + [{"request_id": "b0", "family": "b", "label": "fast", "latency_ms__fp16_baseline": 8.0,
+          "latency_ms__fast": 2.0, "energy_ratio__fast": 0.25}]
+
+
+def test_overhead_is_charged_in_speedup():
+    t = table(base_rows()[:1])
+    free = score_requests(t, ["fast"], overhead_us=0.0)
+    costly = score_requests(t, ["fast"], overhead_us=5000.0)  # 5 ms of routing
+    assert free["speedup"].item() == pytest.approx(2.0)
+    assert costly["speedup"].item() == pytest.approx(10.0 / (5.0 + 5.0))
+    assert costly["regret"].item() == pytest.approx(1.0)
+
+
+def test_equal_family_weights_differ_from_request_weights():
+    t = table(base_rows())
+    fam, overall = summarise(score_offline(t, {"always_fast": ReferenceRouter("fast")}))
+    f = fam.set_index("family")
+    assert f.loc["a", "speedup"] == pytest.approx(2.0) and f.loc["b", "speedup"] == pytest.approx(4.0)
+    o = overall.set_index("weighting")
+    assert o.loc["families", "speedup"] == pytest.approx(3.0)  # mean of family speedups
+    assert o.loc["requests", "speedup"] == pytest.approx(38.0 / 17.0)  # summed latencies
+    assert o.loc["families", "energy_ratio"] == pytest.approx((0.5 + 0.25) / 2)
+    assert o.loc["requests", "energy_ratio"] == pytest.approx((1.5 + 0.25) / 4)
+
+
+def test_violations_are_counted_by_type_and_unknown_modes_are_unmeasured():
+    rows = base_rows()
+    rows[0]["violates_quality__fast"] = True
+    rows[1]["violates_energy__fast"] = True
+    rows[2]["violates_memory__fast"] = True
+    rows[2]["violates_energy__fast"] = True
+    t = table(rows)
+    per = score_requests(t, ["fast", "fast", "fast", "never_measured"], router="r")
+    assert per["violates_quality"].tolist() == [True, False, False, False]
+    assert per["violates_energy"].tolist() == [False, True, True, False]
+    assert per["violates_memory"].tolist() == [False, False, True, False]
+    assert per["violates_unmeasured"].tolist() == [False, False, False, True]
+    _, overall = summarise(per)
+    req = overall.set_index("weighting").loc["requests"]
+    assert req["violations_energy"] == 2 and req["violation_rate_energy"] == pytest.approx(0.5)
+    assert req["violations_any"] == 4
+    eq = overall.set_index("weighting").loc["families"]
+    # family a: 3/3 violate something; family b: 1/1 (unmeasured)
+    assert eq["violation_rate_any"] == pytest.approx(1.0)
+    assert eq["violation_rate_quality"] == pytest.approx((1 / 3 + 0) / 2)
+
+
+def test_oracle_capture_and_match():
+    t = table(base_rows())
+    per = score_offline(t, {"ref": ReferenceRouter(), "oracle": OracleRouter(),
+                            "half": ReferenceRouter("fast")}, {"half": 0.0})
+    _, overall = summarise(per)
+    o = overall[overall["weighting"] == "requests"].set_index("router")
+    assert o.loc["oracle", "latency_capture"] == pytest.approx(1.0)
+    assert o.loc["ref", "latency_capture"] == pytest.approx(0.0)
+    assert o.loc["oracle", "oracle_match"] == 1.0 and o.loc["ref", "oracle_match"] == 0.0
+    assert o.loc["ref", "speedup"] == pytest.approx(1.0)
+
+
+def test_live_scores_compare_each_pick_with_the_reference_run():
+    from dataset.requests import Request
+    from oracle.constraints import Constraints
+    from routers.live import score_live, stratified, summarise_live
+
+    stream = [Request(id="r1", prompt_tokens=10, expected_output_tokens=4, family="a"),
+              Request(id="r2", prompt_tokens=10, expected_output_tokens=4, family="b")]
+    runs = pd.DataFrame([
+        {"request_id": "r1", "mode": "fp16_baseline", "latency_ms": 100.0, "energy_per_token_j": 1.0, "rouge_l_vs_baseline": 1.0},
+        {"request_id": "r1", "mode": "fast", "latency_ms": 50.0, "energy_per_token_j": 1.2, "rouge_l_vs_baseline": 0.5},
+        {"request_id": "r2", "mode": "fp16_baseline", "latency_ms": 40.0, "energy_per_token_j": 1.0, "rouge_l_vs_baseline": 1.0},
+    ])
+    per, _, _ = score_live(runs, stream, {"r": ["fast", "fp16_baseline"]}, {"r": 1000.0}, Constraints())
+    assert per["speedup"].tolist() == pytest.approx([100 / 51, 40 / 41])
+    assert per["violates_quality"].tolist() == [True, False]
+    assert per["violates_energy"].tolist() == [True, False]
+    s = summarise_live(per).set_index("router").loc["r"]
+    assert s["violation_rate_quality"] == pytest.approx(0.5)
+    fams = {r.family for r in stratified(stream * 3, 2)}
+    assert fams == {"a", "b"}
+
+
+def test_score_offline_and_live_on_the_tiny_model(tiny_models, tmp_path):
+    """Train two routers on measured tiny-model profiles, then score offline and live."""
+    from dataset.workloads import get_workload
+    from engine.profiler import Profiler, ProfileSpec
+    from oracle.constraints import Constraints
+    from oracle.training_table import build_training_table
+    from routers.evaluation import ScoreConfig, score
+    from routers.training import TrainConfig, train
+
+    target = tiny_models.target
+    fams = ["short_prompt_short_output", "batch_pressure", "shared_prefix_chat"]
+    spec = ProfileSpec(model=str(target), modes=["fp16_baseline", "prefix_caching", "continuous_batching"],
+                       workloads=fams, requests=1, batch_size=2)
+    prof = Profiler(spec, target, None, tmp_path / "p.parquet").run()
+    reqs = [r for i, f in enumerate(fams) for r in get_workload(f).sample(20, seed=i)]
+    reqs = [r if r.concurrent_requests == 1 else __import__("dataclasses").replace(r, concurrent_requests=2)
+            for r in reqs]
+    tab = build_training_table(prof, reqs, Constraints(on_incomplete="skip"))
+    mlruns = tmp_path / "mlruns"
+    train(tab, TrainConfig(routers=["dt", "lr"], trials=2, split="random", mlruns=str(mlruns)))
+    res = score(tab, ScoreConfig(mlruns=str(mlruns), decisions=500, live=True, live_requests=3,
+                                 model=str(target)), tmp_path / "report")
+    head = res["headline"]
+    assert {"rule", "reference", "dt", "lr", "oracle"} <= set(head.index)
+    assert np.isfinite(head.loc["rule", "overhead_p50_us"]) and head.loc["dt", "overhead_p50_us"] > 0
+    live = res["live_summary"].set_index("router")
+    assert {"rule", "dt", "lr", "oracle", "reference"} <= set(live.index)
+    assert live.loc["reference", "speedup"] == pytest.approx(1.0, rel=0.05)  # overhead only
+    assert np.isfinite(res["live_figures"]["estimate_mape_pct"])
+    files = {p.name for p in (tmp_path / "report").rglob("*")}
+    assert {"README.md", "headline.csv", "live_summary.csv", "routing_overhead.png", "pareto.png",
+            "violations.png", "per_family_speedup.png", "confusion_dt.png"} <= files
+    import mlflow
+
+    run = mlflow.MlflowClient().get_run(res["mlflow_run_id"])
+    assert "router_run.dt" in run.data.tags and "rule.speedup" in run.data.metrics
+    arts = {a.path for a in mlflow.MlflowClient().list_artifacts(res["mlflow_run_id"], "report/plots")}
+    assert "report/plots/routing_overhead.png" in arts
+    with pytest.raises(FileExistsError):
+        score(tab, ScoreConfig(mlruns=str(mlruns), decisions=100), tmp_path / "report")
