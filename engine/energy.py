@@ -131,9 +131,24 @@ def trapezoid_joules(samples: list[tuple[float, float]]) -> float:
     return total
 
 
+def process_tree_cpu_seconds() -> float:
+    """CPU seconds of this process and its live children (vLLM's engine core is a child)."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for c in me.children(recursive=True):
+        try:
+            total += sum(c.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 def make_meter(device: str = "cpu", device_index: int = 0, nvml=None,
-               watts_per_core: float = DEFAULT_WATTS_PER_CORE):
-    """The best meter for ``device``: NVML counter, NVML polling, else the CPU estimate."""
+               watts_per_core: float = DEFAULT_WATTS_PER_CORE, include_children: bool = False):
+    """The best meter for ``device``: NVML counter, NVML polling, else the CPU estimate
+    (over this process and its children with ``include_children``)."""
     if device.startswith("cuda"):
         if nvml is None:
             try:
@@ -152,4 +167,6 @@ def make_meter(device: str = "cpu", device_index: int = 0, nvml=None,
                     return NvmlCounter(nvml, handle)
                 except Exception:
                     return NvmlPowerPoll(nvml, handle)
+    if include_children:
+        return CpuTimeEstimate(watts_per_core, clock=process_tree_cpu_seconds)
     return CpuTimeEstimate(watts_per_core)

@@ -51,19 +51,31 @@ def _packed_bytes(module) -> int:
 class PeakRSS:
     """Context manager sampling process RSS; ``peak_growth_mb`` after exit."""
 
-    def __init__(self, interval_s: float = 0.005):
+    def __init__(self, interval_s: float = 0.005, children: bool = False):
         self.interval_s = interval_s
         self.proc = psutil.Process()
+        #: count child processes too (vLLM's engine core runs in one)
+        self.children = children
         self.base = self.peak = 0
         self._stop = threading.Event()
 
+    def _rss(self) -> int:
+        total = self.proc.memory_info().rss
+        if self.children:
+            for c in self.proc.children(recursive=True):
+                try:
+                    total += c.memory_info().rss
+                except psutil.NoSuchProcess:
+                    pass
+        return total
+
     def _run(self):
         while not self._stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
+            self.peak = max(self.peak, self._rss())
             time.sleep(self.interval_s)
 
     def __enter__(self):
-        self.base = self.peak = self.proc.memory_info().rss
+        self.base = self.peak = self._rss()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
@@ -71,7 +83,7 @@ class PeakRSS:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, self.proc.memory_info().rss)
+        self.peak = max(self.peak, self._rss())
 
     @property
     def peak_growth_mb(self) -> float:

@@ -60,6 +60,8 @@ class ProfileSpec:
     #: keep every mode's engine loaded and measure each unit in all modes back to
     #: back (fair ratios on a noisy machine; needs memory for all engines at once)
     interleave: bool = False
+    #: vLLM backend: pre-quantized checkpoints of the quantized modes (int8, gptq_4bit, awq_4bit)
+    checkpoints: dict = field(default_factory=dict)
 
     def identity(self) -> str:
         d = asdict(self)
@@ -205,9 +207,16 @@ class Profiler:
         self.journal_path = self.out.with_name(self.out.name + ".journal.jsonl")
 
     def plan(self):
-        from engine.backends.transformers_backend import capabilities
+        if self.spec.backend == "vllm":
+            from engine.backends.vllm_backend import capabilities as vllm_caps
 
-        caps = capabilities(self.spec.device)
+            caps = vllm_caps(self.spec.device, self.spec.checkpoints, draft=self.draft_path is not None)
+        elif self.spec.backend == "transformers":
+            from engine.backends.transformers_backend import capabilities
+
+            caps = capabilities(self.spec.device)
+        else:
+            raise ValueError(f"unknown backend {self.spec.backend!r}; choose transformers or vllm")
         wanted = self.spec.modes or [m for m in caps.supported_modes()]
         supported, skipped = [], {}
         from engine.modes import get_mode
@@ -249,7 +258,8 @@ class Profiler:
         units = build_units(self.spec)
         self._ctx = {
             "journal": journal, "caps": caps, "reference": modes[0],
-            "meter": make_meter(self.spec.device, watts_per_core=self.spec.watts_per_core),
+            "meter": make_meter(self.spec.device, watts_per_core=self.spec.watts_per_core,
+                                include_children=self.spec.backend == "vllm"),
             "hardware": hardware_string(self.spec.device), "software": software_string(),
             "model_id": model_id(self.model_path),
             "ref_output": {r["request_id"]: r["output_text"] for r in journal.rows
@@ -268,34 +278,47 @@ class Profiler:
                 # back to back, so machine drift hits all modes alike
                 todo_modes = [m for m in modes if any((u.id, m, t) not in done
                                                       for u in units for t in trials)]
-                engines = {m: self._load(m, units, progress, task) for m in todo_modes}
-                for unit in units:
-                    for t in trials:
-                        for m in todo_modes:
-                            if (unit.id, m, t) not in done:
-                                self._measure(engines[m], m, unit, t, progress, task)
-                for e in engines.values():
-                    e.close()
+                engines = {}
+                try:
+                    for m in todo_modes:
+                        engines[m] = self._load(m, units, progress, task)
+                    for unit in units:
+                        for t in trials:
+                            for m in todo_modes:
+                                if (unit.id, m, t) not in done:
+                                    self._measure(engines[m], m, unit, t, progress, task)
+                finally:
+                    for e in engines.values():
+                        e.close()
             else:
                 for m in modes:
                     todo = [(u, t) for u in units for t in trials if (u.id, m, t) not in done]
                     if not todo:
                         continue
                     engine = self._load(m, units, progress, task)
-                    for unit, t in todo:
-                        self._measure(engine, m, unit, t, progress, task)
-                    engine.close()
+                    try:
+                        for unit, t in todo:
+                            self._measure(engine, m, unit, t, progress, task)
+                    finally:  # engines (and vLLM's child processes) never outlive an error
+                        engine.close()
                     del engine
             progress.update(task, description="done")
         return self.finish(journal)
 
     def _load(self, mode, units, progress, task):
-        from engine.backends.transformers_backend import TransformersEngine
         from engine.prompts import PromptBuilder
 
         progress.update(task, description=f"{mode}: loading")
-        engine = TransformersEngine(mode, self.model_path, self.draft_path, self.spec.device,
-                                    threads=self.spec.threads).load()
+        if self.spec.backend == "vllm":
+            from engine.backends.vllm_backend import VllmEngine
+
+            engine = VllmEngine(mode, self.model_path, self.draft_path, self.spec.device,
+                                checkpoints=self.spec.checkpoints).load()
+        else:
+            from engine.backends.transformers_backend import TransformersEngine
+
+            engine = TransformersEngine(mode, self.model_path, self.draft_path, self.spec.device,
+                                        threads=self.spec.threads).load()
         if self._ctx["prepared"] is None:
             builder = PromptBuilder(engine.tokenizer)
             self._ctx["prepared"] = {u.id: [builder.prepare(r) for r in u.requests] for u in units}
@@ -322,7 +345,7 @@ class Profiler:
 
             torch.cuda.reset_peak_memory_stats()
         meter.start()
-        with PeakRSS() as rss:
+        with PeakRSS(children=self.spec.backend == "vllm") as rss:
             gens = engine.run(group, ignore_eos=ignore_eos)
         energy = meter.stop()
         # CPU: resident model + RSS growth; CUDA: the allocator's peak (weights included)
@@ -389,7 +412,8 @@ class Profiler:
             "accuracy": float(np.mean(acc)) if acc else None,
             "rouge_l_vs_reference": None, "rouge_l_vs_baseline": None,
             "reference_mode": ref_mode, "precision": info.get("precision"),
-            "graph_capture": False, "backend": "transformers", "model": mid,
+            "graph_capture": bool(info.get("graph_capture", False)), "backend": self.spec.backend,
+            "model": mid,
             "hardware": hardware, "software": software, "run_id": run_id,
             "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "source": "; ".join(notes), "output_text": text,

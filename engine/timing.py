@@ -15,8 +15,10 @@ class TokenTimer(BaseStreamer):
     ms relative to ``start``.
     """
 
-    def __init__(self, start: float | None = None):
+    def __init__(self, start: float | None = None, on_token=None):
         self.start = time.perf_counter() if start is None else start
+        #: called with each batch of new token ids as it arrives (serving streams them)
+        self.on_token = on_token
         self.times_ms: list[float] = []
         self.tokens: list[int] = []
         self._prompt_seen = False
@@ -29,6 +31,8 @@ class TokenTimer(BaseStreamer):
         ids = value.reshape(-1).tolist()
         self.tokens.extend(ids)
         self.times_ms.extend([now] * len(ids))
+        if self.on_token is not None:
+            self.on_token(ids)
 
     def end(self):
         pass

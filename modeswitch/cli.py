@@ -301,6 +301,7 @@ def profile_cmd(
     threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's choice).")] = None,
     cache_dir: Annotated[Path | None, typer.Option(help="Model cache folder.")] = None,
     interleave: Annotated[bool, typer.Option(help="Keep all engines loaded; measure each request in every mode back to back.")] = False,
+    checkpoint: Annotated[list[str] | None, typer.Option(help="vLLM: pre-quantized checkpoint per mode, KEY=PATH with KEY int8, gptq_4bit or awq_4bit.")] = None,
 ):
     """Measure modes on workloads and write a validated, resumable profile table."""
     from rich.progress import Progress
@@ -308,8 +309,16 @@ def profile_cmd(
     from engine.models.resolve import resolve_models
     from engine.profiler import DEFAULT_WORKLOADS, Profiler, ProfileSpec
 
-    if backend != "transformers":
-        raise ValueError(f"backend {backend!r} is not available in this build; use transformers")
+    if backend not in ("transformers", "vllm"):
+        raise ValueError(f"unknown backend {backend!r}; choose transformers or vllm")
+    checkpoints = {}
+    for item in _split(checkpoint):
+        key, sep, path = item.partition("=")
+        if not sep or key not in ("int8", "gptq_4bit", "awq_4bit"):
+            raise ValueError(f"--checkpoint {item!r}: expected KEY=PATH with KEY int8, gptq_4bit or awq_4bit")
+        checkpoints[key] = path
+    if backend == "vllm" and interleave:
+        raise ValueError("--interleave keeps every engine loaded; the vLLM backend runs one engine at a time")
     with Progress(console=console) as progress:
         target, draft, card = resolve_models(model, draft_model, cache_dir, progress, console.print)
     if card:
@@ -323,6 +332,7 @@ def profile_cmd(
         requests=requests if requests is not None else (1 if quick else 3),
         trials=trials, seed=seed, benchmarks=_split(benchmarks),
         benchmark_requests=benchmark_requests, threads=threads, interleave=interleave,
+        checkpoints=checkpoints,
     )
     df = Profiler(spec, target, draft, output, console=console).run()
     summary = df.groupby(["mode", "family"])["latency_ms"].mean().unstack("family")
@@ -480,6 +490,90 @@ def score_cmd(
         console.print(f"live: {cfg.live_requests} requests; profile-estimate latency error "
                       f"(mean absolute %): {fmt(res['live_figures']['estimate_mape_pct'], 1)}")
     console.print(f"report: {out}/README.md; MLflow scoring run {res['mlflow_run_id']} (`make ui`)")
+
+
+# ------------------------------------------------------------------- export
+@app.command("export")
+@friendly_errors
+def export_cmd(
+    run: Annotated[str | None, typer.Option(help="Training run id whose router to export.")] = None,
+    best: Annotated[str | None, typer.Option(help="Export the best router of the latest scoring run by this metric (e.g. latency_capture, speedup, oracle_match).")] = None,
+    max_violation_rate: Annotated[float | None, typer.Option(help="With --best: skip routers whose summed violation rate exceeds this.")] = None,
+    name: Annotated[str, typer.Option(help="Registered model name.")] = "modeswitch-router",
+    mlruns: Annotated[Path, typer.Option(help="MLflow store folder.")] = Path("mlruns"),
+):
+    """Register a trained router in MLflow as a pyfunc model and alias it `champion`."""
+    import mlflow
+    import mlflow.sklearn
+
+    from routers.export import best_from_scoring, export_router
+    from routers.tracking import setup
+
+    if (run is None) == (best is None):
+        raise ValueError("give exactly one of --run RUN_ID or --best METRIC")
+    extra = {}
+    if best is not None:
+        router_name, run, value, score_run = best_from_scoring(best, str(mlruns), max_violation_rate)
+        console.print(f"best by {best}: {router_name} ({value:.4g}) from scoring run {score_run}")
+        extra = {"selected_by": best, "selected_value": value, "scoring_run_id": score_run}
+    setup(mlruns, "modeswitch-export")
+    r = mlflow.MlflowClient().get_run(run)
+    uri = r.data.tags.get("model_uri") or f"runs:/{run}/model"
+    est = mlflow.sklearn.load_model(uri)
+    info = export_router(est, name=name, mlruns=str(mlruns), source_run_id=run,
+                         backend=r.data.tags.get("backends", "unknown"),
+                         extra={"router_family": r.data.tags.get("router_family"), **extra})
+    console.print(f"registered {info['name']} version {info['version']} as {info['uri']} "
+                  f"(modes: {', '.join(info['meta']['modes'])}; backend {info['meta']['backend']})")
+
+
+# -------------------------------------------------------------------- serve
+@app.command("serve")
+@friendly_errors
+def serve_cmd(
+    router: Annotated[str, typer.Option(help="models:/NAME@champion (an exported router) or 'rule'.")] = "models:/modeswitch-router@champion",
+    backend: Annotated[str, typer.Option(help="Engine backend.")] = "transformers",
+    model: Annotated[str, typer.Option(help="'tiny' (built here) or a local Hugging Face checkpoint folder.")] = "tiny",
+    draft_model: Annotated[str | None, typer.Option(help="Draft checkpoint for speculative decoding.")] = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    host: Annotated[str, typer.Option(help="Bind address (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+    api_key: Annotated[str | None, typer.Option(envvar="MODESWITCH_API_KEY", help="Require 'Authorization: Bearer KEY'.")] = None,
+    route_budget_us: Annotated[float, typer.Option(help="A slower routing decision falls back to the reference.")] = 5000.0,
+    memory_budget_mb: Annotated[float, typer.Option(help="Weights kept loaded across engines (LRU unload).")] = 4096.0,
+    compile_router: Annotated[bool, typer.Option("--compile/--no-compile", help="Compiled router (default) or the scikit-learn pipeline.")] = True,
+    mlruns: Annotated[Path, typer.Option(help="MLflow store folder.")] = Path("mlruns"),
+):
+    """Serve an OpenAI-compatible API with the router in front of one engine per mode."""
+    import logging
+
+    import uvicorn
+
+    from engine.models.resolve import resolve_models
+    from engine.serving import ServerConfig, create_app
+    from engine.serving.app import _supported_modes
+
+    if backend != "transformers":
+        raise ValueError(f"backend {backend!r} is not available in this build; use transformers")
+    target, draft, _ = resolve_models(model, draft_model, None, None, console.print)
+    cfg = ServerConfig(model_path=str(target), draft_path=str(draft) if draft else None, device=device,
+                       api_key=api_key, route_budget_us=route_budget_us,
+                       memory_budget_mb=memory_budget_mb)
+    modes = _supported_modes(cfg)
+
+    def load():
+        if router == "rule":
+            from routers.rule_baseline import RuleBaselineRouter
+
+            return RuleBaselineRouter(available_modes=modes, unavailable="reference").fit()
+        from routers.export import load_router
+
+        return load_router(router, str(mlruns), available_modes=modes, compiled=compile_router)
+
+    load()  # fail here, with the reason, rather than inside the server's start-up
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    console.print(f"serving {target} on http://{host}:{port}/v1 with router {router}")
+    uvicorn.run(create_app(load, cfg, supported_modes=modes), host=host, port=port, log_level="info")
 
 
 def _short(name: str) -> str:

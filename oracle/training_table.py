@@ -53,6 +53,8 @@ def build_training_table(profile: pd.DataFrame, requests: list[Request],
         "modes": modes,
         "constraints": constraints.to_dict(),
         "profile_hash": frame_hash(profile),
+        "backends": sorted(profile["backend"].dropna().astype(str).unique().tolist())
+        if "backend" in profile else [],
         "skipped": skipped,
     })
     return table

@@ -222,6 +222,7 @@ def train(table: pd.DataFrame, cfg: TrainConfig, progress=None) -> pd.DataFrame:
                 "git_commit": git_commit(), "profile_hash": meta["profile_hash"],
                 "training_table_hash": thash, "constraints": json.dumps(meta["constraints"]),
                 "preset": cfg.preset or "none", "unsafe_penalty": cfg.unsafe_penalty,
+                "backends": ",".join(meta.get("backends", [])) or "unknown",
             })
             if cfg.preset:
                 params = dict(PAPER_PRESET["params"].get(family, {}))

@@ -138,14 +138,15 @@ def test_score_offline_and_live_on_the_tiny_model(tiny_models, tmp_path):
             for r in reqs]
     tab = build_training_table(prof, reqs, Constraints(on_incomplete="skip"))
     mlruns = tmp_path / "mlruns"
-    train(tab, TrainConfig(routers=["dt", "lr"], trials=2, split="random", mlruns=str(mlruns)))
+    # measured labels may come out as one class on so small a profile: tree routers take that
+    train(tab, TrainConfig(routers=["dt", "rf"], trials=2, split="random", mlruns=str(mlruns)))
     res = score(tab, ScoreConfig(mlruns=str(mlruns), decisions=500, live=True, live_requests=3,
                                  model=str(target)), tmp_path / "report")
     head = res["headline"]
-    assert {"rule", "reference", "dt", "lr", "oracle"} <= set(head.index)
+    assert {"rule", "reference", "dt", "rf", "oracle"} <= set(head.index)
     assert np.isfinite(head.loc["rule", "overhead_p50_us"]) and head.loc["dt", "overhead_p50_us"] > 0
     live = res["live_summary"].set_index("router")
-    assert {"rule", "dt", "lr", "oracle", "reference"} <= set(live.index)
+    assert {"rule", "dt", "rf", "oracle", "reference"} <= set(live.index)
     assert live.loc["reference", "speedup"] == pytest.approx(1.0, rel=0.05)  # overhead only
     assert np.isfinite(res["live_figures"]["estimate_mape_pct"])
     files = {p.name for p in (tmp_path / "report").rglob("*")}

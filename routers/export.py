@@ -1,0 +1,197 @@
+"""Export a trained router to the MLflow registry as a ``pyfunc`` model, and load it back.
+
+The package wraps everything a serving decision needs: feature extraction from
+raw request fields, the predictor (compiled on load unless ``compiled=False``),
+the safety guard and its fallback. Its metadata records the modes it can choose
+and the backend its training profiles came from, so a server lacking one of those
+modes refuses it with a clear message instead of failing on the first request.
+
+    modeswitch export --run RUN_ID            # a training run's router
+    modeswitch export --best latency_capture  # best router of the latest scoring run
+
+Both register a new version under ``--name`` (default ``modeswitch-router``) and
+point the alias ``champion`` at it.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import mlflow.pyfunc
+import numpy as np
+import pandas as pd
+
+from dataset.features import features_frame
+from dataset.requests import Request
+
+DEFAULT_NAME = "modeswitch-router"
+ALIAS = "champion"
+#: raw request fields the exported model takes (its signature)
+INPUT_COLUMNS = ("prompt_tokens", "expected_output_tokens", "shared_prefix_tokens",
+                 "concurrent_requests", "memory_pressure", "family", "benchmark_suite")
+LOWER_IS_BETTER = ("overhead_p50_us", "overhead_p99_us", "energy_ratio", "memory_ratio",
+                   "mean_regret", "fallback_rate")
+
+
+class RouterPyfunc(mlflow.pyfunc.PythonModel):
+    """The exported router. ``route(request)`` is the serving path; ``predict`` takes a
+    frame of raw request fields (the pyfunc interface)."""
+
+    def load_context(self, context):
+        import joblib
+
+        self.router_ = joblib.load(context.artifacts["router"])
+        self.meta_ = json.loads(Path(context.artifacts["meta"]).read_text())
+        self.use_compiled(True)
+
+    def use_compiled(self, on: bool = True):
+        """Route through the compiled predictor (default) or the scikit-learn pipeline."""
+        self.route = None
+        self.path_ = "pipeline"
+        if on and getattr(self.router_, "safety_threshold", None) is None:
+            try:
+                from routers.compiled import compile
+
+                self.route = compile(self.router_).route
+                self.path_ = "compiled"
+            except (RuntimeError, TypeError, ValueError):
+                self.route = None
+        if self.route is None:
+            fs = getattr(self.router_, "feature_set", "A")
+            self.route = lambda r: str(self.router_.predict(features_frame([r], fs))[0])
+        return self
+
+    @property
+    def modes(self) -> list[str]:
+        return list(self.meta_["modes"])
+
+    def predict(self, context, model_input, params=None):  # noqa: D102 - pyfunc interface
+        frame = pd.DataFrame(model_input)
+        reqs = [Request(id=str(i), prompt_tokens=int(r.prompt_tokens),
+                        expected_output_tokens=int(r.expected_output_tokens),
+                        shared_prefix_tokens=int(getattr(r, "shared_prefix_tokens", 0) or 0),
+                        concurrent_requests=int(getattr(r, "concurrent_requests", 1) or 1),
+                        memory_pressure=float(getattr(r, "memory_pressure", 0.0) or 0.0),
+                        family=_cat(getattr(r, "family", None)),
+                        benchmark_suite=_cat(getattr(r, "benchmark_suite", None)))
+                for i, r in enumerate(frame.itertuples(index=False))]
+        fs = getattr(self.router_, "feature_set", "A")
+        return list(self.router_.predict(features_frame(reqs, fs)))
+
+
+def _cat(v):
+    return None if v is None or (isinstance(v, float) and np.isnan(v)) or v in ("", "none") else str(v)
+
+
+def router_modes(router) -> list[str]:
+    modes = set(map(str, router.classes_))
+    fb = getattr(router, "fallback_", None)
+    if getattr(router, "safety_threshold", None) is not None:
+        modes |= set(map(str, fb.classes_)) if fb is not None else {"fp16_baseline"}
+    return sorted(modes)
+
+
+def export_router(router, *, name: str = DEFAULT_NAME, mlruns: str = "mlruns", source_run_id=None,
+                  backend: str = "unknown", extra: dict | None = None) -> dict:
+    """Log ``router`` as a pyfunc model, register a new version and alias it ``champion``."""
+    import joblib
+    import mlflow
+    from mlflow.models import infer_signature
+
+    from routers.tracking import git_commit, setup
+
+    setup(Path(mlruns), "modeswitch-export")
+    meta = {"modes": router_modes(router), "backend": backend,
+            "router": type(router).__name__, "feature_set": getattr(router, "feature_set", None),
+            "source_run_id": source_run_id, "git_commit": git_commit(), **(extra or {})}
+    # numbers as doubles: integer token counts convert to them safely, not the reverse
+    example = pd.DataFrame([{"prompt_tokens": 512.0, "expected_output_tokens": 64.0,
+                             "shared_prefix_tokens": 0.0, "concurrent_requests": 1.0,
+                             "memory_pressure": 0.0, "family": "none", "benchmark_suite": "none"}])
+    with tempfile.TemporaryDirectory() as tmp:
+        rpath, mpath = Path(tmp) / "router.joblib", Path(tmp) / "meta.json"
+        joblib.dump(router, rpath)
+        mpath.write_text(json.dumps(meta, indent=1))
+        wrapper = RouterPyfunc()
+        wrapper.router_, wrapper.meta_ = router, meta
+        signature = infer_signature(example, [str(wrapper.predict(None, example)[0])])
+        import warnings
+
+        with mlflow.start_run(run_name=f"export-{name}") as run, warnings.catch_warnings():
+            # MLflow suggests type hints on predict; the explicit signature covers it
+            warnings.filterwarnings("ignore", message=".*type hints to the `predict` method.*")
+            mlflow.set_tags({"source_run_id": str(source_run_id), "backend": backend,
+                             "modes": ",".join(meta["modes"])})
+            info = mlflow.pyfunc.log_model(
+                name="router", python_model=RouterPyfunc(),
+                artifacts={"router": str(rpath), "meta": str(mpath)},
+                signature=signature, input_example=example, registered_model_name=name,
+                metadata=meta,
+                pip_requirements=["scikit-learn", "lightgbm", "pandas", "numpy", "joblib"])
+    version = info.registered_model_version
+    client = mlflow.MlflowClient()
+    client.set_registered_model_alias(name, ALIAS, version)
+    return {"name": name, "version": version, "uri": f"models:/{name}@{ALIAS}",
+            "model_uri": info.model_uri, "run_id": run.info.run_id, "meta": meta}
+
+
+def load_router(uri: str, mlruns: str = "mlruns", available_modes=None, compiled: bool = True):
+    """Load an exported router (``models:/NAME@champion`` or any model URI).
+
+    With ``available_modes`` (the serving engine's), a router that can choose a
+    mode the engine lacks is refused with the list of missing modes.
+    """
+    import mlflow
+
+    from routers.tracking import tracking_uri
+
+    mlflow.set_tracking_uri(tracking_uri(Path(mlruns)))
+    loaded = mlflow.pyfunc.load_model(uri)
+    model = loaded.unwrap_python_model()
+    if not isinstance(model, RouterPyfunc):
+        raise ValueError(f"{uri} is not a router exported by `modeswitch export`")
+    model.use_compiled(compiled)
+    if available_modes is not None:
+        missing = sorted(set(model.modes) - set(available_modes))
+        if missing:
+            raise ValueError(
+                f"router {uri} was trained for backend {model.meta_.get('backend')!r} and can choose "
+                f"{', '.join(missing)}, which this engine does not offer (it offers "
+                f"{', '.join(sorted(available_modes))}); export a router trained on this engine's profiles")
+    return model
+
+
+def best_from_scoring(metric: str, mlruns: str = "mlruns", max_violation_rate: float | None = None):
+    """(router name, training run id, value) of the best learned router in the latest scoring run."""
+    import mlflow
+
+    from routers.tracking import setup
+
+    setup(Path(mlruns), "modeswitch-score")
+    client = mlflow.MlflowClient()
+    exp = client.get_experiment_by_name("modeswitch-score")
+    runs = client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    if not runs:
+        raise LookupError(f"no scoring run in {mlruns}; run `modeswitch score` first or use --run")
+    run = runs[0]
+    cands = {k.split(".", 1)[1]: v for k, v in run.data.tags.items() if k.startswith("router_run.")}
+    scored = {}
+    for name in cands:
+        key = f"{name}.{metric}"
+        if key not in run.data.metrics:
+            raise LookupError(f"scoring run {run.info.run_id} has no metric {metric!r} for {name}; "
+                              f"known: {sorted({k.split('.', 1)[1] for k in run.data.metrics})}")
+        if max_violation_rate is not None:
+            viol = sum(run.data.metrics.get(f"{name}.violation_rate_{k}", 0.0)
+                       for k in ("quality", "energy", "memory", "unmeasured"))
+            if viol > max_violation_rate:
+                continue
+        scored[name] = run.data.metrics[key]
+    if not scored:
+        raise LookupError("no learned router in the latest scoring run passes the violation limit")
+    lower = metric in LOWER_IS_BETTER or metric.startswith("violation")
+    best = min(scored, key=scored.get) if lower else max(scored, key=scored.get)
+    return best, cands[best], scored[best], run.info.run_id

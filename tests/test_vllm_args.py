@@ -1,0 +1,45 @@
+"""The vLLM backend's mapping of mode settings onto engine arguments (no vLLM needed)."""
+
+import pytest
+
+from engine.backends.vllm_backend import ModeUnavailable, capabilities, engine_args
+
+
+def test_reference_turns_vllm_defaults_off_and_shares_the_graph_setting():
+    ref = engine_args("fp16_baseline", "/m", device="cuda")
+    assert ref["enable_prefix_caching"] is False and ref["enable_chunked_prefill"] is False
+    for mode in ("prefix_caching", "chunked_prefill", "continuous_batching", "ngram_speculative_decoding"):
+        assert engine_args(mode, "/m", "/d", device="cuda")["enforce_eager"] == ref["enforce_eager"]
+    assert engine_args("cuda_graphs", "/m", device="cuda")["enforce_eager"] is False
+    assert engine_args("fp16_baseline", "/m", device="cpu")["enforce_eager"] is True
+    assert engine_args("fp16_baseline", "/m", device="cuda", eager=True)["enforce_eager"] is True
+
+
+def test_mode_settings_map_to_current_engine_arguments():
+    pc = engine_args("prefix_caching", "/m")
+    assert pc["enable_prefix_caching"] is True
+    ch = engine_args("chunked_prefill", "/m")
+    assert ch["enable_chunked_prefill"] is True and ch["max_num_batched_tokens"] == 256
+    ng = engine_args("ngram_speculative_decoding", "/m")["speculative_config"]
+    assert ng["method"] == "ngram" and ng["num_speculative_tokens"] >= 1 and "prompt_lookup_max" in ng
+    dm = engine_args("speculative_decoding", "/m", "/draft")["speculative_config"]
+    assert dm == {"model": "/draft", "num_speculative_tokens": 5}
+    assert "speculative_model" not in engine_args("speculative_decoding", "/m", "/draft")
+    assert engine_args("kv_cache_compression", "/m", device="cuda")["kv_cache_dtype"] == "fp8"
+    assert engine_args("continuous_batching", "/m")["max_num_seqs"] >= 1
+    q = engine_args("gptq_4bit", "/m", checkpoints={"gptq_4bit": "/m-gptq"})
+    assert q["model"] == "/m-gptq" and q["tokenizer"] == "/m"
+
+
+def test_missing_checkpoint_or_draft_is_a_clear_error():
+    with pytest.raises(ModeUnavailable, match="--checkpoint int8=PATH"):
+        engine_args("int8_quant", "/m")
+    with pytest.raises(ModeUnavailable, match="draft model"):
+        engine_args("speculative_decoding", "/m")
+    caps = capabilities("cpu", draft=False)
+    assert "int8_quant" not in caps.supported_modes()
+    assert "speculative_decoding" not in caps.supported_modes()
+    assert {"fp16_baseline", "prefix_caching", "chunked_prefill", "ngram_speculative_decoding",
+            "continuous_batching"} <= set(caps.supported_modes())
+    gpu = capabilities("cuda", {"int8": "a", "gptq_4bit": "b", "awq_4bit": "c"})
+    assert {"cuda_graphs", "kv_cache_compression", "awq_4bit"} <= set(gpu.supported_modes())
