@@ -88,3 +88,80 @@ class PeakRSS:
     @property
     def peak_growth_mb(self) -> float:
         return max(0, self.peak - self.base) / 2**20
+
+
+class GpuMemoryPeak:
+    """Peak device memory in use (NVML), sampled while the block runs.
+
+    vLLM's engine core allocates in a child process, so this process's CUDA
+    allocator counters do not see it; NVML sees the whole device. ``nvml`` is
+    injectable for tests.
+    """
+
+    def __init__(self, device_index: int = 0, interval_s: float = 0.005, nvml=None):
+        if nvml is None:
+            import pynvml as nvml  # nvidia-ml-py
+        self.nvml = nvml
+        self.nvml.nvmlInit()
+        self.handle = self.nvml.nvmlDeviceGetHandleByIndex(device_index)
+        self.interval_s = interval_s
+        self.peak = 0
+        self._stop = threading.Event()
+
+    def _used(self) -> int:
+        return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._used())
+            time.sleep(self.interval_s)
+
+    def __enter__(self):
+        self.peak = self._used()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._used())
+
+    @property
+    def peak_mb(self) -> float:
+        return self.peak / 2**20
+
+
+class GpuBallast:
+    """Takes ``fraction`` of the free device memory before an engine starts: the
+    memory-pressure workload, as the study ran it. ``torch`` is injectable for tests."""
+
+    def __init__(self, fraction: float, device_index: int = 0, torch=None):
+        if not 0 <= fraction < 1:
+            raise ValueError(f"memory pressure {fraction} must be in [0, 1)")
+        self.fraction, self.device_index = fraction, device_index
+        self._torch = torch
+        self.buffer = None
+        self.bytes = 0
+
+    def __enter__(self):
+        torch = self._torch
+        if torch is None:
+            import torch
+        self._torch = torch
+        free, total = torch.cuda.mem_get_info(self.device_index)
+        self.bytes = int(free * self.fraction)
+        if self.bytes:
+            self.buffer = torch.empty(self.bytes, dtype=torch.uint8, device=f"cuda:{self.device_index}")
+        free_after, self.total = torch.cuda.mem_get_info(self.device_index)
+        self.free_after = free_after
+        return self
+
+    def engine_utilization(self, headroom: float = 0.9) -> float:
+        """vLLM's ``gpu_memory_utilization`` (a fraction of the total) that fits what is left."""
+        return max(0.05, min(0.95, headroom * self.free_after / self.total))
+
+    def __exit__(self, *exc):
+        self.buffer = None
+        if self._torch is not None and self.bytes:
+            self._torch.cuda.empty_cache()

@@ -295,17 +295,29 @@ class Profiler:
                     todo = [(u, t) for u in units for t in trials if (u.id, m, t) not in done]
                     if not todo:
                         continue
-                    engine = self._load(m, units, progress, task)
-                    try:
-                        for unit, t in todo:
-                            self._measure(engine, m, unit, t, progress, task)
-                    finally:  # engines (and vLLM's child processes) never outlive an error
-                        engine.close()
-                    del engine
+                    # vLLM on CUDA applies memory pressure as a ballast taken before the
+                    # engine starts, so each pressure level gets its own engine
+                    by_pressure: dict[float, list] = {}
+                    for unit, t in todo:
+                        by_pressure.setdefault(self._pressure(unit), []).append((unit, t))
+                    for pressure, items in by_pressure.items():
+                        engine = self._load(m, units, progress, task, pressure)
+                        try:
+                            for unit, t in items:
+                                self._measure(engine, m, unit, t, progress, task)
+                        finally:  # engines (and vLLM's child processes) never outlive an error
+                            engine.close()
+                        del engine
             progress.update(task, description="done")
         return self.finish(journal)
 
-    def _load(self, mode, units, progress, task):
+    def _ballast_applies(self) -> bool:
+        return self.spec.backend == "vllm" and self.spec.device.startswith("cuda")
+
+    def _pressure(self, unit) -> float:
+        return float(unit.requests[0].memory_pressure) if self._ballast_applies() else 0.0
+
+    def _load(self, mode, units, progress, task, memory_pressure: float = 0.0):
         from engine.prompts import PromptBuilder
 
         progress.update(task, description=f"{mode}: loading")
@@ -313,7 +325,7 @@ class Profiler:
             from engine.backends.vllm_backend import VllmEngine
 
             engine = VllmEngine(mode, self.model_path, self.draft_path, self.spec.device,
-                                checkpoints=self.spec.checkpoints).load()
+                                checkpoints=self.spec.checkpoints, memory_pressure=memory_pressure).load()
         else:
             from engine.backends.transformers_backend import TransformersEngine
 
@@ -344,13 +356,25 @@ class Profiler:
             import torch
 
             torch.cuda.reset_peak_memory_stats()
+        if cuda and self.spec.backend == "vllm":
+            from engine.memory import GpuMemoryPeak
+
+            index = int(self.spec.device.split(":")[1]) if ":" in self.spec.device else 0
+            sampler = GpuMemoryPeak(index)  # the engine core allocates in a child process
+        else:
+            sampler = PeakRSS(children=self.spec.backend == "vllm")
         meter.start()
-        with PeakRSS(children=self.spec.backend == "vllm") as rss:
+        with sampler:
             gens = engine.run(group, ignore_eos=ignore_eos)
         energy = meter.stop()
-        # CPU: resident model + RSS growth; CUDA: the allocator's peak (weights included)
-        peak_mb = (torch.cuda.max_memory_allocated() / 2**20 if cuda
-                   else engine.weights_mb + rss.peak_growth_mb)
+        # CPU: resident model + RSS growth; CUDA: the allocator's peak (weights included), or
+        # for vLLM the device memory in use (NVML), ballast excluded
+        if not cuda:
+            peak_mb = engine.weights_mb + sampler.peak_growth_mb
+        elif self.spec.backend == "vllm":
+            peak_mb = sampler.peak_mb - engine.info.get("ballast_bytes", 0) / 2**20
+        else:
+            peak_mb = torch.cuda.max_memory_allocated() / 2**20
         text = "\n".join(g.text for g in gens)
         row = self._row(unit, group, gens, mode, trial, energy, meter,
                         peak_mb, text, ctx["journal"].run_id,
@@ -386,8 +410,10 @@ class Profiler:
         acc = [score(g.text, r.reference, r.evaluation_mode) for g, r in zip(gens, reqs)]
         acc = [a for a in acc if a is not None]
         notes = [f"energy: {meter.describe()}"]
-        if any(r.memory_pressure > 0 for r in reqs) and self.spec.device == "cpu":
-            notes.append("memory pressure not applied: no accelerator memory to take on CPU")
+        if any(r.memory_pressure > 0 for r in reqs) and not self._ballast_applies():
+            notes.append("memory pressure not applied: no accelerator memory to take on CPU"
+                         if self.spec.device == "cpu" else
+                         "memory pressure not applied: the ballast is implemented for the vLLM backend")
         if energy.short_window:
             notes.append("energy window shorter than the meter's update period")
         r0 = reqs[0]

@@ -184,7 +184,8 @@ class VllmEngine:
     backend = NAME
 
     def __init__(self, mode: ModeConfig | str, model_path, draft_path=None, device: str = "cpu",
-                 checkpoints: dict | None = None, eager: bool | None = None, **engine_kw):
+                 checkpoints: dict | None = None, eager: bool | None = None,
+                 memory_pressure: float = 0.0, **engine_kw):
         self.mode = get_mode(mode) if isinstance(mode, str) else mode
         self.model_path, self.draft_path, self.device = Path(model_path), draft_path, device
         if "max_model_len" not in engine_kw:
@@ -195,6 +196,9 @@ class VllmEngine:
         self.engine = None
         self._loop = None
         self._thread = None
+        #: on CUDA, a ballast takes this fraction of free memory before the engine starts
+        self.memory_pressure = memory_pressure
+        self.ballast = None
 
     # --------------------------------------------------------------- lifecycle
     def load(self) -> VllmEngine:
@@ -204,6 +208,13 @@ class VllmEngine:
 
         if not self.device.startswith("cuda"):
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        elif self.memory_pressure > 0:
+            from engine.memory import GpuBallast
+
+            index = int(self.device.split(":")[1]) if ":" in self.device else 0
+            self.ballast = GpuBallast(self.memory_pressure, index).__enter__()
+            self.args["gpu_memory_utilization"] = self.ballast.engine_utilization()
+            self.info["ballast_bytes"] = self.ballast.bytes
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name=f"vllm-{self.mode.name}")
@@ -253,6 +264,9 @@ class VllmEngine:
             self._loop.close()
             self._loop = None
         reap_children()
+        if self.ballast is not None:
+            self.ballast.__exit__(None, None, None)
+            self.ballast = None
 
     # --------------------------------------------------------------- serving
     async def _one(self, req: Request, ids: list[int], ignore_eos: bool, t0: float, on_token):
