@@ -74,7 +74,7 @@ $(VSTAMP): pyproject.toml
 	-$(VVENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	$(VVENV)/bin/pip install --disable-pip-version-check --progress-bar off -q --no-deps -e .
 	$(VVENV)/bin/pip install --disable-pip-version-check --progress-bar off -q pandera rouge-score \
-		typer rich pytest hypothesis pyarrow pandas scipy
+		typer rich pytest hypothesis pyarrow pandas scipy scikit-learn fastapi uvicorn prometheus-client openai
 	touch $(VSTAMP)
 
 test-vllm: $(STAMP) $(VSTAMP)

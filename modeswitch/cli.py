@@ -553,10 +553,11 @@ def serve_cmd(
     from engine.serving import ServerConfig, create_app
     from engine.serving.app import _supported_modes
 
-    if backend != "transformers":
-        raise ValueError(f"backend {backend!r} is not available in this build; use transformers")
+    if backend not in ("transformers", "vllm"):
+        raise ValueError(f"unknown backend {backend!r}; choose transformers or vllm")
     target, draft, _ = resolve_models(model, draft_model, None, None, console.print)
-    cfg = ServerConfig(model_path=str(target), draft_path=str(draft) if draft else None, device=device,
+    cfg = ServerConfig(model_path=str(target), draft_path=str(draft) if draft else None,
+                       backend=backend, device=device,
                        api_key=api_key, route_budget_us=route_budget_us,
                        memory_budget_mb=memory_budget_mb)
     modes = _supported_modes(cfg)

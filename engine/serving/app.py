@@ -41,6 +41,7 @@ log = logging.getLogger("modeswitch.serve")
 class ServerConfig:
     model_path: str
     draft_path: str | None = None
+    backend: str = "transformers"
     device: str = "cpu"
     api_key: str | None = None
     route_budget_us: float = 5_000.0
@@ -103,11 +104,18 @@ class Metrics:
 
 
 def _supported_modes(cfg: ServerConfig) -> list[str]:
-    from engine.backends.transformers_backend import capabilities
     from engine.modes import get_mode
 
+    if cfg.backend == "vllm":
+        from engine.backends.vllm_backend import capabilities as vllm_caps
+
+        caps = vllm_caps(cfg.device, draft=bool(cfg.draft_path))
+    else:
+        from engine.backends.transformers_backend import capabilities
+
+        caps = capabilities(cfg.device)
     out = []
-    for m in capabilities(cfg.device).supported_modes():
+    for m in caps.supported_modes():
         spec = get_mode(m).speculative
         if spec is not None and spec.method == "draft_model" and not cfg.draft_path and not spec.draft_model:
             continue
@@ -117,9 +125,14 @@ def _supported_modes(cfg: ServerConfig) -> list[str]:
 
 def _default_factory(cfg: ServerConfig):
     def make(mode: str):
-        from engine.backends.transformers_backend import TransformersEngine
+        if cfg.backend == "vllm":
+            from engine.backends.vllm_backend import VllmEngine
 
-        eng = TransformersEngine(mode, cfg.model_path, cfg.draft_path, cfg.device).load()
+            eng = VllmEngine(mode, cfg.model_path, cfg.draft_path, cfg.device).load()
+        else:
+            from engine.backends.transformers_backend import TransformersEngine
+
+            eng = TransformersEngine(mode, cfg.model_path, cfg.draft_path, cfg.device).load()
         eng.warmup()
         eng.weights_mb = eng.weights_bytes() / 2**20
         return eng
