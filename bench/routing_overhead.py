@@ -17,27 +17,17 @@ to the rule baseline's p50 measured in the same run.
 from __future__ import annotations
 
 import argparse
-import gc
 import time
 
 import numpy as np
 
 
 def single(fn, reqs, n):
-    times = np.empty(n, dtype=np.int64)
-    m = len(reqs)
-    for i in range(min(2000, n)):
-        fn(reqs[i % m])
-    gc.disable()
-    try:
-        for i in range(n):
-            r = reqs[i % m]
-            t0 = time.perf_counter_ns()
-            fn(r)
-            times[i] = time.perf_counter_ns() - t0
-    finally:
-        gc.enable()
-    return np.percentile(times, 50) / 1e3, np.percentile(times, 99) / 1e3
+    """(p50, p99) µs over ``n`` decisions, timed as ``modeswitch score`` times them."""
+    from routers.overhead import time_decisions
+
+    t = time_decisions(fn, reqs, n, warmup=min(2000, n))
+    return np.percentile(t, 50), np.percentile(t, 99)
 
 
 def main():

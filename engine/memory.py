@@ -48,18 +48,53 @@ def _packed_bytes(module) -> int:
     return total
 
 
-class PeakRSS:
-    """Context manager sampling process RSS; ``peak_growth_mb`` after exit."""
+class _PeakSampler:
+    """Samples ``_read()`` (bytes) on a thread while the block runs; keeps the first
+    reading (``base``) and the largest (``peak``)."""
 
-    def __init__(self, interval_s: float = 0.005, children: bool = False):
+    def __init__(self, interval_s: float = 0.005):
         self.interval_s = interval_s
-        self.proc = psutil.Process()
-        #: count child processes too (vLLM's engine core runs in one)
-        self.children = children
         self.base = self.peak = 0
         self._stop = threading.Event()
 
-    def _rss(self) -> int:
+    def _read(self) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._read())
+            time.sleep(self.interval_s)
+
+    def __enter__(self):
+        self.base = self.peak = self._read()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._read())
+
+    @property
+    def peak_mb(self) -> float:
+        return self.peak / 2**20
+
+    @property
+    def peak_growth_mb(self) -> float:
+        return max(0, self.peak - self.base) / 2**20
+
+
+class PeakRSS(_PeakSampler):
+    """Process RSS (with ``children``: plus child processes, where vLLM's engine core
+    runs); ``peak_growth_mb`` after exit."""
+
+    def __init__(self, interval_s: float = 0.005, children: bool = False):
+        super().__init__(interval_s)
+        self.proc = psutil.Process()
+        self.children = children
+
+    def _read(self) -> int:
         total = self.proc.memory_info().rss
         if self.children:
             for c in self.proc.children(recursive=True):
@@ -69,28 +104,8 @@ class PeakRSS:
                     pass
         return total
 
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self._rss())
-            time.sleep(self.interval_s)
 
-    def __enter__(self):
-        self.base = self.peak = self._rss()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self._rss())
-
-    @property
-    def peak_growth_mb(self) -> float:
-        return max(0, self.peak - self.base) / 2**20
-
-
-class GpuMemoryPeak:
+class GpuMemoryPeak(_PeakSampler):
     """Peak device memory in use (NVML), sampled while the block runs.
 
     vLLM's engine core allocates in a child process, so this process's CUDA
@@ -99,37 +114,15 @@ class GpuMemoryPeak:
     """
 
     def __init__(self, device_index: int = 0, interval_s: float = 0.005, nvml=None):
+        super().__init__(interval_s)
         if nvml is None:
             import pynvml as nvml  # nvidia-ml-py
         self.nvml = nvml
         self.nvml.nvmlInit()
         self.handle = self.nvml.nvmlDeviceGetHandleByIndex(device_index)
-        self.interval_s = interval_s
-        self.peak = 0
-        self._stop = threading.Event()
 
-    def _used(self) -> int:
+    def _read(self) -> int:
         return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self._used())
-            time.sleep(self.interval_s)
-
-    def __enter__(self):
-        self.peak = self._used()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self._used())
-
-    @property
-    def peak_mb(self) -> float:
-        return self.peak / 2**20
 
 
 class GpuBallast:
