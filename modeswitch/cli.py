@@ -571,10 +571,16 @@ def serve_cmd(
 
         return load_router(router, str(mlruns), available_modes=modes, compiled=compile_router)
 
-    load()  # fail here, with the reason, rather than inside the server's start-up
+    # load once here, so a bad router fails with its reason before the server starts;
+    # the server's start-up takes this one, reloads load afresh
+    preloaded = [load()]
+
+    def loader():
+        return preloaded.pop() if preloaded else load()
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     console.print(f"serving {target} on http://{host}:{port}/v1 with router {router}")
-    uvicorn.run(create_app(load, cfg, supported_modes=modes), host=host, port=port, log_level="info")
+    uvicorn.run(create_app(loader, cfg, supported_modes=modes), host=host, port=port, log_level="info")
 
 
 def _short(name: str) -> str:

@@ -141,8 +141,9 @@ def score(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=None) -> di
     routers.update({t.name: t.estimator for t in trained})
     requests = requests_from_table(test)
     say("measuring routing overhead")
+    functions = oh.decision_functions(routers, cfg.compiled)
     overhead = oh.measure(routers, requests, cfg.decisions, cfg.pipeline_decisions, cfg.compiled,
-                          progress=say)
+                          progress=say, functions=functions)
     say("offline scoring")
     with_oracle = {**routers, "oracle": OracleRouter()}
     per_request = score_offline(test, with_oracle, {k: v.p50_us for k, v in overhead.items()})
@@ -163,10 +164,7 @@ def score(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=None) -> di
         from routers.live import run_live, score_live, stratified, summarise_live
 
         stream = stratified(requests, cfg.live_requests, cfg.seed)
-        decisions = {}
-        for name, router in routers.items():
-            fn, _ = oh.decision_function(router, cfg.compiled)
-            decisions[name] = [str(fn(r)) for r in stream]
+        decisions = {name: [str(fn(r)) for r in stream] for name, (fn, _, _) in functions.items()}
         label_of = dict(zip(test["request_id"].astype(str), test["label"].astype(str)))
         decisions["oracle"] = [label_of[r.id] for r in stream]  # the profile oracle's pick, run live
         target, draft, _ = resolve_models(cfg.model, cfg.draft_model, None, None, lambda *a: None)

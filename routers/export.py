@@ -47,20 +47,12 @@ class RouterPyfunc(mlflow.pyfunc.PythonModel):
         self.use_compiled(True)
 
     def use_compiled(self, on: bool = True):
-        """Route through the compiled predictor (default) or the scikit-learn pipeline."""
-        self.route = None
-        self.path_ = "pipeline"
-        if on and getattr(self.router_, "safety_threshold", None) is None:
-            try:
-                from routers.compiled import compile
+        """Route through the compiled predictor (default) or the scikit-learn pipeline
+        (also when the router cannot be compiled, e.g. one with a safety guard)."""
+        from routers.overhead import decision_function
 
-                self.route = compile(self.router_).route
-                self.path_ = "compiled"
-            except (RuntimeError, TypeError, ValueError):
-                self.route = None
-        if self.route is None:
-            fs = getattr(self.router_, "feature_set", "A")
-            self.route = lambda r: str(self.router_.predict(features_frame([r], fs))[0])
+        self.route, path, _ = decision_function(self.router_, on)
+        self.path_ = "compiled" if path == "compiled" else "pipeline"
         return self
 
     @property
@@ -152,7 +144,8 @@ def load_router(uri: str, mlruns: str = "mlruns", available_modes=None, compiled
     model = loaded.unwrap_python_model()
     if not isinstance(model, RouterPyfunc):
         raise ValueError(f"{uri} is not a router exported by `modeswitch export`")
-    model.use_compiled(compiled)
+    if not compiled:  # load_context compiled it already
+        model.use_compiled(False)
     if available_modes is not None:
         missing = sorted(set(model.modes) - set(available_modes))
         if missing:

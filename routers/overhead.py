@@ -36,22 +36,24 @@ class Overhead:
 
 
 def decision_function(router, compiled: bool = True, feature_set: str | None = None):
-    """(callable(request) -> mode, path description) for one decision from a raw request."""
+    """(callable(request) -> mode, path description, compiled router or None) for one
+    decision from a raw request; the compiled router also serves batch throughput."""
     from dataset.features import features_frame
 
     if getattr(router, "pipeline_", None) is None:
-        return router.route, "python"
+        return router.route, "python", None
     reason = ""
     if compiled:
         from routers.compiled import compile
 
         try:
-            return compile(router).route, "compiled"
+            c = compile(router)
+            return c.route, "compiled", c
         except (ValueError, TypeError, RuntimeError) as exc:  # e.g. a safety-guarded router
             reason = str(exc).splitlines()[0]
     fs = feature_set or getattr(router, "feature_set", "B")
     path = "pipeline" + (f" (not compiled: {reason})" if reason else "")
-    return (lambda r: router.predict(features_frame([r], fs))[0]), path
+    return (lambda r: router.predict(features_frame([r], fs))[0]), path, None
 
 
 def time_decisions(fn, requests, n: int, warmup: int = 500) -> np.ndarray:
@@ -74,44 +76,46 @@ def time_decisions(fn, requests, n: int, warmup: int = 500) -> np.ndarray:
     return times / 1e3
 
 
-def batch_throughput(router, frame, compiled: bool = True, min_rows: int = 100_000) -> float | None:
-    """Decisions per second on a ready feature frame (the compiled kernel when possible)."""
+def batch_throughput(router, frame, compiled_router=None, min_rows: int = 100_000) -> float | None:
+    """Decisions per second on a ready feature frame: the compiled kernel when given,
+    else the router's own ``predict``."""
+    if compiled_router is not None:
+        M = compiled_router.matrix(frame)
+        M = np.ascontiguousarray(np.tile(M, (max(1, min_rows // len(M)), 1)))
+        compiled_router.predict_matrix(M[:100])
+        t0 = time.perf_counter()
+        compiled_router.predict_matrix(M)
+        return len(M) / (time.perf_counter() - t0)
     if getattr(router, "predict", None) is None:
         return None
-    if compiled and getattr(router, "pipeline_", None) is not None:
-        try:
-            from routers.compiled import compile
-
-            c = compile(router)
-            M = c.matrix(frame)
-            M = np.ascontiguousarray(np.tile(M, (max(1, min_rows // len(M)), 1)))
-            c.predict_matrix(M[:100])
-            t0 = time.perf_counter()
-            c.predict_matrix(M)
-            return len(M) / (time.perf_counter() - t0)
-        except (ValueError, TypeError, RuntimeError):
-            pass
     router.predict(frame.iloc[:10])
     t0 = time.perf_counter()
     router.predict(frame)
     return len(frame) / (time.perf_counter() - t0)
 
 
+def decision_functions(routers: dict, compiled: bool = True, feature_set: str | None = None) -> dict:
+    """name -> (fn, path, compiled router or None) for every router that can decide from a
+    request (the oracle cannot); built once, shared by the overhead and live measurements."""
+    return {name: decision_function(r, compiled, feature_set) for name, r in routers.items()
+            if getattr(r, "route", None) is not None or getattr(r, "pipeline_", None) is not None}
+
+
 def measure(routers: dict, requests, decisions: int = 20_000, pipeline_decisions: int = 300,
-            compiled: bool = True, feature_set: str = "B", progress=None) -> dict[str, Overhead]:
-    """Overhead of every router (name -> fitted router) on the same request stream."""
+            compiled: bool = True, feature_set: str | None = None, progress=None,
+            functions: dict | None = None) -> dict[str, Overhead]:
+    """Overhead of every router (name -> fitted router) on the same request stream;
+    ``functions`` reuses :func:`decision_functions` already built."""
     from dataset.features import features_frame
 
     frame = features_frame(requests, "B", with_context=True)
+    functions = functions if functions is not None else decision_functions(routers, compiled, feature_set)
     out = {}
-    for name, router in routers.items():
-        if getattr(router, "route", None) is None and getattr(router, "pipeline_", None) is None:
-            continue  # the oracle: no decision from a request exists
-        fn, path = decision_function(router, compiled, feature_set)
+    for name, (fn, path, comp) in functions.items():
         n = decisions if not path.startswith("pipeline") else min(decisions, pipeline_decisions)
         if progress is not None:
             progress(f"routing overhead: {name} ({path}, {n} decisions)")
         t = time_decisions(fn, requests, n, warmup=min(500, n))
         out[name] = Overhead(name, path, n, float(np.percentile(t, 50)), float(np.percentile(t, 95)),
-                             float(np.percentile(t, 99)), batch_throughput(router, frame, compiled))
+                             float(np.percentile(t, 99)), batch_throughput(routers[name], frame, comp))
     return out

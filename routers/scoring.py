@@ -30,9 +30,9 @@ import pandas as pd
 
 from dataset.requests import Request
 from oracle.training_table import table_meta
+from routers.learned import REFERENCE
 
 VIOLATION_TYPES = ("quality", "energy", "memory", "unmeasured")
-REFERENCE = "fp16_baseline"
 
 
 # ------------------------------------------------------------------ routers

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import OrderedDict
 
 
@@ -102,6 +101,3 @@ class PrefixTracker:
                 self.recent.pop(0)
         return best if best >= self.min_tokens else 0
 
-
-def now_us() -> float:
-    return time.perf_counter() * 1e6
