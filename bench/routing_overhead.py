@@ -1,6 +1,8 @@
 """Routing overhead: rule baseline vs learned routers as the study ran them vs compiled.
 
-In one process, after warm-up, on the same stream of raw requests:
+In one process, after warm-up, on the same stream of raw requests (the rule
+baseline and the compiled routers interleaved in rounds, so the machine's drift
+falls on all of them alike):
 
 * ``rule``: the rule baseline's ``route(request)`` (pure Python);
 * ``<family> (pipeline)``: the study's path, a one-row DataFrame of features through
@@ -22,11 +24,7 @@ import time
 import numpy as np
 
 
-def single(fn, reqs, n):
-    """(p50, p99) µs over ``n`` decisions, timed as ``modeswitch score`` times them."""
-    from routers.overhead import time_decisions
-
-    t = time_decisions(fn, reqs, n, warmup=min(2000, n))
+def pct(t):
     return np.percentile(t, 50), np.percentile(t, 99)
 
 
@@ -36,6 +34,8 @@ def main():
     ap.add_argument("--pipeline-decisions", type=int, default=2_000,
                     help="the pandas path costs ~ms each; fewer decisions keep the run short")
     ap.add_argument("--batch", type=int, default=1_000_000)
+    ap.add_argument("--rounds", type=int, default=20,
+                    help="single decisions of the rule and compiled routers are interleaved in this many rounds")
     ap.add_argument("--feature-set", default="B")
     ap.add_argument("--trees", type=int, default=100,
                     help="trees in the forest / boosting rounds (the routers' defaults: 100)")
@@ -61,37 +61,46 @@ def main():
     rule = RuleBaselineRouter().fit()
     stream = [r for i, n in enumerate(names) for r in get_workload(n).sample(500, seed=100 + i)]
 
-    rows = []
-    p50, p99 = single(rule.route, stream, args.decisions)
-    rows.append(("rule", p50, p99, None))
-    base = p50
+    from routers.overhead import time_decisions, time_side_by_side
+
     big = features_frame(stream, args.feature_set)
     reps = max(1, args.batch // len(big))
+    fast, pipeline_rows, batch, region = {"rule": rule.route}, {}, {}, {}
     for fam, kw in (("dt", dict(max_depth=5, min_samples_leaf=3)),
                     ("rf", dict(n_estimators=args.trees, max_depth=10, min_samples_leaf=2)),
                     ("lr", dict(max_iter=3000)), ("lgbm", dict(n_estimators=args.trees))):
         est = get_router(fam, feature_set=args.feature_set, class_weight="balanced", **kw).fit(table, y)
-        p50, p99 = single(lambda r, e=est: e.predict(features_frame([r], args.feature_set)), stream,
-                          args.pipeline_decisions)
+        t = time_decisions(lambda r, e=est: e.predict(features_frame([r], args.feature_set)), stream,
+                           args.pipeline_decisions, warmup=min(200, args.pipeline_decisions))
         t0 = time.perf_counter()
         est.predict(big)
-        thr = len(big) / (time.perf_counter() - t0)
-        rows.append((f"{fam} (pipeline)", p50, p99, thr))
+        pipeline_rows[fam] = (*pct(t), len(big) / (time.perf_counter() - t0))
         c = compile(est)
         assert (c.predict(table) == est.predict(table)).all()
-        p50, p99 = single(c.route, stream, args.decisions)
+        fast[fam] = c.route
+        if c.region_nodes_:
+            region[fam] = (c.region_nodes_, c.region_share(big), c.region_walk_share_)
         M = np.ascontiguousarray(np.tile(c.matrix(big), (reps, 1)))
         c.predict_matrix(M[:1000])
         t0 = time.perf_counter()
         c.predict_matrix(M)
-        thr = len(M) / (time.perf_counter() - t0)
-        rows.append((f"{fam} (compiled)", p50, p99, thr))
+        batch[fam] = len(M) / (time.perf_counter() - t0)
+    # rule and compiled routers interleaved in rounds: drift hits all of them alike
+    times = time_side_by_side(fast, stream, args.decisions, rounds=args.rounds, warmup=2000)
+    base = pct(times["rule"])[0]
+    rows = [("rule", *pct(times["rule"]), None)]
+    for fam in ("dt", "rf", "lr", "lgbm"):
+        rows.append((f"{fam} (pipeline)", *pipeline_rows[fam]))
+        rows.append((f"{fam} (compiled)", *pct(times[fam]), batch[fam]))
     print(f"decisions: {args.decisions} single (pipeline rows: {args.pipeline_decisions}); "
           f"batch rows: compiled {reps * len(big)}, pipeline {len(big)}; feature set {args.feature_set}")
     print(f"{'router':<18} {'p50 us':>10} {'p99 us':>10} {'p50 / rule':>11} {'batch decisions/s':>18}")
     for name, p50, p99, thr in rows:
         t = f"{thr:,.0f}" if thr else "-"
         print(f"{name:<18} {p50:10.2f} {p99:10.2f} {p50 / base:10.2f}x {t:>18}")
+    for fam, (nodes, hit, walk) in region.items():
+        print(f"{fam}: region tree {nodes:,} nodes; decides {hit:.1%} of the stream's requests "
+              f"({1 - walk:.1%} of the bin grid), the rest walk the trees")
 
 
 if __name__ == "__main__":

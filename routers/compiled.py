@@ -2,31 +2,39 @@
 
 The study's learned routers cost 4.5-50 ms per decision because each went through
 a pandas row and a scikit-learn pipeline. :func:`compile` turns a fitted router
-into packed nodes run by a small C kernel (``routers/native/kernels.c``, built
-once with the system C compiler against this Python's headers and cached; it is
-both a CPython extension, for single decisions, and a ctypes library, for batches):
+into data for a small C kernel (``routers/native/kernels.c``, built once with the
+system C compiler against this Python's headers and cached; it is both a CPython
+extension, for single decisions, and a ctypes library, for batches):
 
-* decision trees and random forests: node arrays; features compared as float32,
-  leaf class-probability vectors normalised and averaged in the same order as
-  scikit-learn, so predictions are identical;
-* LightGBM: the booster's dumped trees, raw scores summed per class;
-* logistic regression: one dot product per class with the standard scaling
-  folded into the weights and the one-hot categories as weight columns.
+* trees (decision trees, random forests, LightGBM): each feature's split thresholds
+  become sorted cuts and a request becomes one bin per feature, so nodes are 8 bytes
+  comparing small integers; scikit-learn's float32 comparisons and LightGBM's double
+  ones are reproduced exactly;
+* **region tree** (tree models): the ensemble's argmax is constant on large boxes of
+  the bin grid; the kernel finds them (bounding each tree's reachable leaves per box,
+  cutting undecided boxes where the training sample ``X_sample_`` lies first) and
+  stores them as one tree per family x suite combination, so most decisions are a
+  binary search per feature and one short walk, whatever the ensemble's size; boxes
+  the budget (``REGION_NODES``, ``REGION_WORK``) leaves undecided walk the trees;
+* **lockstep walk** (the fallback): groups of trees walk together, branch-free, with
+  an exact early exit once no remaining tree can change the leading class (suffix
+  sums of each tree's least leaf-by-leaf difference between two classes);
+* logistic regression: one dot product per class with the standard scaling folded
+  into the weights and the one-hot categories as weight columns.
 
-Tree ensembles stop early, exactly: once no remaining tree can change the leading
-class (per-class suffix sums of leaf maxima/minima bound what is left), the loop
-ends; the answer is the one the full ensemble gives.
+Every path returns what the original model returns (scores summed in its own tree
+order wherever a near-tie could depend on it); ``tests/test_compiled.py`` checks
+this on held-out rows and on random inputs.
 
 The compiled object keeps the estimator API (``predict``; ``classes_``) and adds
 ``route(request)``: feature extraction and prediction from a raw request in one
-CPython fast call (the request's fields are read in C). Unseen categories encode as all-zero one-hot columns, as the pipeline's
-``OneHotEncoder(handle_unknown="ignore")`` does.
+C call (the request's fields are read in C). Unseen categories encode as all-zero
+one-hot columns, as the pipeline's ``OneHotEncoder(handle_unknown="ignore")`` does.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -96,16 +104,36 @@ def library():
     if _LIB is not None:
         return _LIB
     extension()  # one build, one load: the extension and ctypes share the model table
-    lib = ctypes.CDLL(str(_build()))
+    lib = ctypes.CDLL(str(_build()))  # releases the GIL during calls: batches, region builds
+    # the model table changes under the GIL only (registration here, release when a
+    # router object is garbage), so two threads compiling at once cannot race
+    lib.register_model = ctypes.PyDLL(str(_build())).register_model
     lib.register_model.restype = ctypes.c_int
-    lib.register_model.argtypes = [ctypes.c_int] * 8 + [_I32, _F64, _I32, _I32, _F64, _I32, _I32,
-                                                          _F64, _F64, _F64, _F64]
+    lib.register_model.argtypes = [ctypes.c_int] * 9 + [ctypes.c_void_p, _F64, _I32, _I32, _I32, _I32,
+                                                          _F64, _I32, _I32, _F64, _F64, _F64]
     lib.route.restype = ctypes.c_int
     lib.route.argtypes = [ctypes.c_int] + [ctypes.c_double] * 5 + [ctypes.c_int, ctypes.c_int]
+    lib.build_region.restype = ctypes.c_long
+    lib.build_region.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.c_long, _F64, ctypes.c_long]
+    lib.region_walk_share.restype = ctypes.c_double
+    lib.region_walk_share.argtypes = [ctypes.c_int]
+    lib.region_hits.restype = ctypes.c_long
+    lib.region_hits.argtypes = [ctypes.c_int, _F64, ctypes.c_long]
     lib.predict_batch.restype = None
     lib.predict_batch.argtypes = [ctypes.c_int, _F64, ctypes.c_long, _I32]
+    if lib.node_size() != NODE.itemsize:
+        raise RuntimeError(f"kernel node layout ({lib.node_size()} bytes) differs from {NODE}")
     _LIB = lib
     return lib
+
+
+#: region-tree budget: nodes, and tree nodes visited while building (~1 ns each)
+REGION_NODES = 1 << 17
+REGION_WORK = 2_000_000_000
+
+#: one packed tree node, as the kernel's ``Node``: the split is ``bin[feature] <= threshold``
+#: (an index into the feature's sorted cuts); the right child is ``left + 1``
+NODE = np.dtype([("threshold", "<u2"), ("feature", "<u2"), ("left", "<i4")])
 
 
 def _ptr(a, kind):
@@ -115,7 +143,8 @@ def _ptr(a, kind):
 class CompiledRouter:
     """A fitted router as flat arrays in the C kernel. Build with :func:`compile`."""
 
-    def __init__(self, source, kind: int, classes, n_num: int, fam_cats, suite_cats, arrays: dict):
+    def __init__(self, source, kind: int, classes, n_num: int, fam_cats, suite_cats, arrays: dict,
+                 region_budget: tuple | None = None):
         self.source = source
         self.kind = kind
         self.classes_ = np.asarray(classes, dtype=object)
@@ -125,32 +154,52 @@ class CompiledRouter:
         self.fam_index = {c: i for i, c in enumerate(self.fam_cats)}
         self.suite_index = {c: i for i, c in enumerate(self.suite_cats)}
         self.n_features = n_num + len(self.fam_cats) + len(self.suite_cats)
-        self._arrays = arrays  # kept alive: the kernel holds pointers into them
+        self._arrays = arrays  # for inspection; the kernel keeps its own copies
         a = arrays
         lib = library()
+        self._lib = lib
         self._route = lib.route
         self._batch = lib.predict_batch
-        n_nodes = len(a["feature"]) if "feature" in a else 0
+        nodes = a.get("nodes")
         self.handle = lib.register_model(
-            kind, self.n_features, a["n_classes"], a.get("n_trees", 0), n_num, len(self.fam_cats),
-            len(self.suite_cats), n_nodes, _ptr(a.get("feature"), _I32),
-            _ptr(a.get("threshold"), _F64), _ptr(a.get("left"), _I32), _ptr(a.get("right"), _I32),
-            _ptr(a.get("value"), _F64), _ptr(a.get("roots"), _I32), _ptr(a.get("tree_class"), _I32),
-            _ptr(a.get("weights"), _F64), _ptr(a.get("bias"), _F64), _ptr(a.get("sufmax"), _F64),
-            _ptr(a.get("sufmin"), _F64))
+            kind, self.n_features, a["n_classes"], a.get("n_trees", 0), a.get("n_real_trees", 0), n_num,
+            len(self.fam_cats), len(self.suite_cats), len(nodes) if nodes is not None else 0,
+            nodes.ctypes.data if nodes is not None else None, _ptr(a.get("value"), _F64),
+            _ptr(a.get("roots"), _I32), _ptr(a.get("steps"), _I32), _ptr(a.get("tree_class"), _I32),
+            _ptr(a.get("position"), _I32), _ptr(a.get("cuts"), _F64), _ptr(a.get("cut_start"), _I32),
+            _ptr(a.get("cut_count"), _I32), _ptr(a.get("weights"), _F64), _ptr(a.get("bias"), _F64), _ptr(a.get("sufdiff"), _F64))
         if self.handle < 0:
-            raise RuntimeError("compiled router: the kernel refused the model (over 4096 models in this process, "
-                               "more than 64 classes or 512 features, or out of memory)")
-        #: one decision from a raw request: a C-level partial over the extension's fast call
-        self.route = functools.partial(
-            extension().route_request, self.handle, tuple(self.classes_),
-            self.fam_index if self.fam_cats else None, self.suite_index if self.suite_cats else None)
+            raise RuntimeError("compiled router: the kernel refused the model (over 4096 models alive in this "
+                               "process, more than 64 classes or 512 features, or out of memory)")
+        #: the model's owner in the kernel: a builtin function making one decision from a raw
+        #: request in one C call; the model is freed when this object is garbage
+        self._owner = extension().make_router(
+            self.handle, tuple(self.classes_), self.fam_index if self.fam_cats else None,
+            self.suite_index if self.suite_cats else None)
+        self.route = self._owner
+        #: tree models: nodes of the region tree (the argmax as one tree over numeric bins)
+        #: and the share of the bin grid it leaves undecided (those decisions walk the trees)
+        self.region_nodes_, self.region_walk_share_ = 0, 1.0
+        region_budget = region_budget or (REGION_NODES, REGION_WORK)
+        if kind != 2 and region_budget[0] > 0:
+            sample = getattr(source, "X_sample_", None)
+            if sample is not None and np.shape(sample)[1:] != (self.n_features,):
+                sample = None  # not the kernel's layout: spend the budget by volume alone
+            sample = None if sample is None else np.ascontiguousarray(sample, dtype=np.float64)
+            got = lib.build_region(self.handle, int(region_budget[0]), int(region_budget[1]),
+                                   _ptr(sample, _F64), 0 if sample is None else len(sample))
+            if got == -2:
+                raise MemoryError("compiled router: out of memory building the region tree")
+            self.region_nodes_ = max(0, got)
+            self.region_walk_share_ = lib.region_walk_share(self.handle)
 
     # ------------------------------------------------------------- decisions
     def route_features(self, p, o, sp=0.0, cc=1.0, mp=0.0, family=None, suite=None) -> str:
-        return self.classes_[self._route(self.handle, p, o, sp, cc, mp,
-                                         self.fam_index.get(family or NONE_CATEGORY, -1),
-                                         self.suite_index.get(suite or NONE_CATEGORY, -1))]
+        k = self._route(self.handle, p, o, sp, cc, mp, self.fam_index.get(family or NONE_CATEGORY, -1),
+                        self.suite_index.get(suite or NONE_CATEGORY, -1))
+        if k < 0:
+            raise MemoryError("compiled router: out of memory")
+        return self.classes_[k]
 
     def matrix(self, X) -> np.ndarray:
         """The kernel's input matrix (numeric features + one-hot) from a feature frame or array."""
@@ -171,7 +220,16 @@ class CompiledRouter:
         """Class indices for a ready input matrix (the batch path)."""
         out = np.empty(len(M), dtype=np.int32)
         self._batch(self.handle, _ptr(M, _F64), len(M), _ptr(out, _I32))
+        if len(out) and out.min() < 0:
+            raise MemoryError("compiled router: out of memory")
         return out
+
+    def region_share(self, X) -> float:
+        """Share of the rows the region tree decides without walking the trees."""
+        M = self.matrix(X)
+        if not len(M) or not self.region_nodes_:
+            return 0.0
+        return self._lib.region_hits(self.handle, _ptr(M, _F64), len(M)) / len(M)
 
     def predict(self, X) -> np.ndarray:
         return self.classes_[self.predict_matrix(self.matrix(X))]
@@ -198,48 +256,138 @@ def _layout(router):
     return num_cols, fam, suite
 
 
-def _suffix_bounds(leaf_max: np.ndarray, leaf_min: np.ndarray) -> dict:
-    """Per tree position t and class k: the most / least the trees t.. can still add."""
-    zero = np.zeros((1, leaf_max.shape[1]))
-    sufmax = np.vstack([np.cumsum(leaf_max[::-1], axis=0)[::-1], zero])
-    sufmin = np.vstack([np.cumsum(leaf_min[::-1], axis=0)[::-1], zero])
-    return dict(sufmax=np.ascontiguousarray(sufmax.reshape(-1)),
-                sufmin=np.ascontiguousarray(sufmin.reshape(-1)))
+#: early exit needs (trees + 1) x classes^2 bounds; above this many the walk runs every tree
+MAX_BOUNDS = 4_000_000
 
 
-def _sklearn_trees(trees, n_classes):
-    feature, threshold, left, right, value, roots = [], [], [], [], [], []
-    offset = 0
+def _suffix_bounds(pair_min: list, n_classes: int) -> dict:
+    """``sufdiff[t, j, k]``: the least trees t.. can add to score_j - score_k, leaf by leaf
+    (``pair_min[t][j, k]`` = min over tree t's leaves of value_j - value_k)."""
+    if not pair_min or (len(pair_min) + 1) * n_classes * n_classes > MAX_BOUNDS:
+        return {}
+    d = np.asarray(pair_min).reshape(-1, n_classes, n_classes)
+    suf = np.concatenate([np.cumsum(d[::-1], axis=0)[::-1], np.zeros((1, n_classes, n_classes))])
+    return dict(sufdiff=np.ascontiguousarray(suf.reshape(-1)))
+
+
+def _pack(trees, n_features: int, n_classes: int, width: int, window: int = 4) -> dict:
+    """Pack trees for the kernel's lockstep walk over binned inputs.
+
+    ``trees``: per tree ``(feature, threshold, left, right, value, cls)`` with local
+    node indices (``left < 0`` marks a leaf), ``value`` one row of ``width`` numbers per
+    node, ``cls`` the class a LightGBM tree scores (0 for scikit-learn trees).
+
+    * Each tree is laid out breadth-first so siblings are adjacent (right = left + 1);
+      a leaf points to itself through the constant slot ``n_features`` (bin 0) with
+      threshold index 0xFFFF.
+    * Thresholds become indexes into the feature's sorted distinct thresholds (cuts).
+    * Within each run of ``window`` groups, trees are walked deepest first, so trees of
+      similar depth share a group and each group walks as many steps as its deepest
+      tree; ``position[o]`` maps original tree ``o`` to its walk position (the kernel
+      sums in the original order when it walks every tree). Padding: one zero-valued
+      leaf tree."""
+    group = library().group_size()
+    n_real = len(trees)
+    depths = []
+    for _, _, left, right, _, _ in trees:  # depth of each tree, from its child arrays
+        d, level = 0, [0]
+        while True:
+            level = [c for n in level if left[n] >= 0 for c in (left[n], right[n])]
+            if not level:
+                break
+            d += 1
+        depths.append(d)
+    span = window * group
+    walk = [o for w in range(0, n_real, span)
+            for o in sorted(range(w, min(w + span, n_real)), key=lambda o: -depths[o])]
+    pad = (-n_real) % group
+    n_nodes = sum(len(t[0]) for t in trees) + 1
+    feat = np.zeros(n_nodes, np.int64)
+    thr = np.full(n_nodes, np.inf)
+    lft = np.zeros(n_nodes, np.int64)
+    value = np.zeros((n_nodes, width))
+    roots, steps_d, tree_class, pair_min = [], [], [], []
+    nxt = 0
+    for o in walk:
+        feature, threshold, left, right, val, cls = trees[o]
+        new = np.empty(len(feature), dtype=np.int64)  # local index -> packed index
+        new[0], nxt = nxt, nxt + 1
+        level = [0]
+        while level:
+            children = []
+            for old in level:
+                if left[old] >= 0:
+                    new[left[old]], new[right[old]] = nxt, nxt + 1
+                    nxt += 2
+                    children += [left[old], right[old]]
+            level = children
+        internal = np.asarray(left) >= 0
+        feat[new] = np.where(internal, feature, n_features)
+        thr[new] = np.where(internal, threshold, np.inf)
+        lft[new] = np.where(internal, new[np.where(internal, left, 0)], new)
+        value[new] = val
+        roots.append(new[0])
+        steps_d.append(depths[o])
+        tree_class.append(cls)
+        leaves = np.asarray(val)[~internal]
+        if width != n_classes:  # a LightGBM tree adds its value to its own class only
+            one = np.zeros((len(leaves), n_classes))
+            one[:, cls] = leaves[:, 0]
+            leaves = one
+        pair_min.append((leaves[:, :, None] - leaves[:, None, :]).min(axis=0))
+    dummy = n_nodes - 1  # the padding tree: one leaf, value 0
+    feat[dummy], lft[dummy] = n_features, dummy
+    roots += [dummy] * pad
+    steps_d += [0] * pad
+    tree_class += [0] * pad
+    pair_min += [np.zeros((n_classes, n_classes))] * pad
+
+    # thresholds -> bins: per feature, the sorted distinct thresholds its splits use
+    cuts, cut_start, cut_count = [], np.zeros(n_features, np.int32), np.zeros(n_features, np.int32)
+    tidx = np.full(n_nodes, 0xFFFF, np.int64)
+    start = 0
+    for f in range(n_features):
+        sel = feat == f
+        c = np.unique(thr[sel])
+        if len(c) >= 0xFFFF:
+            raise ValueError(f"feature {f} has {len(c)} distinct split thresholds; the kernel takes "
+                             f"at most {0xFFFF - 1}")
+        tidx[sel] = np.searchsorted(c, thr[sel])
+        cuts.append(c)
+        cut_start[f], cut_count[f] = start, len(c)
+        start += len(c)
+    nodes = np.zeros(n_nodes, dtype=NODE)
+    nodes["threshold"], nodes["feature"], nodes["left"] = tidx, feat, lft
+    position = np.empty(n_real, np.int32)
+    position[np.asarray(walk, dtype=np.int64)] = np.arange(n_real, dtype=np.int32)
+    steps = np.asarray(steps_d).reshape(-1, group).max(axis=1) if steps_d else np.zeros(0)
+    return dict(**_suffix_bounds(pair_min, n_classes), nodes=nodes, value=np.ascontiguousarray(value.reshape(-1)),
+                roots=np.asarray(roots, np.int32), steps=np.asarray(steps, np.int32),
+                tree_class=np.asarray(tree_class, np.int32), position=position,
+                cuts=np.concatenate(cuts) if cuts else np.zeros(0), cut_start=cut_start,
+                cut_count=cut_count, n_trees=len(roots), n_real_trees=n_real, n_classes=n_classes)
+
+
+def _sklearn_trees(trees, n_classes, n_features):
+    packed = []
     for t in trees:
         tr = t.tree_
-        roots.append(offset)
-        feature.append(np.where(tr.feature < 0, 0, tr.feature))
-        threshold.append(tr.threshold)
-        left.append(np.where(tr.children_left < 0, -1, tr.children_left + offset))
-        right.append(np.where(tr.children_right < 0, -1, tr.children_right + offset))
         v = tr.value[:, 0, :n_classes].astype(np.float64)
         norm = v.sum(axis=1, keepdims=True)
         norm[norm == 0.0] = 1.0
-        value.append(v / norm)
-        offset += tr.node_count
-    leaves = [(val[t.tree_.children_left < 0]) for val, t in zip(value, trees)]
-    bounds = _suffix_bounds(np.array([lv.max(axis=0) for lv in leaves]),
-                            np.array([lv.min(axis=0) for lv in leaves]))
-    return dict(**bounds,feature=np.concatenate(feature).astype(np.int32),
-                threshold=np.concatenate(threshold).astype(np.float64),
-                left=np.concatenate(left).astype(np.int32),
-                right=np.concatenate(right).astype(np.int32),
-                value=np.ascontiguousarray(np.concatenate(value).reshape(-1)),
-                roots=np.asarray(roots, dtype=np.int32), n_trees=len(trees), n_classes=n_classes)
+        packed.append((tr.feature, tr.threshold, tr.children_left, tr.children_right, v / norm, 0))
+    return _pack(packed, n_features, n_classes, n_classes)
 
 
-def _lightgbm_trees(booster, n_features):
-    dump = booster.dump_model()
-    k = dump["num_tree_per_iteration"]
-    feature, threshold, left, right, value, roots, tree_class = [], [], [], [], [], [], []
-
-    def walk(node):
+def _lightgbm_tree(structure):
+    """One dumped LightGBM tree as (feature, threshold, left, right, value[:, None]) arrays."""
+    feature, threshold, left, right, value = [], [], [], [], []
+    todo = [(structure, -1, False)]  # (node, parent, is right child): iterative, deep trees are fine
+    while todo:
+        node, parent, is_right = todo.pop()
         idx = len(feature)
+        if parent >= 0:
+            (right if is_right else left)[parent] = idx
         feature.append(0)
         threshold.append(0.0)
         left.append(-1)
@@ -250,30 +398,26 @@ def _lightgbm_trees(booster, n_features):
                 raise ValueError("compiled LightGBM routers support numeric '<=' splits only")
             feature[idx] = node["split_feature"]
             threshold[idx] = float(node["threshold"])
-            left[idx] = walk(node["left_child"])
-            right[idx] = walk(node["right_child"])
+            todo.append((node["right_child"], idx, True))
+            todo.append((node["left_child"], idx, False))
         else:
             value[idx] = float(node["leaf_value"])
-        return idx
-
-    leaf_max, leaf_min = [], []
-    for i, info in enumerate(dump["tree_info"]):
-        start = len(feature)
-        roots.append(walk(info["tree_structure"]))
-        tree_class.append(i % k)
-        leaf = [value[j] for j in range(start, len(feature)) if left[j] < 0]
-        hi, lo = np.zeros(k), np.zeros(k)
-        hi[i % k], lo[i % k] = max(leaf), min(leaf)
-        leaf_max.append(hi)
-        leaf_min.append(lo)
-    return dict(**_suffix_bounds(np.array(leaf_max), np.array(leaf_min)),feature=np.asarray(feature, np.int32), threshold=np.asarray(threshold, np.float64),
-                left=np.asarray(left, np.int32), right=np.asarray(right, np.int32),
-                value=np.asarray(value, np.float64), roots=np.asarray(roots, np.int32),
-                tree_class=np.asarray(tree_class, np.int32), n_trees=len(roots), n_classes=k)
+    return (np.asarray(feature), np.asarray(threshold, np.float64), np.asarray(left), np.asarray(right),
+            np.asarray(value, np.float64)[:, None])
 
 
-def compile(router) -> CompiledRouter:  # noqa: A001 - the issue's name for the entry point
-    """Compile a fitted learned router (dt, rf, lr, lgbm) for the C kernel."""
+def _lightgbm_trees(booster, n_features):
+    dump = booster.dump_model()
+    k = dump["num_tree_per_iteration"]
+    packed = [(*_lightgbm_tree(info["tree_structure"]), i % k) for i, info in enumerate(dump["tree_info"])]
+    return _pack(packed, n_features, k, 1)
+
+
+def compile(router, region_budget: tuple | None = None) -> CompiledRouter:  # noqa: A001 - the issue's name
+    """Compile a fitted learned router (dt, rf, lr, lgbm) for the C kernel.
+
+    ``region_budget``: (nodes, work) for the region tree of tree models; default
+    (``REGION_NODES``, ``REGION_WORK``); nodes 0 = no region tree (always walk)."""
     from sklearn.ensemble import RandomForestClassifier
     from sklearn.linear_model import LogisticRegression
     from sklearn.tree import DecisionTreeClassifier
@@ -287,13 +431,13 @@ def compile(router) -> CompiledRouter:  # noqa: A001 - the issue's name for the 
     if isinstance(clf, DecisionTreeClassifier):
         from routers.codegen import compile_tree
 
-        comp = CompiledRouter(router, 0, classes, n_num, fam, suite, _sklearn_trees([clf], len(classes)))
+        comp = CompiledRouter(router, 0, classes, n_num, fam, suite, _sklearn_trees([clf], len(classes), n_features), region_budget)
         # single decisions: generated Python beats a C call for a handful of comparisons
         comp.route, comp.source_code = compile_tree(clf, classes, n_num, fam, suite)
         return comp
     if isinstance(clf, RandomForestClassifier):
         return CompiledRouter(router, 0, classes, n_num, fam, suite,
-                              _sklearn_trees(clf.estimators_, len(classes)))
+                              _sklearn_trees(clf.estimators_, len(classes), n_features), region_budget)
     if isinstance(clf, LogisticRegression):
         scaler = router.pipeline_.named_steps["prep"].named_transformers_["num"]
         coef, bias = clf.coef_.astype(np.float64), clf.intercept_.astype(np.float64)
@@ -306,5 +450,5 @@ def compile(router) -> CompiledRouter:  # noqa: A001 - the issue's name for the 
                               dict(weights=np.ascontiguousarray(coef), bias=bias, n_classes=coef.shape[0]))
     if type(clf).__name__ == "LGBMClassifier":
         return CompiledRouter(router, 1, classes, n_num, fam, suite,
-                              _lightgbm_trees(clf.booster_, n_features))
+                              _lightgbm_trees(clf.booster_, n_features), region_budget)
     raise TypeError(f"cannot compile {type(clf).__name__}")

@@ -94,6 +94,7 @@ class LearnedRouter(ClassifierMixin, BaseEstimator):
         params = {} if sample_weight is None else {"clf__sample_weight": sample_weight}
         self.pipeline_.fit(X, y, **params)
         self.classes_ = self.pipeline_.classes_
+        self.X_sample_ = self._input_sample(X)
         self.n_features_in_ = self.pipeline_.n_features_in_
         if hasattr(self.pipeline_.named_steps["clf"], "n_iter_"):
             self.n_iter_ = self.pipeline_.named_steps["clf"].n_iter_
@@ -110,6 +111,19 @@ class LearnedRouter(ClassifierMixin, BaseEstimator):
                 self.fallback_ = RuleBaselineRouter(
                     available_modes=sorted(set(self.classes_) | {REFERENCE}), unavailable="reference").fit()
         return self
+
+    #: training rows kept (model inputs after preprocessing) to tell compile where traffic is
+    sample_rows = 2000
+
+    def _input_sample(self, X) -> np.ndarray:
+        """Up to ``sample_rows`` training rows as the classifier sees them (numbers and
+        one-hot columns; no prompts): :func:`routers.compiled.compile` spends its
+        region-tree budget where these rows lie."""
+        rng = np.random.default_rng(0)
+        idx = np.sort(rng.choice(len(X), size=min(len(X), self.sample_rows), replace=False))
+        Xs = X.iloc[idx] if hasattr(X, "iloc") else np.asarray(X)[idx]
+        out = self.pipeline_.named_steps["prep"].transform(Xs)
+        return np.asarray(out.toarray() if hasattr(out, "toarray") else out, dtype=np.float64)
 
     def _fit_safety(self, X, safe) -> dict:
         safe = pd.DataFrame(safe)

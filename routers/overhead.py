@@ -2,7 +2,8 @@
 
 One decision = feature extraction + prediction from a raw request object, as the
 server calls it. All routers are measured in one process on the same request
-stream, after warm-up, with the garbage collector paused during timing; the
+stream, after warm-up, with the garbage collector paused during timing, the
+routers' decisions interleaved in rounds (:func:`time_side_by_side`); the
 result is p50/p95/p99 in microseconds plus batch throughput (decisions/s) on a
 ready feature frame.
 
@@ -76,6 +77,23 @@ def time_decisions(fn, requests, n: int, warmup: int = 500) -> np.ndarray:
     return times / 1e3
 
 
+def time_side_by_side(functions: dict, requests, n: int, rounds: int = 10, warmup: int = 500) -> dict:
+    """Per-decision wall times (µs) of several decision functions, interleaved: each
+    round times ``n / rounds`` decisions of every function in turn, so drift in the
+    machine's speed (other tenants, frequency) falls on all of them alike instead of
+    on whichever was measured during a slow spell."""
+    for fn in functions.values():
+        time_decisions(fn, requests, warmup, warmup)
+    per = max(1, n // rounds)
+    parts = {name: [] for name in functions}
+    offset = 0
+    for _ in range(rounds):
+        for name, fn in functions.items():
+            parts[name].append(time_decisions(fn, requests[offset:] + requests[:offset], per, warmup=0))
+        offset = (offset + per) % len(requests)
+    return {name: np.concatenate(p) for name, p in parts.items()}
+
+
 def batch_throughput(router, frame, compiled_router=None, min_rows: int = 100_000) -> float | None:
     """Decisions per second on a ready feature frame: the compiled kernel when given,
     else the router's own ``predict``."""
@@ -110,12 +128,18 @@ def measure(routers: dict, requests, decisions: int = 20_000, pipeline_decisions
 
     frame = features_frame(requests, "B", with_context=True)
     functions = functions if functions is not None else decision_functions(routers, compiled, feature_set)
+    fast = {name: f[0] for name, f in functions.items() if not f[1].startswith("pipeline")}
+    if progress is not None and fast:
+        progress(f"routing overhead: {', '.join(fast)} side by side ({decisions} decisions each)")
+    times = time_side_by_side(fast, requests, decisions, warmup=min(500, decisions)) if fast else {}
     out = {}
     for name, (fn, path, comp) in functions.items():
-        n = decisions if not path.startswith("pipeline") else min(decisions, pipeline_decisions)
-        if progress is not None:
-            progress(f"routing overhead: {name} ({path}, {n} decisions)")
-        t = time_decisions(fn, requests, n, warmup=min(500, n))
-        out[name] = Overhead(name, path, n, float(np.percentile(t, 50)), float(np.percentile(t, 95)),
+        if name not in times:
+            n = min(decisions, pipeline_decisions)
+            if progress is not None:
+                progress(f"routing overhead: {name} ({path}, {n} decisions)")
+            times[name] = time_decisions(fn, requests, n, warmup=min(500, n))
+        t = times[name]
+        out[name] = Overhead(name, path, len(t), float(np.percentile(t, 50)), float(np.percentile(t, 95)),
                              float(np.percentile(t, 99)), batch_throughput(routers[name], frame, comp))
     return out

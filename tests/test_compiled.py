@@ -98,3 +98,111 @@ def test_float32_boundary_reproduces_float32_comparisons(t, dx):
         x = np.nextafter(x, np.inf if dx > 0 else -np.inf)
     x = float(x)
     assert (float(np.float32(x)) <= t) == (x <= b if inclusive else x < b)
+
+
+# ---------------------------------------------------------------- region trees and walks
+TREES = [(f, s) for s in "AB" for f in ("dt", "rf", "lgbm")]
+BUDGETS = {"full": None, "tiny": (48, 10**9), "walk only": (0, 0)}
+
+
+def _random_inputs(comp, rng, n=400):
+    """Feature rows as the kernel takes them: numbers drawn around and beyond the
+    training range, derived columns sometimes inconsistent with the raw ones, one-hot
+    columns sometimes not one-hot at all (several set, 0.5)."""
+    M = np.empty((n, comp.n_features))
+    M[:, : comp.n_num] = rng.choice([0, 1, 16, 128, 700, 1500, 4096, 9000], size=(n, comp.n_num)) * \
+        rng.uniform(0.5, 1.5, size=(n, comp.n_num))
+    consistent = rng.random(n) < 0.5
+    p, o = M[:, 0], M[:, 1]
+    if comp.n_num > 4:
+        M[consistent, 2] = o[consistent] / np.maximum(p[consistent], 1)
+        M[consistent, 3] = np.log1p(p[consistent])
+        M[consistent, 4] = np.log1p(o[consistent])
+    cats = comp.n_features - comp.n_num
+    if cats:
+        M[:, comp.n_num:] = 0.0
+        pick = rng.integers(-1, cats, size=n)
+        for i, j in enumerate(pick):
+            if j >= 0:
+                M[i, comp.n_num + j] = 1.0
+        odd = rng.random(n) < 0.1
+        M[odd, comp.n_num:] = rng.choice([0.0, 0.5, 1.0], size=(odd.sum(), cats))
+    return M
+
+
+@pytest.mark.parametrize("budget", list(BUDGETS))
+@pytest.mark.parametrize("key", TREES)
+def test_region_tree_and_walk_equal_the_model_on_any_input(fitted, key, budget):
+    est, _ = fitted[key]
+    comp = compile(est, region_budget=BUDGETS[budget])
+    if budget == "walk only":
+        assert comp.region_nodes_ == 0
+    else:
+        assert comp.region_nodes_ > 0
+    clf = est.pipeline_.named_steps["clf"]
+    for seed in range(3):
+        M = _random_inputs(comp, np.random.default_rng(seed))
+        assert list(comp.classes_[comp.predict_matrix(M)]) == list(clf.predict(M)), seed
+
+
+def test_region_budget_splits_decisions_between_region_and_walk(fitted, data):
+    est, _ = fitted[("rf", "B")]
+    _, held = data
+    X = features_frame(held, "B")
+    full, tiny = compile(est), compile(est, region_budget=(48, 10**9))
+    assert 0.0 <= tiny.region_share(X) < full.region_share(X) <= 1.0
+    assert 0.0 < full.region_walk_share_ < 1.0 or full.region_walk_share_ == 0.0
+    assert list(tiny.predict(X)) == list(full.predict(X)) == list(est.predict(X))
+    # without the training sample the budget is spent by volume; still exact
+    del est.X_sample_
+    try:
+        blind = compile(est)
+        assert [blind.route(r) for r in held] == list(est.predict(X))
+    finally:
+        est.X_sample_ = est._input_sample(data[0])
+
+
+def test_training_sample_is_kept_in_the_kernels_layout(fitted, data):
+    table, _ = data
+    for key in TREES:
+        est, comp = fitted[key]
+        assert est.X_sample_.shape == (min(len(table), est.sample_rows), comp.n_features)
+
+
+def test_released_routers_free_their_kernel_slots(fitted, data):
+    import gc
+
+    from routers.compiled import library
+
+    est, _ = fitted[("lgbm", "B")]
+    _, held = data
+    lib = library()
+    gc.collect()
+    before = lib.models_alive()
+    routes = [compile(est, region_budget=(256, 10**8)).route for _ in range(5)]
+    assert lib.models_alive() == before + 5
+    want = list(est.predict(features_frame(held, "B")))
+    del routes
+    gc.collect()
+    assert lib.models_alive() == before
+    again = compile(est)  # reuses a freed slot
+    assert [again.route(r) for r in held] == want
+
+
+@pytest.mark.parametrize("fam", ["dt", "rf", "lgbm", "lr"])
+def test_two_modes_compile_exactly(data, fam):
+    """Binary problems: LightGBM and logistic regression keep one score, not two."""
+    table, held = data
+    y = table["label"].astype(str)
+    top = y.value_counts().index[:2]
+    sub, ysub = table[y.isin(top)], y[y.isin(top)]
+    kw = {"rf": {"n_estimators": 30}, "lgbm": {"n_estimators": 30}}.get(fam, {})
+    est = get_router(fam, feature_set="B", **kw).fit(sub, ysub)
+    X = features_frame(held, "B")
+    for budget in (None, (0, 0)):
+        comp = compile(est, region_budget=budget)
+        assert [comp.route(r) for r in held] == list(est.predict(X))
+        M = _random_inputs(comp, np.random.default_rng(7))
+        if fam != "lr":
+            assert list(comp.classes_[comp.predict_matrix(M)]) == \
+                list(est.pipeline_.named_steps["clf"].predict(M))

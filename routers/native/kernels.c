@@ -1,22 +1,38 @@
 /* Routing kernels for compiled routers (see routers/compiled.py).
  *
  * A model is registered once (its arrays are copied: the kernel owns them) and then
- * called by handle: route_request() reads a raw request object's fields, computes
- * feature set A (plus one-hot categories) and predicts, in one CPython fast call;
+ * called by handle: a router object from make_router() reads a raw request's fields,
+ * computes feature set A (plus one-hot categories) and predicts, in one CPython call;
  * route() does the same from plain numbers (ctypes); predict_batch() predicts a
  * ready feature matrix.
  *
- * Tree ensembles are packed nodes {threshold, feature, left, right} (left < 0 marks a
- * leaf) and a value block per node. kind 0: scikit-learn trees, features compared as
- * float32 like scikit-learn does, class probabilities averaged; kind 1: LightGBM,
- * double comparisons, raw scores summed per class; kind 2: linear model,
+ * Thresholds become bins. For each feature the model's distinct split thresholds are
+ * sorted ("cuts"); a request's bin for that feature is the number of cuts below its
+ * value (NaN: all of them, so it goes right as before), found by a branch-free binary
+ * search. A split "x <= cuts[i]" is then exactly "bin <= i", so a node is 8 bytes
+ * {threshold index, feature, left} and compares small integers: a few thousand
+ * nodes fit in the L1 cache.
+ *
+ * The right child is left + 1, so a step is branch-free: i = left + (bin > threshold).
+ * A leaf points to itself through a constant slot bins[n_features] = 0 with threshold
+ * 0xFFFF, so a tree can take more steps than its depth and stay put. That lets GROUP
+ * trees walk in lockstep for as many steps as the deepest of them: their load chains
+ * are independent, so the core overlaps them (a tree walk costs load latency, not
+ * arithmetic). Trees are walked in an order that puts trees of similar depth in one
+ * group; scores are summed again in the original tree order when the walk runs to
+ * the end, so the result is the one the original model computes.
+ *
+ * kind 0: scikit-learn trees; inputs rounded to float32 first, as scikit-learn does,
+ * class probabilities summed in tree order then averaged. kind 1: LightGBM, double
+ * comparisons, raw scores summed per class in tree order. kind 2: linear model,
  * scores = W x + b. The prediction is the first index of the largest score.
  *
- * Early exit (exact): for every tree position t the caller passes, per class, the
- * largest and smallest total the remaining trees can still add (suffix sums of the
- * per-tree leaf maxima/minima). Once the leading class's smallest possible final
- * score beats every other class's largest possible one by a margin, no remaining
- * tree can change the argmax, so the loop stops.
+ * Early exit (exact): before each group, per class, suffix sums (in walk order) bound
+ * the largest and smallest total the remaining trees can still add. Once the leading
+ * class's smallest possible final score beats every other class's largest possible
+ * one by a margin (far above any rounding difference between summation orders), no
+ * remaining tree can change the argmax, so the walk stops. Groups are padded with a
+ * zero-valued leaf tree.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -28,22 +44,41 @@
 #define MAX_MODELS 4096
 #define MAX_FEATURES 512
 #define MAX_CLASSES 64
-#define CHECK_EVERY 2
+#define MAX_STACK_TREES 8192
+#ifndef GROUP
+#define GROUP 8
+#endif
 
 typedef struct {
-    double threshold;
-    int32_t feature, left, right, pad;
+    uint16_t threshold, feature; /* threshold: index into the feature's sorted cuts */
+    int32_t left;
 } Node;
 
 typedef struct {
-    int kind, n_features, n_classes, n_trees, n_num, n_fam, n_suite;
+    int kind, n_features, n_classes, n_trees, n_real_trees, n_num, n_fam, n_suite, reordered;
     Node *nodes;
-    const int32_t *roots, *tree_class;
-    const double *value, *weights, *bias, *sufmax, *sufmin;
+    const int32_t *roots, *steps, *tree_class, *position, *cut_start, *cut_count;
+    const double *value, *weights, *bias, *sufdiff, *cuts;
+    long n_nodes;
+    Node *region;  /* the argmax as one tree over numeric bins; node c is the root of combination c */
+    long region_nodes;
+    double region_walk;  /* share of the bin grid (per combination, averaged) left to walk */
 } Model;
 
 static Model models[MAX_MODELS];
-static int n_models = 0;
+static char in_use[MAX_MODELS];  /* slots are reused once a model is released */
+static int n_models = 0;         /* slots ever used */
+
+static void finish_x(const Model *m, double *x);
+static int combo_of_row(const Model *m, const double *x);
+
+int group_size(void) { return GROUP; }
+int models_alive(void) {
+    int n = 0;
+    for (int i = 0; i < n_models; i++) n += in_use[i];
+    return n;
+}
+int node_size(void) { return (int)sizeof(Node); }
 
 static void *copy_array(const void *src, size_t size, long n) {
     if (src == NULL || n <= 0) return NULL;
@@ -52,35 +87,60 @@ static void *copy_array(const void *src, size_t size, long n) {
     return p;
 }
 
-int register_model(int kind, int n_features, int n_classes, int n_trees, int n_num, int n_fam,
-                   int n_suite, int n_nodes, const int32_t *feature, const double *threshold,
-                   const int32_t *left, const int32_t *right, const double *value,
-                   const int32_t *roots, const int32_t *tree_class, const double *weights,
-                   const double *bias, const double *sufmax, const double *sufmin) {
-    if (n_models >= MAX_MODELS || n_features > MAX_FEATURES || n_classes > MAX_CLASSES) return -1;
-    Node *nodes = NULL;
-    if (n_nodes > 0) {
-        nodes = (Node *)malloc(sizeof(Node) * (size_t)n_nodes);
-        if (!nodes) return -1;
-        for (int i = 0; i < n_nodes; i++) {
-            nodes[i].threshold = threshold[i];
-            nodes[i].feature = feature[i];
-            nodes[i].left = left[i];
-            nodes[i].right = right[i];
-            nodes[i].pad = 0;
-        }
-    }
-    /* the kernel owns copies of everything: a model outlives the Python arrays it came from */
+/* Arrays by walk position t (n_trees, a multiple of GROUP): roots, tree_class, and
+   steps per group; position[o] = walk position of original tree o (n_real_trees);
+   value per node (n_classes wide for kind 0); cuts per feature. */
+int register_model(int kind, int n_features, int n_classes, int n_trees, int n_real_trees, int n_num,
+                   int n_fam, int n_suite, int n_nodes, const void *nodes, const double *value,
+                   const int32_t *roots, const int32_t *steps, const int32_t *tree_class,
+                   const int32_t *position, const double *cuts, const int32_t *cut_start,
+                   const int32_t *cut_count, const double *weights, const double *bias,
+                   const double *sufdiff) {
+    int slot = 0;
+    while (slot < n_models && in_use[slot]) slot++;
+    if (slot >= MAX_MODELS || n_features > MAX_FEATURES || n_classes > MAX_CLASSES) return -1;
+    if (n_trees % GROUP) return -1;
     long n_value = kind == 0 ? (long)n_nodes * n_classes : n_nodes;
-    long n_bounds = (long)(n_trees + 1) * n_classes;
-    Model m = {kind, n_features, n_classes, n_trees, n_num, n_fam, n_suite, nodes,
-               copy_array(roots, sizeof(int32_t), n_trees), copy_array(tree_class, sizeof(int32_t), n_trees),
+    long n_bounds = (long)(n_trees + 1) * n_classes * n_classes;
+    long n_cuts = 0;
+    int reordered = 0;
+    if (kind != 2) {
+        for (int f = 0; f < n_features; f++)
+            if (cut_start[f] + cut_count[f] > n_cuts) n_cuts = cut_start[f] + cut_count[f];
+        for (int o = 0; o < n_real_trees; o++) if (position[o] != o) reordered = 1;
+    }
+    Model m = {kind, n_features, n_classes, n_trees, n_real_trees, n_num, n_fam, n_suite, reordered,
+               copy_array(nodes, sizeof(Node), n_nodes), copy_array(roots, sizeof(int32_t), n_trees),
+               copy_array(steps, sizeof(int32_t), n_trees / GROUP),
+               copy_array(tree_class, sizeof(int32_t), n_trees),
+               copy_array(position, sizeof(int32_t), n_real_trees),
+               copy_array(cut_start, sizeof(int32_t), kind != 2 ? n_features : 0),
+               copy_array(cut_count, sizeof(int32_t), kind != 2 ? n_features : 0),
                copy_array(value, sizeof(double), n_value),
                copy_array(weights, sizeof(double), (long)n_classes * n_features),
-               copy_array(bias, sizeof(double), n_classes), copy_array(sufmax, sizeof(double), n_bounds),
-               copy_array(sufmin, sizeof(double), n_bounds)};
-    models[n_models] = m;
-    return n_models++;
+               copy_array(bias, sizeof(double), n_classes), copy_array(sufdiff, sizeof(double), n_bounds),
+               copy_array(cuts, sizeof(double), n_cuts),
+               n_nodes, NULL, 0, 1.0};
+    if (kind != 2 && n_trees > 0 &&
+        (!m.nodes || !m.roots || !m.steps || !m.value || !m.cut_start || !m.cut_count || !m.position))
+        return -1;
+    models[slot] = m;
+    in_use[slot] = 1;
+    if (slot == n_models) n_models++;
+    return slot;
+}
+
+/* Free a model's arrays; its slot can be reused. Called when the last reference to
+   its router object goes (see make_router), never while a decision can still use it. */
+void release_model(int handle) {
+    if (handle < 0 || handle >= n_models || !in_use[handle]) return;
+    Model *m = &models[handle];
+    free(m->nodes); free((void *)m->roots); free((void *)m->steps); free((void *)m->tree_class);
+    free((void *)m->position); free((void *)m->cut_start); free((void *)m->cut_count);
+    free((void *)m->value); free((void *)m->weights); free((void *)m->bias); free((void *)m->sufdiff);
+    free((void *)m->cuts); free(m->region);
+    memset(m, 0, sizeof(Model));
+    in_use[handle] = 0;
 }
 
 static int argmax(const double *s, int n) {
@@ -89,22 +149,419 @@ static int argmax(const double *s, int n) {
     return best;
 }
 
-/* 1 when no remaining tree (from position t on) can change the argmax. */
+/* 1 when no remaining tree (from walk position t on) can change the argmax: the
+   leader's lead over every other class k exceeds the least the remaining trees can
+   add to (score_k - score_leader), taken leaf by leaf (sufdiff[t][leader][k]). */
 static int decided(const Model *m, const double *score, int t) {
     int K = m->n_classes, best = argmax(score, K);
-    const double *hi = m->sufmax + (long)t * K, *lo = m->sufmin + (long)t * K;
-    double floor_best = score[best] + lo[best];
-    double margin = 1e-9 * (1.0 + fabs(floor_best));
-    for (int k = 0; k < K; k++)
-        if (k != best && score[k] + hi[k] >= floor_best - margin) return 0;
+    const double *d = m->sufdiff + ((long)t * K + best) * K;
+    for (int k = 0; k < K; k++) {
+        if (k == best) continue;
+        double margin = 1e-9 * (1.0 + fabs(score[best]) + fabs(score[k]) + fabs(d[k]));
+        if (score[best] - score[k] + d[k] <= margin) return 0;
+    }
     return 1;
 }
 
-static int predict_x(const Model *m, const double *x) {
+/* The request's bin per feature: how many of the feature's cuts lie below x (NaN:
+   all of them). Branch-free: a fixed number of halvings per feature. */
+static void bins_of(const Model *m, const double *x, int32_t *bins, int n_features) {
+    for (int f = 0; f < n_features; f++) {
+        int n = m->cut_count[f];
+        if (n == 0) { bins[f] = 0; continue; }
+        const double *c = m->cuts + m->cut_start[f];
+        double v = x[f];
+        if (v != v) { bins[f] = n; continue; }
+        const double *base = c;
+        while (n > 1) {
+            int half = n / 2;
+            base = (base[half] < v) ? base + half : base;
+            n -= half;
+        }
+        bins[f] = (int32_t)(base - c) + (*base < v);
+    }
+    bins[m->n_features] = 0;
+}
+
+static void add_leaf(const Model *m, double *score, int t, int32_t i) {
+    int K = m->n_classes;
+    if (m->kind == 0) {
+        const double *val = m->value + (long)i * K;
+        for (int k = 0; k < K; k++) score[k] += val[k];
+    } else {
+        score[m->tree_class[t]] += m->value[i];
+    }
+}
+
+static int predict_trees(const Model *m, const double *x) {
+    double score[MAX_CLASSES];
+    int32_t bins[MAX_FEATURES + 1];
+    int32_t stack_leaf[MAX_STACK_TREES], *leaf = stack_leaf;
+    int K = m->n_classes, T = m->n_trees;
+    memset(score, 0, sizeof(double) * K);
+    bins_of(m, x, bins, m->n_features);
+    if (m->reordered && T > MAX_STACK_TREES && !(leaf = malloc(sizeof(int32_t) * (size_t)T))) return -1;
+    const Node *nodes = m->nodes;
+    int early = m->sufdiff != NULL && K > 1, result = -1;
+    for (int t = 0; t < T; t += GROUP) {
+        if (early && t > 0 && decided(m, score, t)) { result = argmax(score, K); break; }
+        int32_t i[GROUP];
+        for (int j = 0; j < GROUP; j++) i[j] = m->roots[t + j];
+        for (int s = m->steps[t / GROUP]; s > 0; s--)
+            for (int j = 0; j < GROUP; j++) {
+                const Node nd = nodes[i[j]];
+                i[j] = nd.left + (bins[nd.feature] > (int32_t)nd.threshold);
+            }
+        for (int j = 0; j < GROUP; j++) {
+            add_leaf(m, score, t + j, i[j]);
+            if (m->reordered) leaf[t + j] = i[j];
+        }
+    }
+    if (result < 0) {
+        if (m->reordered) {  /* the original model's summation order, for the exact sums */
+            memset(score, 0, sizeof(double) * K);
+            for (int o = 0; o < m->n_real_trees; o++) add_leaf(m, score, m->position[o], leaf[m->position[o]]);
+        }
+        if (m->kind == 0 && m->n_real_trees > 1)  /* scikit-learn averages the trees' probabilities */
+            for (int k = 0; k < K; k++) score[k] /= m->n_real_trees;
+        result = (m->kind == 1 && K == 1) ? (score[0] > 0 ? 1 : 0) : argmax(score, K);
+    }
+    if (leaf != stack_leaf) free(leaf);
+    return result;
+}
+
+/* ------------------------------------------------------------ region trees
+ *
+ * The ensemble's prediction is constant on every box of the bin grid whose sides do
+ * not cross a split; its argmax is often constant on much larger boxes. build_region()
+ * finds such boxes by recursive halving (a "born-again" tree): for a box, each tree's
+ * reachable leaves bound what it can add per class; if one class's floor beats every
+ * other class's ceiling by the margin, the box is a leaf with that class. If no split
+ * crosses the box, every tree reaches one leaf and the box's class is computed exactly
+ * as predict_trees computes it (original order). Otherwise the box is cut at the split
+ * that the most reachable nodes share. One-hot categories are fixed per root (one
+ * region tree per family x suite combination, unseen categories included), so a
+ * decision is a binary search per numeric feature and one walk down one tree. */
+typedef struct {
+    const Model *m;
+    int32_t *lo, *hi, *stack, *count, *touched, *cut_feature;
+    double *smin, *smax;
+    Node *out;
+    long n_out, cap, work, max_work;
+    int failed;
+} Builder;
+
+static int exact_class(const Model *m, const int32_t *bins) {
     double score[MAX_CLASSES];
     int K = m->n_classes;
     memset(score, 0, sizeof(double) * K);
+    const Node *nodes = m->nodes;
+    for (int o = 0; o < m->n_real_trees; o++) {
+        int t = m->position[o];
+        int32_t i = m->roots[t];
+        while (nodes[i].left != i) i = nodes[i].left + (bins[nodes[i].feature] > (int32_t)nodes[i].threshold);
+        add_leaf(m, score, t, i);
+    }
+    if (m->kind == 0 && m->n_real_trees > 1)
+        for (int k = 0; k < K; k++) score[k] /= m->n_real_trees;
+    return (m->kind == 1 && K == 1) ? (score[0] > 0 ? 1 : 0) : argmax(score, K);
+}
+
+/* Bounds of every class's score over the box; counts the splits crossing it. */
+static long box_bounds(Builder *b, int *n_touched) {
+    const Model *m = b->m;
+    const Node *nodes = m->nodes;
+    int K = m->n_classes;
+    double tmin[MAX_CLASSES], tmax[MAX_CLASSES];
+    long active = 0;
+    *n_touched = 0;
+    for (int k = 0; k < K; k++) b->smin[k] = b->smax[k] = 0.0;
+    for (int t = 0; t < m->n_trees; t++) {
+        int W = m->kind == 0 ? K : 1;
+        for (int k = 0; k < W; k++) { tmin[k] = INFINITY; tmax[k] = -INFINITY; }
+        int sp = 0;
+        b->stack[sp++] = m->roots[t];
+        while (sp) {
+            int32_t i = b->stack[--sp];
+            Node nd = nodes[i];
+            b->work++;
+            if (nd.left == i) {
+                const double *val = m->value + (long)i * W;
+                for (int k = 0; k < W; k++) {
+                    if (val[k] < tmin[k]) tmin[k] = val[k];
+                    if (val[k] > tmax[k]) tmax[k] = val[k];
+                }
+                continue;
+            }
+            int go_left = b->lo[nd.feature] <= nd.threshold, go_right = b->hi[nd.feature] > nd.threshold;
+            if (go_left && go_right) {
+                int g = m->cut_start[nd.feature] + nd.threshold;
+                if (b->count[g]++ == 0) b->touched[(*n_touched)++] = g;
+                active++;
+            }
+            if (go_right) b->stack[sp++] = nd.left + 1;
+            if (go_left) b->stack[sp++] = nd.left;
+        }
+        if (m->kind == 0) {
+            for (int k = 0; k < K; k++) { b->smin[k] += tmin[k]; b->smax[k] += tmax[k]; }
+        } else {
+            int c = m->tree_class[t];
+            b->smin[c] += tmin[0];
+            b->smax[c] += tmax[0];
+        }
+    }
+    return active;
+}
+
+static int box_decision(const Builder *b) {
+    const Model *m = b->m;
+    int K = m->n_classes;
+    if (m->kind == 1 && K == 1) {
+        double margin = 1e-9 * (1.0 + fabs(b->smin[0]) + fabs(b->smax[0]));
+        if (b->smin[0] > margin) return 1;
+        if (b->smax[0] < -margin) return 0;
+        return -1;
+    }
+    int best = argmax(b->smin, K);
+    double floor_best = b->smin[best];
+    double margin = 1e-9 * (1.0 + fabs(floor_best));
+    for (int k = 0; k < K; k++)
+        if (k != best && b->smax[k] >= floor_best - margin) return -1;
+    return best;
+}
+
+#define WALK INT32_MIN  /* region leaf whose box is undecided: walk the trees */
+
+typedef struct {
+    long at;          /* the region node this box becomes */
+    double volume;    /* its share of its combination's bin grid */
+    long start, end;  /* its sample rows: rows[start:end] */
+    int32_t combo;
+} Pending;
+
+/* Max-heap of pending boxes by volume; their bounds live in lohi[slot]. */
+typedef struct {
+    Pending *items;
+    int32_t *slot, *free_slots, *lohi;
+    long n, n_free, width;
+} Heap;
+
+/* Boxes holding more sample rows first (where traffic is), then bigger boxes. */
+static double priority(const Pending *p) { return (double)(p->end - p->start) + p->volume; }
+
+static int heap_before(const Heap *h, long a, long b) {
+    return priority(&h->items[a]) > priority(&h->items[b]);
+}
+
+static void heap_swap(Heap *h, long a, long b) {
+    Pending p = h->items[a]; h->items[a] = h->items[b]; h->items[b] = p;
+    int32_t s = h->slot[a]; h->slot[a] = h->slot[b]; h->slot[b] = s;
+}
+
+static void heap_push(Heap *h, Pending p, const int32_t *lo, const int32_t *hi) {
+    long i = h->n++;
+    int32_t s = h->free_slots[--h->n_free];
+    h->items[i] = p;
+    h->slot[i] = s;
+    memcpy(h->lohi + (long)s * h->width, lo, sizeof(int32_t) * (size_t)(h->width / 2));
+    memcpy(h->lohi + (long)s * h->width + h->width / 2, hi, sizeof(int32_t) * (size_t)(h->width / 2));
+    while (i > 0 && heap_before(h, i, (i - 1) / 2)) { heap_swap(h, i, (i - 1) / 2); i = (i - 1) / 2; }
+}
+
+/* Pops the biggest box into (lo, hi) for the numeric features. */
+static Pending heap_pop(Heap *h, int32_t *lo, int32_t *hi) {
+    Pending top = h->items[0];
+    int32_t s = h->slot[0];
+    memcpy(lo, h->lohi + (long)s * h->width, sizeof(int32_t) * (size_t)(h->width / 2));
+    memcpy(hi, h->lohi + (long)s * h->width + h->width / 2, sizeof(int32_t) * (size_t)(h->width / 2));
+    h->free_slots[h->n_free++] = s;
+    h->n--;
+    if (h->n > 0) {
+        h->items[0] = h->items[h->n];
+        h->slot[0] = h->slot[h->n];
+        long i = 0;
+        for (;;) {
+            long l = 2 * i + 1, r = l + 1, best = i;
+            if (l < h->n && heap_before(h, l, best)) best = l;
+            if (r < h->n && heap_before(h, r, best)) best = r;
+            if (best == i) break;
+            heap_swap(h, i, best);
+            i = best;
+        }
+    }
+    return top;
+}
+
+/* Evaluate the box in (b->lo, b->hi): the class it decides (>= 0), or -1 with the cut to
+   split it at in *split (global cut index). */
+static int evaluate_box(Builder *b, int *split) {
+    int n_touched;
+    long active = box_bounds(b, &n_touched);
+    int cls = active == 0 ? exact_class(b->m, b->lo) : box_decision(b);
+    int best_g = -1;
+    for (int j = 0; j < n_touched; j++) {
+        int g = b->touched[j];
+        if (cls < 0 && (best_g < 0 || b->count[g] > b->count[best_g] ||
+                        (b->count[g] == b->count[best_g] && g < best_g)))
+            best_g = g;
+    }
+    for (int j = 0; j < n_touched; j++) b->count[b->touched[j]] = 0;
+    *split = best_g;
+    return cls;
+}
+
+static void set_combo(Builder *b, int combo) {
+    const Model *m = b->m;
+    int nf = m->n_features, fam = combo / (m->n_suite + 1), suite = combo % (m->n_suite + 1);
+    double x[MAX_FEATURES + 1];
+    int32_t bins[MAX_FEATURES + 1];
+    memset(x, 0, sizeof(double) * (size_t)nf);
+    if (fam < m->n_fam) x[m->n_num + fam] = 1.0;
+    if (suite < m->n_suite) x[m->n_num + m->n_fam + suite] = 1.0;
+    bins_of(m, x, bins, nf);
+    for (int f = m->n_num; f < nf; f++) b->lo[f] = b->hi[f] = bins[f];
+}
+
+static double share(const Model *m, int f, int32_t lo, int32_t hi) {
+    return (double)(hi - lo + 1) / (double)(m->cut_count[f] + 1);
+}
+
+/* Build the region trees of a tree model, undecided boxes holding the most sample rows
+   (a sample of the training inputs: where traffic is expected) first, then the
+   biggest, until every box is decided or the node or work budget runs out; boxes left
+   undecided become WALK leaves (those decisions walk the trees). Returns the node
+   count, -2 when out of memory. */
+long build_region(int handle, long max_nodes, long max_work, const double *sample, long n_sample) {
+    Model *m = &models[handle];
+    if (m->kind == 2 || m->region) return m->region ? m->region_nodes : 0;
+    int nf = m->n_features, nn = m->n_num, n_cuts = 0, n_combos = (m->n_fam + 1) * (m->n_suite + 1);
+    for (int f = 0; f < nf; f++) n_cuts += m->cut_count[f];
+    Builder b = {0};
+    Heap h = {0};
+    b.m = m;
+    b.cap = max_nodes > n_combos ? max_nodes : n_combos;
+    b.max_work = max_work;
+    b.lo = calloc(nf + 1, sizeof(int32_t));
+    b.hi = calloc(nf + 1, sizeof(int32_t));
+    b.count = calloc(n_cuts + 1, sizeof(int32_t));
+    b.touched = calloc(n_cuts + 1, sizeof(int32_t));
+    b.cut_feature = calloc(n_cuts + 1, sizeof(int32_t));
+    b.smin = calloc(MAX_CLASSES, sizeof(double));
+    b.smax = calloc(MAX_CLASSES, sizeof(double));
+    b.stack = malloc(sizeof(int32_t) * (size_t)(m->n_nodes + 1));
+    b.out = malloc(sizeof(Node) * (size_t)b.cap);
+    h.width = 2 * (nn > 0 ? nn : 1);
+    h.items = malloc(sizeof(Pending) * (size_t)(b.cap + 1));
+    h.slot = malloc(sizeof(int32_t) * (size_t)(b.cap + 1));
+    h.free_slots = malloc(sizeof(int32_t) * (size_t)(b.cap + 1));
+    h.lohi = malloc(sizeof(int32_t) * (size_t)(b.cap + 1) * (size_t)h.width);
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)(n_sample + 1));
+    int32_t *row_bins = malloc(sizeof(int32_t) * (size_t)(n_sample + 1) * (size_t)(nf + 1));
+    int32_t *row_combo = malloc(sizeof(int32_t) * (size_t)(n_sample + 1));
+    long result = 0;
+    if (!rows || !row_bins || !row_combo || !b.lo || !b.hi || !b.count || !b.touched || !b.cut_feature || !b.smin || !b.smax || !b.stack ||
+        !b.out || !h.items || !h.slot || !h.free_slots || !h.lohi) {
+        result = -2;
+    } else {
+        for (int f = 0; f < nf; f++)
+            for (int c = 0; c < m->cut_count[f]; c++) b.cut_feature[m->cut_start[f] + c] = f;
+        for (long s = 0; s <= b.cap; s++) h.free_slots[s] = (int32_t)(b.cap - s);
+        h.n_free = b.cap + 1;
+        b.n_out = n_combos;
+        /* sample rows grouped by combination (rows that are not one-hot are left out) */
+        long n_rows = 0;
+        double x[MAX_FEATURES + 1];
+        for (long r = 0; r < n_sample; r++) {
+            memcpy(x, sample + r * nf, sizeof(double) * (size_t)nf);
+            finish_x(m, x);
+            row_combo[r] = combo_of_row(m, x);
+            bins_of(m, x, row_bins + r * (nf + 1), nf);
+        }
+        for (int f = 0; f < nn; f++) { b.lo[f] = 0; b.hi[f] = m->cut_count[f]; }
+        for (int c = 0; c < n_combos; c++) {
+            long start = n_rows;
+            for (long r = 0; r < n_sample; r++) if (row_combo[r] == c) rows[n_rows++] = (int32_t)r;
+            heap_push(&h, (Pending){c, 1.0, start, n_rows, c}, b.lo, b.hi);
+        }
+        double walk = 0.0;
+        while (h.n > 0) {
+            Pending p = heap_pop(&h, b.lo, b.hi);
+            if (b.work > b.max_work) {  /* out of time: the rest walk */
+                walk += p.volume;
+                b.out[p.at].left = WALK;
+                b.out[p.at].feature = b.out[p.at].threshold = 0;
+                continue;
+            }
+            set_combo(&b, p.combo);
+            int g, cls = evaluate_box(&b, &g);
+            if (cls >= 0 || b.n_out + 2 > b.cap) {
+                if (cls < 0) walk += p.volume;
+                b.out[p.at].left = cls >= 0 ? -(cls + 1) : WALK;
+                b.out[p.at].feature = b.out[p.at].threshold = 0;
+                continue;
+            }
+            int f = b.cut_feature[g];
+            int32_t c = g - m->cut_start[f];
+            long a = b.n_out;
+            b.n_out += 2;
+            b.out[p.at].feature = (uint16_t)f;
+            b.out[p.at].threshold = (uint16_t)c;
+            b.out[p.at].left = (int32_t)a;
+            long mid = p.start;  /* rows with bin <= c first */
+            for (long j = p.start; j < p.end; j++)
+                if (row_bins[(long)rows[j] * (nf + 1) + f] <= c) {
+                    int32_t tmp = rows[mid]; rows[mid] = rows[j]; rows[j] = tmp;
+                    mid++;
+                }
+            double whole = share(m, f, b.lo[f], b.hi[f]);
+            int32_t save = b.hi[f];
+            b.hi[f] = c;
+            heap_push(&h, (Pending){a, p.volume * share(m, f, b.lo[f], c) / whole, p.start, mid, p.combo},
+                      b.lo, b.hi);
+            b.hi[f] = save;
+            b.lo[f] = c + 1;
+            heap_push(&h, (Pending){a + 1, p.volume * share(m, f, c + 1, save) / whole, mid, p.end, p.combo},
+                      b.lo, b.hi);
+        }
+        result = b.n_out;
+        m->region_walk = walk / n_combos;
+    }
+    if (result > 0) {
+        Node *region = realloc(b.out, sizeof(Node) * (size_t)b.n_out);
+        m->region = region ? region : b.out;
+        m->region_nodes = b.n_out;
+    } else {
+        free(b.out);
+    }
+    free(b.lo); free(b.hi); free(b.count); free(b.touched); free(b.cut_feature);
+    free(b.smin); free(b.smax); free(b.stack);
+    free(h.items); free(h.slot); free(h.free_slots); free(h.lohi);
+    free(rows); free(row_bins); free(row_combo);
+    return result;
+}
+
+/* Share of the region's volume (per combination, averaged) that WALK leaves cover:
+   how much of the input space still walks the trees. */
+double region_walk_share(int handle) {
+    const Model *m = &models[handle];
+    return m->region ? m->region_walk : 1.0;
+}
+
+/* The class from the region tree of this (family, suite) combination. */
+static int predict_region(const Model *m, const double *x, int combo) {
+    int32_t bins[MAX_FEATURES + 1];
+    bins_of(m, x, bins, m->n_num);
+    const Node *r = m->region;
+    int32_t i = combo;
+    while (r[i].left >= 0) i = r[i].left + (bins[r[i].feature] > (int32_t)r[i].threshold);
+    return r[i].left == WALK ? -1 : -r[i].left - 1;
+}
+
+/* x has n_features slots, already rounded to float32 for kind 0. */
+static int predict_x(const Model *m, const double *x, int combo) {
     if (m->kind == 2) {
+        double score[MAX_CLASSES];
+        int K = m->n_classes;
         /* one-hot columns are 0 or 1: adding w*0 changes nothing, so only the numeric
            columns and the set categories are summed (same result, fewer operations) */
         int n_num = m->n_num, nf = m->n_features;
@@ -118,27 +575,33 @@ static int predict_x(const Model *m, const double *x) {
         if (K == 1) return score[0] > 0 ? 1 : 0;
         return argmax(score, K);
     }
-    const Node *nodes = m->nodes;
-    int early = m->sufmax != NULL && K > 1;
-    for (int t = 0; t < m->n_trees; t++) {
-        if (early && t > 0 && (t % CHECK_EVERY) == 0 && decided(m, score, t)) return argmax(score, K);
-        const Node *nd = nodes + m->roots[t];
-        if (m->kind == 0) {
-            while (nd->left >= 0) {
-                float v = (float)x[nd->feature];
-                nd = nodes + (v <= nd->threshold ? nd->left : nd->right);
-            }
-            const double *val = m->value + (long)(nd - nodes) * K;
-            for (int k = 0; k < K; k++) score[k] += val[k];
-        } else {
-            while (nd->left >= 0) nd = nodes + (x[nd->feature] <= nd->threshold ? nd->left : nd->right);
-            score[m->tree_class[t]] += m->value[nd - nodes];
-        }
+    if (m->region && combo >= 0) {
+        int k = predict_region(m, x, combo);
+        if (k >= 0) return k;
     }
-    if (m->kind == 0 && m->n_trees > 1)  /* scikit-learn averages the trees' probabilities */
-        for (int k = 0; k < K; k++) score[k] /= m->n_trees;
-    if (m->kind == 1 && K == 1) return score[0] > 0 ? 1 : 0;
-    return argmax(score, K);
+    return predict_trees(m, x);
+}
+
+static int combo_of(const Model *m, int fam, int suite) {
+    return (fam < 0 ? m->n_fam : fam) * (m->n_suite + 1) + (suite < 0 ? m->n_suite : suite);
+}
+
+/* The (family, suite) combination of a feature row's one-hot columns; -1 when they are
+   not one-hot (the lockstep walk then takes the row as it is). */
+static int combo_of_row(const Model *m, const double *x) {
+    int idx[2] = {-1, -1}, start[2] = {m->n_num, m->n_num + m->n_fam}, n[2] = {m->n_fam, m->n_suite};
+    for (int a = 0; a < 2; a++)
+        for (int k = 0; k < n[a]; k++) {
+            double v = x[start[a] + k];
+            if (v == 1.0 && idx[a] < 0) idx[a] = k;
+            else if (v != 0.0) return -1;
+        }
+    return combo_of(m, idx[0], idx[1]);
+}
+
+static void finish_x(const Model *m, double *x) {
+    if (m->kind == 0)
+        for (int j = 0; j < m->n_features; j++) x[j] = (double)(float)x[j];
 }
 
 static void fill_x(const Model *m, double *x, double p, double o, double sp, double cc, double mp,
@@ -149,18 +612,40 @@ static void fill_x(const Model *m, double *x, double p, double o, double sp, dou
     for (int k = 0; k < m->n_fam; k++) x[j + k] = (k == fam) ? 1.0 : 0.0;
     j += m->n_fam;
     for (int k = 0; k < m->n_suite; k++) x[j + k] = (k == suite) ? 1.0 : 0.0;
+    finish_x(m, x);
 }
 
 int route(int handle, double p, double o, double sp, double cc, double mp, int fam, int suite) {
     const Model *m = &models[handle];
-    double x[MAX_FEATURES];
+    double x[MAX_FEATURES + 1];
     fill_x(m, x, p, o, sp, cc, mp, fam, suite);
-    return predict_x(m, x);
+    return predict_x(m, x, combo_of(m, fam, suite));
+}
+
+/* How many rows of a ready feature matrix the region tree decides (the rest walk). */
+long region_hits(int handle, const double *X, long n) {
+    const Model *m = &models[handle];
+    if (!m->region) return 0;
+    double x[MAX_FEATURES + 1];
+    long hits = 0;
+    for (long i = 0; i < n; i++) {
+        memcpy(x, X + i * m->n_features, sizeof(double) * (size_t)m->n_features);
+        finish_x(m, x);
+        int combo = combo_of_row(m, x);
+        hits += combo >= 0 && predict_region(m, x, combo) >= 0;
+    }
+    return hits;
 }
 
 void predict_batch(int handle, const double *X, long n, int32_t *out) {
     const Model *m = &models[handle];
-    for (long i = 0; i < n; i++) out[i] = predict_x(m, X + i * m->n_features);
+    double x[MAX_FEATURES + 1];
+    size_t row = sizeof(double) * (size_t)m->n_features;
+    for (long i = 0; i < n; i++) {
+        memcpy(x, X + i * m->n_features, row);
+        finish_x(m, x);
+        out[i] = predict_x(m, x, m->region ? combo_of_row(m, x) : -1);
+    }
 }
 
 /* ---------------------------------------------------------------- CPython */
@@ -185,37 +670,70 @@ static int get_category(PyObject *obj, PyObject *name, PyObject *index) {
     return (int)PyLong_AsLong(i);
 }
 
-/* route_request(handle, classes, fam_index, suite_index, request) -> label */
-static PyObject *py_route_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "route_request(handle, classes, fam_index, suite_index, request)");
-        return NULL;
-    }
-    int handle = (int)PyLong_AsLong(args[0]);
-    if (handle < 0 || handle >= n_models) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "unknown compiled-router handle");
-        return NULL;
-    }
-    PyObject *req = args[4];
+/* A router object's call: self = (handle, classes, fam_index, suite_index, owner). */
+static PyObject *router_call(PyObject *self, PyObject *req) {
+    int handle = (int)PyLong_AsLong(PyTuple_GET_ITEM(self, 0));
     double p, o, sp, cc, mp;
     if (get_double(req, s_p, &p) || get_double(req, s_o, &o) || get_double(req, s_sp, &sp) ||
         get_double(req, s_cc, &cc) || get_double(req, s_mp, &mp))
         return NULL;
-    int fam = get_category(req, s_fam, args[2]);
-    int suite = get_category(req, s_suite, args[3]);
+    int fam = get_category(req, s_fam, PyTuple_GET_ITEM(self, 2));
+    int suite = get_category(req, s_suite, PyTuple_GET_ITEM(self, 3));
     if (fam == -2 || suite == -2) return NULL;
     const Model *m = &models[handle];
-    double x[MAX_FEATURES];
+    double x[MAX_FEATURES + 1];
     fill_x(m, x, p, o, sp, cc, mp, fam, suite);
-    int k = predict_x(m, x);
-    PyObject *label = PyTuple_GetItem(args[1], k);
-    Py_XINCREF(label);
+    int k = predict_x(m, x, combo_of(m, fam, suite));
+    if (k < 0) return PyErr_NoMemory();
+    PyObject *label = PyTuple_GET_ITEM(PyTuple_GET_ITEM(self, 1), k);
+    Py_INCREF(label);
     return label;
 }
 
+static PyMethodDef router_def = {"route", (PyCFunction)router_call, METH_O,
+                                 "route(request) -> mode: one routing decision from a raw request."};
+
+static void release_capsule(PyObject *capsule) {
+    release_model((int)(intptr_t)PyCapsule_GetContext(capsule));
+}
+
+/* make_router(handle, classes, fam_index, suite_index) -> callable(request) -> label.
+   A builtin function bound to its model: one C call per decision, no Python frame.
+   It owns the model: when the callable is garbage, the model is released. */
+static PyObject *py_make_router(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyTuple_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "make_router(handle, classes: tuple, fam_index, suite_index)");
+        return NULL;
+    }
+    long handle = PyLong_AsLong(args[0]);
+    if (handle < 0 || handle >= n_models || !in_use[handle]) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "unknown compiled-router handle");
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(args[1]) != models[handle].n_classes + (models[handle].n_classes == 1)) {
+        PyErr_SetString(PyExc_ValueError, "classes do not match the registered model");
+        return NULL;
+    }
+    for (int k = 2; k < 4; k++)
+        if (args[k] != Py_None && !PyDict_Check(args[k])) {
+            PyErr_SetString(PyExc_TypeError, "category indexes must be dicts or None");
+            return NULL;
+        }
+    static char owner_name[] = "modeswitch.compiled_router";
+    PyObject *owner = PyCapsule_New(&models[handle], owner_name, release_capsule);
+    if (!owner) return NULL;
+    if (PyCapsule_SetContext(owner, (void *)(intptr_t)handle)) { Py_DECREF(owner); return NULL; }
+    PyObject *self = PyTuple_Pack(5, args[0], args[1], args[2], args[3], owner);
+    Py_DECREF(owner);
+    if (!self) return NULL;
+    PyObject *fn = PyCFunction_NewEx(&router_def, self, NULL);
+    Py_DECREF(self);
+    return fn;
+}
+
 static PyMethodDef methods[] = {
-    {"route_request", (PyCFunction)(void (*)(void))py_route_request, METH_FASTCALL,
-     "One routing decision from a raw request object."},
+    {"make_router", (PyCFunction)(void (*)(void))py_make_router, METH_FASTCALL,
+     "A callable making one routing decision from a raw request object."},
     {NULL, NULL, 0, NULL},
 };
 
