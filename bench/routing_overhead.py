@@ -11,9 +11,11 @@ falls on all of them alike):
   into C, feature extraction included; the decision tree as generated Python).
 
 Prints single-decision p50/p99 in microseconds and batch throughput, with ratios
-to the rule baseline's p50 measured in the same run.
+to the rule baseline's p50 measured in the same run, and for tree models how big
+the region tree is and what share of the stream's requests it decides (held-out
+requests: the stream is drawn with other seeds than the training requests).
 
-    .venv/bin/python bench/routing_overhead.py [--decisions 100000] [--pipeline-decisions 2000]
+    .venv/bin/python bench/routing_overhead.py [--decisions 100000] [--pipeline-decisions 2000] [--trees 100]
 """
 
 from __future__ import annotations

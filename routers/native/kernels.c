@@ -27,12 +27,15 @@
  * comparisons, raw scores summed per class in tree order. kind 2: linear model,
  * scores = W x + b. The prediction is the first index of the largest score.
  *
- * Early exit (exact): before each group, per class, suffix sums (in walk order) bound
- * the largest and smallest total the remaining trees can still add. Once the leading
- * class's smallest possible final score beats every other class's largest possible
- * one by a margin (far above any rounding difference between summation orders), no
- * remaining tree can change the argmax, so the walk stops. Groups are padded with a
- * zero-valued leaf tree.
+ * Early exit (exact): before each group, for the leading class b and every other
+ * class k, suffix sums (in walk order) of each tree's least leaf-by-leaf value of
+ * (score_b - score_k) bound how much of b's lead the remaining trees can take back.
+ * Once every lead survives that by a margin (far above any rounding difference
+ * between summation orders), no remaining tree can change the argmax, so the walk
+ * stops. Groups are padded with a zero-valued leaf tree.
+ *
+ * Region trees (build_region, below) decide most requests before any of this: see
+ * the comment there.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -71,6 +74,7 @@ static int n_models = 0;         /* slots ever used */
 
 static void finish_x(const Model *m, double *x);
 static int combo_of_row(const Model *m, const double *x);
+void release_model(int handle);
 
 int group_size(void) { return GROUP; }
 int models_alive(void) {
@@ -121,12 +125,15 @@ int register_model(int kind, int n_features, int n_classes, int n_trees, int n_r
                copy_array(bias, sizeof(double), n_classes), copy_array(sufdiff, sizeof(double), n_bounds),
                copy_array(cuts, sizeof(double), n_cuts),
                n_nodes, NULL, 0, 1.0};
-    if (kind != 2 && n_trees > 0 &&
-        (!m.nodes || !m.roots || !m.steps || !m.value || !m.cut_start || !m.cut_count || !m.position))
-        return -1;
     models[slot] = m;
     in_use[slot] = 1;
     if (slot == n_models) n_models++;
+    if ((kind != 2 && n_trees > 0 &&
+         (!m.nodes || !m.roots || !m.steps || !m.value || !m.cut_start || !m.cut_count || !m.position)) ||
+        (kind == 2 && (!m.weights || !m.bias))) {
+        release_model(slot);  /* out of memory: free what was copied */
+        return -1;
+    }
     return slot;
 }
 
@@ -234,13 +241,15 @@ static int predict_trees(const Model *m, const double *x) {
  *
  * The ensemble's prediction is constant on every box of the bin grid whose sides do
  * not cross a split; its argmax is often constant on much larger boxes. build_region()
- * finds such boxes by recursive halving (a "born-again" tree): for a box, each tree's
- * reachable leaves bound what it can add per class; if one class's floor beats every
- * other class's ceiling by the margin, the box is a leaf with that class. If no split
+ * finds such boxes by cutting (a "born-again" tree): for a box, each tree's reachable
+ * leaves bound what it can add per class; if one class's floor beats every other
+ * class's ceiling by the margin, the box is a leaf with that class. If no split
  * crosses the box, every tree reaches one leaf and the box's class is computed exactly
  * as predict_trees computes it (original order). Otherwise the box is cut at the split
- * that the most reachable nodes share. One-hot categories are fixed per root (one
- * region tree per family x suite combination, unseen categories included), so a
+ * that the most reachable nodes share. Boxes are taken in priority order (most sample
+ * rows, then biggest) until the budget runs out; the rest become WALK leaves, and a
+ * decision that lands in one walks the trees. One-hot categories are fixed per root
+ * (one region tree per family x suite combination, unseen categories included), so a
  * decision is a binary search per numeric feature and one walk down one tree. */
 typedef struct {
     const Model *m;
@@ -248,7 +257,6 @@ typedef struct {
     double *smin, *smax;
     Node *out;
     long n_out, cap, work, max_work;
-    int failed;
 } Builder;
 
 static int exact_class(const Model *m, const int32_t *bins) {
