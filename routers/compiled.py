@@ -158,8 +158,6 @@ class CompiledRouter:
         a = arrays
         lib = library()
         self._lib = lib
-        self._route = lib.route
-        self._batch = lib.predict_batch
         nodes = a.get("nodes")
         self.handle = lib.register_model(
             kind, self.n_features, a["n_classes"], a.get("n_trees", 0), a.get("n_real_trees", 0), n_num,
@@ -167,7 +165,8 @@ class CompiledRouter:
             nodes.ctypes.data if nodes is not None else None, _ptr(a.get("value"), _F64),
             _ptr(a.get("roots"), _I32), _ptr(a.get("steps"), _I32), _ptr(a.get("tree_class"), _I32),
             _ptr(a.get("position"), _I32), _ptr(a.get("cuts"), _F64), _ptr(a.get("cut_start"), _I32),
-            _ptr(a.get("cut_count"), _I32), _ptr(a.get("weights"), _F64), _ptr(a.get("bias"), _F64), _ptr(a.get("sufdiff"), _F64))
+            _ptr(a.get("cut_count"), _I32), _ptr(a.get("weights"), _F64), _ptr(a.get("bias"), _F64),
+            _ptr(a.get("sufdiff"), _F64))
         if self.handle < 0:
             raise RuntimeError("compiled router: the kernel refused the model (over 4096 models alive in this "
                                "process, more than 64 classes or 512 features, or out of memory)")
@@ -195,7 +194,7 @@ class CompiledRouter:
 
     # ------------------------------------------------------------- decisions
     def route_features(self, p, o, sp=0.0, cc=1.0, mp=0.0, family=None, suite=None) -> str:
-        k = self._route(self.handle, p, o, sp, cc, mp, self.fam_index.get(family or NONE_CATEGORY, -1),
+        k = self._lib.route(self.handle, p, o, sp, cc, mp, self.fam_index.get(family or NONE_CATEGORY, -1),
                         self.suite_index.get(suite or NONE_CATEGORY, -1))
         if k < 0:
             raise MemoryError("compiled router: out of memory")
@@ -219,7 +218,7 @@ class CompiledRouter:
     def predict_matrix(self, M: np.ndarray) -> np.ndarray:
         """Class indices for a ready input matrix (the batch path)."""
         out = np.empty(len(M), dtype=np.int32)
-        self._batch(self.handle, _ptr(M, _F64), len(M), _ptr(out, _I32))
+        self._lib.predict_batch(self.handle, _ptr(M, _F64), len(M), _ptr(out, _I32))
         if len(out) and out.min() < 0:
             raise MemoryError("compiled router: out of memory")
         return out
@@ -270,6 +269,19 @@ def _suffix_bounds(pair_min: list, n_classes: int) -> dict:
     return dict(sufdiff=np.ascontiguousarray(suf.reshape(-1)))
 
 
+def _breadth_first(left, right) -> tuple[np.ndarray, int]:
+    """(slot of each node in breadth-first order with siblings adjacent, tree depth)."""
+    slot = np.empty(len(left), dtype=np.int64)
+    slot[0], nxt, level, depth = 0, 1, [0], 0
+    while True:
+        children = [c for n in level if left[n] >= 0 for c in (left[n], right[n])]
+        if not children:
+            return slot, depth
+        slot[children] = np.arange(nxt, nxt + len(children))
+        nxt += len(children)
+        level, depth = children, depth + 1
+
+
 def _pack(trees, n_features: int, n_classes: int, width: int, window: int = 4) -> dict:
     """Pack trees for the kernel's lockstep walk over binned inputs.
 
@@ -288,18 +300,10 @@ def _pack(trees, n_features: int, n_classes: int, width: int, window: int = 4) -
       leaf tree."""
     group = library().group_size()
     n_real = len(trees)
-    depths = []
-    for _, _, left, right, _, _ in trees:  # depth of each tree, from its child arrays
-        d, level = 0, [0]
-        while True:
-            level = [c for n in level if left[n] >= 0 for c in (left[n], right[n])]
-            if not level:
-                break
-            d += 1
-        depths.append(d)
+    layouts = [_breadth_first(left, right) for _, _, left, right, _, _ in trees]
     span = window * group
     walk = [o for w in range(0, n_real, span)
-            for o in sorted(range(w, min(w + span, n_real)), key=lambda o: -depths[o])]
+            for o in sorted(range(w, min(w + span, n_real)), key=lambda o: -layouts[o][1])]
     pad = (-n_real) % group
     n_nodes = sum(len(t[0]) for t in trees) + 1
     feat = np.zeros(n_nodes, np.int64)
@@ -310,24 +314,16 @@ def _pack(trees, n_features: int, n_classes: int, width: int, window: int = 4) -
     nxt = 0
     for o in walk:
         feature, threshold, left, right, val, cls = trees[o]
-        new = np.empty(len(feature), dtype=np.int64)  # local index -> packed index
-        new[0], nxt = nxt, nxt + 1
-        level = [0]
-        while level:
-            children = []
-            for old in level:
-                if left[old] >= 0:
-                    new[left[old]], new[right[old]] = nxt, nxt + 1
-                    nxt += 2
-                    children += [left[old], right[old]]
-            level = children
+        slot, depth = layouts[o]
+        new = nxt + slot  # local index -> packed index
+        nxt += len(slot)
         internal = np.asarray(left) >= 0
         feat[new] = np.where(internal, feature, n_features)
         thr[new] = np.where(internal, threshold, np.inf)
         lft[new] = np.where(internal, new[np.where(internal, left, 0)], new)
         value[new] = val
         roots.append(new[0])
-        steps_d.append(depths[o])
+        steps_d.append(depth)
         tree_class.append(cls)
         leaves = np.asarray(val)[~internal]
         if width != n_classes:  # a LightGBM tree adds its value to its own class only
@@ -361,7 +357,8 @@ def _pack(trees, n_features: int, n_classes: int, width: int, window: int = 4) -
     position = np.empty(n_real, np.int32)
     position[np.asarray(walk, dtype=np.int64)] = np.arange(n_real, dtype=np.int32)
     steps = np.asarray(steps_d).reshape(-1, group).max(axis=1) if steps_d else np.zeros(0)
-    return dict(**_suffix_bounds(pair_min, n_classes), nodes=nodes, value=np.ascontiguousarray(value.reshape(-1)),
+    return dict(**_suffix_bounds(pair_min, n_classes), nodes=nodes,
+                value=np.ascontiguousarray(value.reshape(-1)),
                 roots=np.asarray(roots, np.int32), steps=np.asarray(steps, np.int32),
                 tree_class=np.asarray(tree_class, np.int32), position=position,
                 cuts=np.concatenate(cuts) if cuts else np.zeros(0), cut_start=cut_start,
