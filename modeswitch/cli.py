@@ -531,7 +531,7 @@ def export_cmd(
 @app.command("serve")
 @friendly_errors
 def serve_cmd(
-    router: Annotated[str, typer.Option(help="models:/NAME@champion (an exported router) or 'rule'.")] = "models:/modeswitch-router@champion",
+    router: Annotated[str, typer.Option(help="models:/NAME@champion (an exported router), 'rule', or 'mode:NAME' (always that mode: a baseline).")] = "models:/modeswitch-router@champion",
     backend: Annotated[str, typer.Option(help="Engine backend.")] = "transformers",
     model: Annotated[str, typer.Option(help="'tiny' (built here) or a local Hugging Face checkpoint folder.")] = "tiny",
     draft_model: Annotated[str | None, typer.Option(help="Draft checkpoint for speculative decoding.")] = None,
@@ -542,6 +542,7 @@ def serve_cmd(
     route_budget_us: Annotated[float, typer.Option(help="A slower routing decision falls back to the reference.")] = 5000.0,
     memory_budget_mb: Annotated[float, typer.Option(help="Weights kept loaded across engines (LRU unload).")] = 4096.0,
     compile_router: Annotated[bool, typer.Option("--compile/--no-compile", help="Compiled router (default) or the scikit-learn pipeline.")] = True,
+    batch_across_requests: Annotated[bool, typer.Option("--batch-across-requests/--one-at-a-time", help="Concurrent requests routed to a continuous-batching engine share its batch (default), or every engine serves one request at a time.")] = True,
     mlruns: Annotated[Path, typer.Option(help="MLflow store folder.")] = Path("mlruns"),
 ):
     """Serve an OpenAI-compatible API with the router in front of one engine per mode."""
@@ -559,10 +560,17 @@ def serve_cmd(
     cfg = ServerConfig(model_path=str(target), draft_path=str(draft) if draft else None,
                        backend=backend, device=device,
                        api_key=api_key, route_budget_us=route_budget_us,
-                       memory_budget_mb=memory_budget_mb)
+                       memory_budget_mb=memory_budget_mb, batch_across_requests=batch_across_requests)
     modes = _supported_modes(cfg)
 
     def load():
+        if router.startswith("mode:"):
+            from routers.scoring import ReferenceRouter
+
+            fixed = router.split(":", 1)[1]
+            if fixed not in modes:
+                raise ValueError(f"--router {router}: the {backend} engine here runs {', '.join(modes)}")
+            return ReferenceRouter(mode=fixed)
         if router == "rule":
             from routers.rule_baseline import RuleBaselineRouter
 

@@ -95,6 +95,27 @@ def test_continuous_batching_serves_a_group_with_reference_outputs(tiny_models, 
         assert len(g.token_times_ms) == g.output_tokens and g.ttft_ms > 0
 
 
+def test_continuous_batching_shares_its_batch_across_concurrent_calls(tiny_models, reqs, reference_outputs):
+    """Concurrent ``run`` calls (as concurrent HTTP requests make them) join one running
+    batch, each gets its own request's output, and a streaming call gets its tokens in
+    pieces as the batch steps."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    e = engine(tiny_models, "continuous_batching")
+    assert e.concurrent_runs
+    with ThreadPoolExecutor(len(reqs)) as pool:
+        got = list(pool.map(lambda rq: e.run([rq])[0], reqs))
+    pieces = []
+    streamed = e.run([reqs[0]], on_token=lambda rid, ids: pieces.append((rid, list(ids))))[0]
+    e.close()
+    for g, ref in zip(got, reference_outputs):
+        assert g.output_ids == ref.output_ids
+    assert e.info["max_requests_in_batch"] >= 2
+    assert [t for _, ids in pieces for t in ids] == streamed.output_ids == reference_outputs[0].output_ids
+    assert len(pieces) >= 2 and {rid for rid, _ in pieces} == {reqs[0][0].id}
+    assert not TransformersEngine("fp16_baseline", tiny_models.target).concurrent_runs
+
+
 def test_int8_replaces_linear_layers_and_changes_numerics(tiny_models, reqs):
     from torch.ao.nn.quantized.dynamic import Linear as DynLinear
 

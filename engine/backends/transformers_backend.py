@@ -10,7 +10,10 @@ reference output token for token.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import queue
+import threading
 import time
 from pathlib import Path
 
@@ -95,6 +98,16 @@ class TransformersEngine:
         self.threads = threads
         self.model = self.draft = self.tokenizer = self.prefix_store = self._cb = None
         self.info: dict = {}
+        self._waiters: dict = {}  # continuous batching: request id -> the queue its run() reads
+        self._waiters_lock = threading.Lock()
+        self._dispatcher = None
+        self._serial = itertools.count()
+
+    @property
+    def concurrent_runs(self) -> bool:
+        """True when several ``run`` calls may overlap and share the engine's batch
+        (the continuous-batching manager); other modes serve one call at a time."""
+        return self._cb is not None
 
     # ----------------------------------------------------------------- set-up
     def load(self) -> TransformersEngine:
@@ -139,6 +152,9 @@ class TransformersEngine:
                                   pad_token_id=self.tokenizer.pad_token_id)
             self._cb = self.model.init_continuous_batching(generation_config=gc)
             self._cb.start()
+            self._dispatcher = threading.Thread(target=self._dispatch, args=(self._cb,),
+                                                name=f"cb-results-{m.name}", daemon=True)
+            self._dispatcher.start()
         self.info["precision"] = str(dtype).replace("torch.", "")
         import inspect
 
@@ -161,8 +177,10 @@ class TransformersEngine:
 
     def close(self) -> None:
         if self._cb is not None:
-            self._cb.stop(block=True)
-            self._cb = None
+            cb, self._cb = self._cb, None
+            cb.stop(block=True)
+            self._dispatcher.join(timeout=10)
+            self._fail_waiters("the engine was closed")
         self.model = self.draft = None
         import gc
 
@@ -173,15 +191,12 @@ class TransformersEngine:
             on_token=None) -> list[Generation]:
         """Serve requests that arrive together; latencies count from their arrival.
 
-        ``on_token(request_id, ids)`` is called as tokens arrive (one-at-a-time
-        modes); continuous batching reports each request's tokens when it finishes.
+        ``on_token(request_id, ids)`` is called as tokens arrive. Continuous
+        batching: calls from several threads may overlap and share the batch
+        (``concurrent_runs``).
         """
         if self._cb is not None:
-            gens = self._run_continuous(group, ignore_eos)
-            if on_token is not None:
-                for g in gens:
-                    on_token(g.request_id, g.output_ids)
-            return gens
+            return self._run_continuous(group, ignore_eos, on_token)
         t0 = time.perf_counter()
         return [self._generate_one(req, ids, ignore_eos, t0, on_token) for req, ids in group]
 
@@ -239,29 +254,71 @@ class TransformersEngine:
         return Generation(req.id, new, self.tokenizer.decode(new, skip_special_tokens=True), latency,
                           timer.times_ms[: len(new)])
 
-    def _run_continuous(self, group, ignore_eos: bool) -> list[Generation]:
+    # --------------------------------------------------- continuous batching
+    def _dispatch(self, cb) -> None:
+        """Route the manager's results to the ``run`` calls waiting for them, so calls
+        from several threads (concurrent HTTP requests) share one running batch."""
+        while self._cb is cb:
+            res = cb.get_result(timeout=0.2)
+            if res is None:
+                if self._cb is cb and not cb.is_running():
+                    self._fail_waiters("the continuous-batching manager stopped")
+                    time.sleep(0.2)
+                continue
+            with self._waiters_lock:
+                q = self._waiters.get(res.request_id)
+            if q is not None:
+                q.put(res)
+
+    def _fail_waiters(self, why: str) -> None:
+        with self._waiters_lock:
+            waiting, self._waiters = self._waiters, {}
+        for rid, q in waiting.items():
+            q.put(RuntimeError(f"continuous batching: {why} before request {rid} finished"))
+
+    def _run_continuous(self, group, ignore_eos: bool, on_token=None) -> list[Generation]:
+        """Add the group's requests to the running batch and wait for them; requests of
+        other concurrent calls join the same batch. With ``on_token`` the requests
+        stream (the manager reports every step) and new tokens are passed on."""
         t0 = time.perf_counter()
         eos = -1 if ignore_eos else self.tokenizer.eos_token_id
-        rids = {}
-        for req, ids in group:
-            rid = self._cb.add_request(list(ids), max_new_tokens=req.expected_output_tokens,
-                                       record_timestamps=True, eos_token_id=eos)
+        results: queue.Queue = queue.Queue()
+        rids: dict[str, Request] = {}
+        for req, _ in group:
+            rid = f"{req.id}#{next(self._serial)}"  # a request may run more than once
             rids[rid] = req
-        done: dict[str, Generation] = {}
-        while len(done) < len(rids):
-            res = self._cb.get_result(timeout=60)
-            if res is None:
-                raise TimeoutError("continuous batching produced no result within 60 s")
-            if res.request_id not in rids or not res.is_finished():
-                continue
-            if res.error:
-                raise RuntimeError(f"continuous batching failed: {res.error}")
-            now = time.perf_counter()
-            toks = list(res.generated_tokens)
-            times = [(t - t0) * 1000 for t in (res.timestamps or [])][: len(toks)]
-            done[res.request_id] = Generation(
-                rids[res.request_id].id, toks, self.tokenizer.decode(toks, skip_special_tokens=True),
-                (now - t0) * 1000, times)
-        order = {req.id: i for i, (req, _) in enumerate(group)}
-        return sorted(done.values(), key=lambda g: order[g.request_id])
-
+        with self._waiters_lock:
+            self._waiters.update({rid: results for rid in rids})
+            self.info["max_requests_in_batch"] = max(self.info.get("max_requests_in_batch", 0),
+                                                     len(self._waiters))
+        try:
+            for (req, ids), rid in zip(group, rids):
+                self._cb.add_request(list(ids), request_id=rid, max_new_tokens=req.expected_output_tokens,
+                                     streaming=on_token is not None, record_timestamps=True, eos_token_id=eos)
+            done: dict[str, Generation] = {}
+            seen = dict.fromkeys(rids, 0)
+            while len(done) < len(rids):
+                try:
+                    res = results.get(timeout=60)
+                except queue.Empty:
+                    raise TimeoutError("continuous batching produced no result within 60 s") from None
+                if isinstance(res, Exception):
+                    raise res
+                if res.error:
+                    raise RuntimeError(f"continuous batching failed: {res.error}")
+                toks = list(res.generated_tokens)
+                if on_token is not None and len(toks) > seen[res.request_id]:
+                    on_token(rids[res.request_id].id, toks[seen[res.request_id]:])
+                    seen[res.request_id] = len(toks)
+                if not res.is_finished():
+                    continue
+                now = time.perf_counter()
+                times = [(t - t0) * 1000 for t in (res.timestamps or [])][: len(toks)]
+                done[res.request_id] = Generation(
+                    rids[res.request_id].id, toks, self.tokenizer.decode(toks, skip_special_tokens=True),
+                    (now - t0) * 1000, times)
+        finally:
+            with self._waiters_lock:
+                for rid in rids:
+                    self._waiters.pop(rid, None)
+        return [done[rid] for rid in rids]

@@ -229,6 +229,12 @@ class VllmEngine:
     def _call(self, coro, timeout: float = 900):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
+    @property
+    def concurrent_runs(self) -> bool:
+        """Continuous-batching modes take overlapping ``run`` calls into one batch
+        (AsyncLLM schedules them together); other modes serve one call at a time."""
+        return self.mode.batching == "continuous"
+
     def warmup(self, prompt_tokens: int = 32, new_tokens: int = 4) -> None:
         ids = list(range(5, 5 + prompt_tokens))
         self.run([(Request(id="warmup", prompt_tokens=prompt_tokens, expected_output_tokens=new_tokens), ids)])

@@ -13,6 +13,11 @@ engine lacks, or exceeds ``route_budget_us`` sends the request to the reference
 mode; that is counted (``modeswitch_fallbacks_total``) and logged. The chosen mode
 and routing time go back in ``x-modeswitch-mode`` / ``x-modeswitch-route-us``
 headers and a ``modeswitch`` field in the body.
+
+Engines serve one request at a time, except batching engines (``concurrent_runs``:
+continuous batching): concurrent requests routed there join the engine's running
+batch (``batch_across_requests``, on by default; off serves them one at a time too,
+for comparison).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import asyncio
 import logging
 import time
 import uuid
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI, HTTPException
@@ -49,6 +54,7 @@ class ServerConfig:
     max_tokens_limit: int = 1_024
     served_name: str = "modeswitch"
     reference: str = "fp16_baseline"
+    batch_across_requests: bool = True
 
 
 # ------------------------------------------------------------------ schemas
@@ -254,6 +260,10 @@ def create_app(router_loader, cfg: ServerConfig, engine_factory=None, tokenizer=
             metrics.errors.labels("engine_load").inc()
             raise
 
+        # a batching engine takes concurrent requests into one batch; others one at a time
+        shared = cfg.batch_across_requests and getattr(engine, "concurrent_runs", False)
+        gate = nullcontext() if shared else pool.lock(mode)
+
         def done():
             pool.release(mode)
             state["in_flight"] -= 1
@@ -263,7 +273,7 @@ def create_app(router_loader, cfg: ServerConfig, engine_factory=None, tokenizer=
 
         if not stream:
             try:
-                async with pool.lock(mode):
+                async with gate:
                     gens = await run_in_threadpool(engine.run, [(req, ids)], False)
             except Exception as exc:
                 metrics.errors.labels("generation").inc()
@@ -293,7 +303,7 @@ def create_app(router_loader, cfg: ServerConfig, engine_factory=None, tokenizer=
 
         async def produce():
             try:
-                async with pool.lock(mode):
+                async with gate:
                     await run_in_threadpool(engine.run, [(req, ids)], False, on_token)
                 queue.put_nowait(None)
             except Exception as exc:  # noqa: BLE001 - reported in the stream
