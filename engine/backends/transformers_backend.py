@@ -298,10 +298,12 @@ class TransformersEngine:
             done: dict[str, Generation] = {}
             seen = dict.fromkeys(rids, 0)
             while len(done) < len(rids):
-                try:
-                    res = results.get(timeout=60)
+                try:  # a long batch may take minutes; a stopped manager fails its waiters
+                    res = results.get(timeout=5)
                 except queue.Empty:
-                    raise TimeoutError("continuous batching produced no result within 60 s") from None
+                    if self._cb is None or not self._cb.is_running():
+                        raise RuntimeError("continuous batching stopped before the requests finished") from None
+                    continue
                 if isinstance(res, Exception):
                     raise res
                 if res.error:
