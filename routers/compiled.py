@@ -154,8 +154,7 @@ class CompiledRouter:
         self.fam_index = {c: i for i, c in enumerate(self.fam_cats)}
         self.suite_index = {c: i for i, c in enumerate(self.suite_cats)}
         self.n_features = n_num + len(self.fam_cats) + len(self.suite_cats)
-        self._arrays = arrays  # for inspection; the kernel keeps its own copies
-        a = arrays
+        a = arrays  # copied by the kernel; not kept here
         lib = library()
         self._lib = lib
         nodes = a.get("nodes")

@@ -200,6 +200,14 @@ static void add_leaf(const Model *m, double *score, int t, int32_t i) {
     }
 }
 
+/* The class the original model predicts from its full per-class sums. */
+static int class_of_sums(const Model *m, double *score) {
+    int K = m->n_classes;
+    if (m->kind == 0 && m->n_real_trees > 1)  /* scikit-learn averages the trees' probabilities */
+        for (int k = 0; k < K; k++) score[k] /= m->n_real_trees;
+    return (m->kind == 1 && K == 1) ? (score[0] > 0 ? 1 : 0) : argmax(score, K);
+}
+
 static int predict_trees(const Model *m, const double *x) {
     double score[MAX_CLASSES];
     int32_t bins[MAX_FEATURES + 1];
@@ -229,9 +237,7 @@ static int predict_trees(const Model *m, const double *x) {
             memset(score, 0, sizeof(double) * K);
             for (int o = 0; o < m->n_real_trees; o++) add_leaf(m, score, m->position[o], leaf[m->position[o]]);
         }
-        if (m->kind == 0 && m->n_real_trees > 1)  /* scikit-learn averages the trees' probabilities */
-            for (int k = 0; k < K; k++) score[k] /= m->n_real_trees;
-        result = (m->kind == 1 && K == 1) ? (score[0] > 0 ? 1 : 0) : argmax(score, K);
+        result = class_of_sums(m, score);
     }
     if (leaf != stack_leaf) free(leaf);
     return result;
@@ -270,9 +276,7 @@ static int exact_class(const Model *m, const int32_t *bins) {
         while (nodes[i].left != i) i = nodes[i].left + (bins[nodes[i].feature] > (int32_t)nodes[i].threshold);
         add_leaf(m, score, t, i);
     }
-    if (m->kind == 0 && m->n_real_trees > 1)
-        for (int k = 0; k < K; k++) score[k] /= m->n_real_trees;
-    return (m->kind == 1 && K == 1) ? (score[0] > 0 ? 1 : 0) : argmax(score, K);
+    return class_of_sums(m, score);
 }
 
 /* Bounds of every class's score over the box; counts the splits crossing it. */
