@@ -51,7 +51,7 @@ def main():
     from dataset.workloads import get_workload
     from oracle.training_table import build_training_table
     from routers import get_router
-    from routers.compiled import compile
+    from routers.compiler.compiled import compile
     from routers.rule_baseline import RuleBaselineRouter
     from tests.test_routers_learned import synthetic_profile
 
@@ -63,7 +63,7 @@ def main():
     rule = RuleBaselineRouter().fit()
     stream = [r for i, n in enumerate(names) for r in get_workload(n).sample(500, seed=100 + i)]
 
-    from routers.overhead import time_decisions, time_side_by_side
+    from routers.scoring.overhead import time_decisions, time_side_by_side
 
     big = features_frame(stream, args.feature_set)
     reps = max(1, args.batch // len(big))

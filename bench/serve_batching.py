@@ -55,14 +55,14 @@ def main():
 
     from engine.models.resolve import resolve_models
     from engine.serving import ServerConfig, create_app
-    from routers.scoring import ReferenceRouter
+    from routers.reference import FixedModeRouter
     from tests.test_serving import start
 
     target, _, _ = resolve_models(args.model, None, None, None, print)
     servers = {}
     for name, shared in (("one batch", True), ("one at a time", False)):
         cfg = ServerConfig(model_path=str(target), batch_across_requests=shared)
-        app = create_app(lambda: ReferenceRouter(mode="continuous_batching"), cfg,
+        app = create_app(lambda: FixedModeRouter(mode="continuous_batching").fit(), cfg,
                          supported_modes=["fp16_baseline", "continuous_batching"])
         srv, _, port = start(app)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0,

@@ -65,7 +65,7 @@ def read_benchmark(path, n: int | None = None, seed: int = 0) -> list[Request]:
     return out
 
 
-def score(output: str, reference: str | None, evaluation_mode: str | None) -> float | None:
+def score_answer(output: str, reference: str | None, evaluation_mode: str | None) -> float | None:
     """1.0 / 0.0 for auto-scored benchmarks, None when not scorable here."""
     if reference is None or evaluation_mode not in ("multiple_choice_accuracy", "final_answer_exact_match"):
         return None

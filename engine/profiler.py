@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dataset.benchmarks import read_benchmark, score
+from dataset.benchmarks import read_benchmark, score_answer
 from dataset.profile_schema import validate_profile
 from dataset.requests import Request
 from dataset.workloads import get_workload
@@ -337,7 +337,6 @@ class Profiler:
             self._ctx["primers"] = {u.id: [builder.prepare(r) for r in u.prime] for u in units}
         progress.update(task, description=f"{mode}: warm-up")
         engine.warmup()
-        engine.weights_mb = engine.weights_bytes() / 2**20
         return engine
 
     def _measure(self, engine, mode, unit, trial, progress, task):
@@ -407,7 +406,7 @@ class Profiler:
         latency = max(g.latency_ms for g in gens)
         out_tokens = sum(g.output_tokens for g in gens)
         tbt = np.concatenate([g.tbt_ms for g in gens]) if gens else np.array([])
-        acc = [score(g.text, r.reference, r.evaluation_mode) for g, r in zip(gens, reqs)]
+        acc = [score_answer(g.text, r.reference, r.evaluation_mode) for g, r in zip(gens, reqs)]
         acc = [a for a in acc if a is not None]
         notes = [f"energy: {meter.describe()}"]
         if any(r.memory_pressure > 0 for r in reqs) and not self._ballast_applies():

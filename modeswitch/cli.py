@@ -419,7 +419,7 @@ def train_cmd(
         TimeRemainingColumn,
     )
 
-    from routers.training import TrainConfig, train
+    from routers.training.trainer import TrainConfig, train
 
     table = pd.read_parquet(data)
     cfg = TrainConfig(routers=_split([routers]), feature_set=feature_set, split=split,
@@ -460,7 +460,7 @@ def score_cmd(
     import pandas as pd
 
     from modeswitch.display import fmt
-    from routers.evaluation import ScoreConfig, score
+    from routers.scoring.run import ScoreConfig, score_routers
 
     out = output or Path("reports") / f"score-{datetime.now():%Y%m%d-%H%M%S}"
     if out.exists() and any(out.iterdir()):
@@ -469,7 +469,7 @@ def score_cmd(
                       decisions=decisions, live=live, live_requests=live_requests, model=model,
                       draft_model=draft_model, seed=seed, name=out.name)
     with console.status("scoring") as status:
-        res = score(pd.read_parquet(data), cfg, out, progress=lambda m: status.update(m))
+        res = score_routers(pd.read_parquet(data), cfg, out, progress=lambda m: status.update(m))
     head = res["headline"].copy()
     head.index.name = "router"
     cols = {"overhead_p50_us": "p50 us", "overhead_p99_us": "p99 us",
@@ -507,7 +507,7 @@ def export_cmd(
     import mlflow.sklearn
 
     from routers.export import best_from_scoring, export_router
-    from routers.tracking import setup
+    from routers.training.tracking import setup
 
     if (run is None) == (best is None):
         raise ValueError("give exactly one of --run RUN_ID or --best METRIC")
@@ -565,12 +565,12 @@ def serve_cmd(
 
     def load():
         if router.startswith("mode:"):
-            from routers.scoring import ReferenceRouter
+            from routers.reference import FixedModeRouter
 
             fixed = router.split(":", 1)[1]
             if fixed not in modes:
                 raise ValueError(f"--router {router}: the {backend} engine here runs {', '.join(modes)}")
-            return ReferenceRouter(mode=fixed)
+            return FixedModeRouter(mode=fixed).fit()
         if router == "rule":
             from routers.rule_baseline import RuleBaselineRouter
 

@@ -1,10 +1,28 @@
-"""Routers: the rule baseline and learned routers, all scikit-learn estimators.
+"""Routers: the router protocol, the registry, the rule baseline and the learned routers.
+
+Rooms inside ``routers/``:
+
+* this level: the :class:`~routers.base.Router` protocol (``base``), the registry
+  (``registry``), the rule baseline (``rule_baseline``), fixed-mode and oracle routers
+  (``reference``), and the learned families (``families/``, one file each);
+* ``training/``: Optuna tuning, the cost objective, splits, MLflow tracking;
+* ``scoring/``: offline scores, routing overhead, live runs, the report;
+* ``compiler/``: compiled routers (C kernel, generated Python);
+* ``export``: the MLflow registry (``champion``) and loading for serving.
 
 Every router, learned or rule, follows scikit-learn's estimator API (``__init__``
-stores parameters, ``fit`` returns self, learned attributes end in ``_``) and is
-registered by name in :mod:`routers.registry`.
+stores parameters, ``fit`` returns self, learned attributes end in ``_``).
 """
 
-from routers.registry import get_router, list_routers, register_router
+from routers.base import Router, RouterMixin
+from routers.registry import (
+    RouterFamily,
+    get_family,
+    get_router,
+    learned_families,
+    list_routers,
+    register_router,
+)
 
-__all__ = ["get_router", "list_routers", "register_router"]
+__all__ = ["Router", "RouterFamily", "RouterMixin", "get_family", "get_router", "learned_families",
+           "list_routers", "register_router"]

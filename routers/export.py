@@ -49,7 +49,7 @@ class RouterPyfunc(mlflow.pyfunc.PythonModel):
     def use_compiled(self, on: bool = True):
         """Route through the compiled predictor (default) or the scikit-learn pipeline
         (also when the router cannot be compiled, e.g. one with a safety guard)."""
-        from routers.overhead import decision_function
+        from routers.scoring.overhead import decision_function
 
         self.route, path, _ = decision_function(self.router_, on)
         self.path_ = "compiled" if path == "compiled" else "pipeline"
@@ -69,20 +69,12 @@ class RouterPyfunc(mlflow.pyfunc.PythonModel):
                         family=_cat(getattr(r, "family", None)),
                         benchmark_suite=_cat(getattr(r, "benchmark_suite", None)))
                 for i, r in enumerate(frame.itertuples(index=False))]
-        fs = getattr(self.router_, "feature_set", "A")
-        return list(self.router_.predict(features_frame(reqs, fs)))
+        # feature set B's frame carries set A's columns too: every router reads its own
+        return list(self.router_.predict(features_frame(reqs, "B")))
 
 
 def _cat(v):
     return None if v is None or (isinstance(v, float) and np.isnan(v)) or v in ("", "none") else str(v)
-
-
-def router_modes(router) -> list[str]:
-    modes = set(map(str, router.classes_))
-    fb = getattr(router, "fallback_", None)
-    if getattr(router, "safety_threshold", None) is not None:
-        modes |= set(map(str, fb.classes_)) if fb is not None else {"fp16_baseline"}
-    return sorted(modes)
 
 
 def export_router(router, *, name: str = DEFAULT_NAME, mlruns: str = "mlruns", source_run_id=None,
@@ -92,11 +84,11 @@ def export_router(router, *, name: str = DEFAULT_NAME, mlruns: str = "mlruns", s
     import mlflow
     from mlflow.models import infer_signature
 
-    from routers.tracking import git_commit, setup
+    from routers.training.tracking import git_commit, setup
 
     setup(Path(mlruns), "modeswitch-export")
-    meta = {"modes": router_modes(router), "backend": backend,
-            "router": type(router).__name__, "feature_set": getattr(router, "feature_set", None),
+    meta = {"modes": list(router.modes_), "backend": backend,
+            "router": type(router).__name__, "feature_set": router.get_params().get("feature_set"),
             "source_run_id": source_run_id, "git_commit": git_commit(), **(extra or {})}
     # numbers as doubles: integer token counts convert to them safely, not the reverse
     example = pd.DataFrame([{"prompt_tokens": 512.0, "expected_output_tokens": 64.0,
@@ -137,7 +129,7 @@ def load_router(uri: str, mlruns: str = "mlruns", available_modes=None, compiled
     """
     import mlflow
 
-    from routers.tracking import tracking_uri
+    from routers.training.tracking import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri(Path(mlruns)))
     loaded = mlflow.pyfunc.load_model(uri)
@@ -160,7 +152,7 @@ def best_from_scoring(metric: str, mlruns: str = "mlruns", max_violation_rate: f
     """(router name, training run id, value) of the best learned router in the latest scoring run."""
     import mlflow
 
-    from routers.tracking import setup
+    from routers.training.tracking import setup
 
     setup(Path(mlruns), "modeswitch-score")
     client = mlflow.MlflowClient()

@@ -1,41 +1,73 @@
-"""Router registry: routers are built by name (``rule``, later ``dt``, ``rf``, ...).
+"""Router registry: every router family by name (``rule``, ``reference``, ``oracle``,
+``dt``, ``rf``, ``lr``, ``lgbm``, and any plug-in).
 
-Adding a router is one small module in ``routers/`` that calls
-:func:`register_router` with a factory; modules listed in ``_MODULES`` are
-imported on first lookup.
+Adding a router family is one small module that defines the estimator and calls
+:func:`register_router` with a :class:`RouterFamily`: a learned family's class
+carries its own Optuna search space (``search_space(trial)``), so training, scoring,
+export and serving need no other edit. Modules in ``routers/families/`` are found by
+themselves; a family in your own package is found through ``$MODESWITCH_PLUGINS``
+(see :mod:`dataset.registry`).
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Callable
+from dataclasses import dataclass
 
-_REGISTRY: dict[str, tuple[Callable, str]] = {}
-_MODULES = ("routers.rule_baseline", "routers.learned")
-_loaded = False
+from dataset.registry import Registry
+
+#: built-in families, imported in this order (listing order); other modules in
+#: routers/families/ follow, sorted by name
+_BUILTIN = ("routers.rule_baseline", "routers.reference", "routers.families.dt",
+            "routers.families.rf", "routers.families.lr", "routers.families.lgbm")
 
 
-def register_router(name: str, factory: Callable, description: str = "") -> None:
-    _REGISTRY[name] = (factory, description)
+@dataclass(frozen=True)
+class RouterFamily:
+    """A registered router family.
+
+    ``factory(**params)`` builds an unfitted estimator. ``learned`` families are
+    trained by ``modeswitch train`` (their class has ``search_space(trial) -> params``);
+    the others (rule, reference, oracle) are scored beside them.
+    """
+
+    name: str
+    factory: Callable
+    description: str = ""
+    learned: bool = True
 
 
-def _load() -> None:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for mod in _MODULES:
-            importlib.import_module(mod)
+def _discover() -> None:
+    for mod in _BUILTIN:
+        importlib.import_module(mod)
+    import routers.families as fam
+
+    for info in sorted(pkgutil.iter_modules(fam.__path__), key=lambda i: i.name):
+        importlib.import_module(f"routers.families.{info.name}")
+
+
+ROUTERS: Registry[RouterFamily] = Registry("router", _discover)
+
+
+def register_router(family: RouterFamily) -> RouterFamily:
+    return ROUTERS.register(family.name, family)
+
+
+def get_family(name: str) -> RouterFamily:
+    return ROUTERS.get(name)
 
 
 def get_router(name: str, **params):
-    _load()
-    try:
-        factory, _ = _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown router {name!r}; registered: {', '.join(sorted(_REGISTRY))}") from None
-    return factory(**params)
+    """An unfitted router of family ``name`` with ``params``."""
+    return ROUTERS.get(name).factory(**params)
 
 
 def list_routers() -> dict[str, str]:
-    _load()
-    return {k: v[1] for k, v in _REGISTRY.items()}
+    """name -> description, in registration order."""
+    return {name: f.description for name, f in ROUTERS.items()}
+
+
+def learned_families() -> list[str]:
+    return [name for name, f in ROUTERS.items() if f.learned]

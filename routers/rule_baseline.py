@@ -34,7 +34,8 @@ from sklearn.utils.validation import check_is_fitted
 from dataset.features import FEATURE_SET_A, NONE_CATEGORY
 from dataset.requests import Request
 from engine.modes import mode_names, reference_mode, resolve_mode
-from routers.registry import register_router
+from routers.base import RouterMixin
+from routers.registry import RouterFamily, register_router
 
 SYNTHETIC_FAMILIES = {
     "short_prompt_short_output": "gptq_4bit",
@@ -88,7 +89,7 @@ def _cat(value) -> str:
     return str(value).lower()
 
 
-class RuleBaselineRouter(ClassifierMixin, BaseEstimator):
+class RuleBaselineRouter(RouterMixin, ClassifierMixin, BaseEstimator):
     """The study's hand-written controller. ``fit`` learns nothing from data; it
     resolves the policy's modes against the backend's ``available_modes`` (a mode with no
     available substitute is an error, or with ``unavailable="reference"`` the reference)."""
@@ -122,6 +123,7 @@ class RuleBaselineRouter(ClassifierMixin, BaseEstimator):
                     raise
                 self.mode_map_[m] = ref
         self.classes_ = np.array(sorted(set(self.mode_map_.values())))
+        self.modes_ = [str(m) for m in self.classes_]
         if X is not None:
             self._check_columns(X)
             self.n_features_in_ = X.shape[1]
@@ -219,4 +221,5 @@ class RuleBaselineRouter(ClassifierMixin, BaseEstimator):
         return X
 
 
-register_router("rule", RuleBaselineRouter, "the study's rule controller (baseline)")
+register_router(RouterFamily("rule", RuleBaselineRouter, "the study's rule controller (baseline)",
+                             learned=False))

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from dataset.benchmarks import read_benchmark, score
+from dataset.benchmarks import read_benchmark, score_answer
 from dataset.errors import InputFileError
 
 
@@ -16,7 +16,7 @@ from dataset.errors import InputFileError
     ("anything", None, "external_judge", None),
 ])
 def test_scoring(out, ref, mode, want):
-    assert score(out, ref, mode) == want
+    assert score_answer(out, ref, mode) == want
 
 
 def test_read_benchmark_validates(tmp_path):
@@ -42,4 +42,4 @@ def test_shared_benchmark_samples_load_and_score(tmp_path):
         assert r.benchmark_suite and r.evaluation_mode and r.prompt
         if r.evaluation_mode == "multiple_choice_accuracy":
             letter = r.reference.split("|")[0]
-            assert score(f"Answer: {letter}", r.reference, r.evaluation_mode) == 1.0
+            assert score_answer(f"Answer: {letter}", r.reference, r.evaluation_mode) == 1.0

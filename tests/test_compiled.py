@@ -10,7 +10,7 @@ from dataset.requests import Request
 from dataset.workloads import get_workload
 from oracle.training_table import build_training_table
 from routers import get_router
-from routers.compiled import compile
+from routers.compiler.compiled import compile
 from tests.test_routers_learned import synthetic_profile
 
 FAMILIES = ["short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",
@@ -90,7 +90,7 @@ def test_safety_guarded_routers_are_refused(data):
 @settings(max_examples=300, deadline=None)
 @given(t=st.floats(-1e6, 1e6, allow_nan=False), dx=st.integers(-3, 3))
 def test_float32_boundary_reproduces_float32_comparisons(t, dx):
-    from routers.codegen import float32_boundary
+    from routers.compiler.codegen import float32_boundary
 
     b, inclusive = float32_boundary(t)
     x = b
@@ -172,7 +172,7 @@ def test_training_sample_is_kept_in_the_kernels_layout(fitted, data):
 def test_released_routers_free_their_kernel_slots(fitted, data):
     import gc
 
-    from routers.compiled import library
+    from routers.compiler.compiled import library
 
     est, _ = fitted[("lgbm", "B")]
     _, held = data

@@ -9,9 +9,12 @@ from sklearn.utils.estimator_checks import check_estimator
 from dataset.workloads import get_workload
 from oracle.training_table import build_training_table, table_meta
 from routers import get_router
-from routers.costs import cost_matrix, evaluate, regret_weights
-from routers.learned import DecisionTreeRouter, LightGBMRouter, LogisticRouter, RandomForestRouter
-from routers.splits import split_indices
+from routers.families.dt import DecisionTreeRouter
+from routers.families.lgbm import LightGBMRouter
+from routers.families.lr import LogisticRouter
+from routers.families.rf import RandomForestRouter
+from routers.training.costs import cost_matrix, objective_metrics, regret_weights
+from routers.training.splits import split_indices
 from tests.helpers import profile, row
 
 REF = "fp16_baseline"
@@ -93,9 +96,9 @@ def test_costs_and_regret_weights(table):
     assert (c[unsafe] >= 2.0).all()
     w = regret_weights(table, modes)
     assert w.mean() == pytest.approx(1.0) and (w > 0).all()
-    ev = evaluate(table, table["label"], modes)
+    ev = objective_metrics(table, table["label"], modes)
     assert ev["oracle_match"] == 1 and ev["objective"] == pytest.approx(0) and ev["violation_rate_any"] == 0
-    bad = evaluate(table, ["gptq_4bit"] * len(table), modes)
+    bad = objective_metrics(table, ["gptq_4bit"] * len(table), modes)
     assert bad["violation_rate_quality"] > 0 and bad["objective"] > 0
 
 
@@ -124,7 +127,7 @@ def test_routers_learn_the_table_and_safety_guard_falls_back(table):
 def test_small_tracked_training_run(table, tmp_path):
     import mlflow
 
-    from routers.training import TrainConfig, train
+    from routers.training.trainer import TrainConfig, train
 
     cfg = TrainConfig(routers=["dt", "lgbm"], trials=4, split="group", mlruns=str(tmp_path / "mlruns"))
     res = train(table, cfg)
@@ -148,7 +151,7 @@ def test_small_tracked_training_run(table, tmp_path):
 
 
 def test_paper_preset(table, tmp_path):
-    from routers.training import TrainConfig, train
+    from routers.training.trainer import TrainConfig, train
 
     res = train(table, TrainConfig(routers=["dt"], preset="modeswitch-paper", trials=0,
                                    mlruns=str(tmp_path / "m")))

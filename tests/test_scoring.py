@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from routers.scoring import OracleRouter, ReferenceRouter, score_offline, score_requests, summarise
+from routers.reference import FixedModeRouter, OracleRouter
+from routers.scoring.offline import aggregate_scores, score_offline, score_requests
 
 
 def table(rows):
@@ -53,7 +54,7 @@ def test_overhead_is_charged_in_speedup():
 
 def test_equal_family_weights_differ_from_request_weights():
     t = table(base_rows())
-    fam, overall = summarise(score_offline(t, {"always_fast": ReferenceRouter("fast")}))
+    fam, overall = aggregate_scores(score_offline(t, {"always_fast": FixedModeRouter("fast").fit()}))
     f = fam.set_index("family")
     assert f.loc["a", "speedup"] == pytest.approx(2.0) and f.loc["b", "speedup"] == pytest.approx(4.0)
     o = overall.set_index("weighting")
@@ -75,7 +76,7 @@ def test_violations_are_counted_by_type_and_unknown_modes_are_unmeasured():
     assert per["violates_energy"].tolist() == [False, True, True, False]
     assert per["violates_memory"].tolist() == [False, False, True, False]
     assert per["violates_unmeasured"].tolist() == [False, False, False, True]
-    _, overall = summarise(per)
+    _, overall = aggregate_scores(per)
     req = overall.set_index("weighting").loc["requests"]
     assert req["violations_energy"] == 2 and req["violation_rate_energy"] == pytest.approx(0.5)
     assert req["violations_any"] == 4
@@ -87,9 +88,9 @@ def test_violations_are_counted_by_type_and_unknown_modes_are_unmeasured():
 
 def test_oracle_capture_and_match():
     t = table(base_rows())
-    per = score_offline(t, {"ref": ReferenceRouter(), "oracle": OracleRouter(),
-                            "half": ReferenceRouter("fast")}, {"half": 0.0})
-    _, overall = summarise(per)
+    per = score_offline(t, {"ref": FixedModeRouter().fit(), "oracle": OracleRouter().fit(t),
+                            "half": FixedModeRouter("fast").fit()}, {"half": 0.0})
+    _, overall = aggregate_scores(per)
     o = overall[overall["weighting"] == "requests"].set_index("router")
     assert o.loc["oracle", "latency_capture"] == pytest.approx(1.0)
     assert o.loc["ref", "latency_capture"] == pytest.approx(0.0)
@@ -100,7 +101,7 @@ def test_oracle_capture_and_match():
 def test_live_scores_compare_each_pick_with_the_reference_run():
     from dataset.requests import Request
     from oracle.constraints import Constraints
-    from routers.live import score_live, stratified, summarise_live
+    from routers.scoring.live import score_live, stratified, summarise_live
 
     stream = [Request(id="r1", prompt_tokens=10, expected_output_tokens=4, family="a"),
               Request(id="r2", prompt_tokens=10, expected_output_tokens=4, family="b")]
@@ -125,8 +126,8 @@ def test_score_offline_and_live_on_the_tiny_model(tiny_models, tmp_path):
     from engine.profiler import Profiler, ProfileSpec
     from oracle.constraints import Constraints
     from oracle.training_table import build_training_table
-    from routers.evaluation import ScoreConfig, score
-    from routers.training import TrainConfig, train
+    from routers.scoring.run import ScoreConfig, score_routers
+    from routers.training.trainer import TrainConfig, train
 
     target = tiny_models.target
     fams = ["short_prompt_short_output", "batch_pressure", "shared_prefix_chat"]
@@ -140,7 +141,7 @@ def test_score_offline_and_live_on_the_tiny_model(tiny_models, tmp_path):
     mlruns = tmp_path / "mlruns"
     # measured labels may come out as one class on so small a profile: tree routers take that
     train(tab, TrainConfig(routers=["dt", "rf"], trials=2, split="random", mlruns=str(mlruns)))
-    res = score(tab, ScoreConfig(mlruns=str(mlruns), decisions=500, live=True, live_requests=3,
+    res = score_routers(tab, ScoreConfig(mlruns=str(mlruns), decisions=500, live=True, live_requests=3,
                                  model=str(target)), tmp_path / "report")
     head = res["headline"]
     assert {"rule", "reference", "dt", "rf", "oracle"} <= set(head.index)
@@ -159,4 +160,4 @@ def test_score_offline_and_live_on_the_tiny_model(tiny_models, tmp_path):
     arts = {a.path for a in mlflow.MlflowClient().list_artifacts(res["mlflow_run_id"], "report/plots")}
     assert "report/plots/routing_overhead.png" in arts
     with pytest.raises(FileExistsError):
-        score(tab, ScoreConfig(mlruns=str(mlruns), decisions=100), tmp_path / "report")
+        score_routers(tab, ScoreConfig(mlruns=str(mlruns), decisions=100), tmp_path / "report")

@@ -7,8 +7,6 @@ the source columns that identify its format, and a ``convert`` function.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +15,7 @@ import pandas as pd
 
 from dataset.errors import InputFileError
 from dataset.profile_schema import conform, validate_profile
+from dataset.registry import Registry, discover_package
 
 
 @dataclass(frozen=True)
@@ -27,22 +26,15 @@ class Importer:
     convert: Callable[[pd.DataFrame, Path], pd.DataFrame]
 
 
-_REGISTRY: dict[str, Importer] = {}
-_loaded = False
+IMPORTERS: Registry[Importer] = Registry("importer", discover_package(__name__))
 
 
 def register_importer(importer: Importer) -> Importer:
-    _REGISTRY[importer.name] = importer
-    return importer
+    return IMPORTERS.register(importer.name, importer)
 
 
 def list_importers() -> list[Importer]:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for info in pkgutil.iter_modules(__path__):
-            importlib.import_module(f"{__name__}.{info.name}")
-    return list(_REGISTRY.values())
+    return IMPORTERS.values()
 
 
 def detect_importer(columns, path=None) -> Importer:
@@ -66,9 +58,7 @@ def import_file(path, importer: str | None = None) -> pd.DataFrame:
         raise FileNotFoundError(f"{path} does not exist")
     raw = pd.read_csv(path, keep_default_na=True)
     if importer is not None:
-        imp = {i.name: i for i in list_importers()}.get(importer)
-        if imp is None:
-            raise ValueError(f"unknown importer {importer!r}")
+        imp = IMPORTERS.get(importer)
         missing = sorted(imp.signature - set(raw.columns))
         if missing:
             raise InputFileError(path, None, missing[0], f"column required by {imp.name} is missing")

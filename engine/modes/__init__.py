@@ -7,51 +7,26 @@ lm-evaluation-harness discovers tasks.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
+from dataset.registry import Registry, UnknownNameError, discover_package
 from engine.modes.config import ModeConfig, SpeculativeConfig
 
-_REGISTRY: dict[str, ModeConfig] = {}
-_loaded = False
+#: an unknown mode name (a ``KeyError`` whose message lists the registered modes)
+UnknownModeError = UnknownNameError
 
-
-class UnknownModeError(KeyError):
-    def __str__(self):
-        return self.args[0]
+MODES: Registry[ModeConfig] = Registry("mode", discover_package(__name__, skip=("config",)))
 
 
 def register_mode(mode: ModeConfig) -> ModeConfig:
-    if mode.name in _REGISTRY and _REGISTRY[mode.name] != mode:
-        raise ValueError(f"mode {mode.name!r} is registered twice with different settings")
-    _REGISTRY[mode.name] = mode
-    return mode
-
-
-def _load_all() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if info.name != "config":
-            importlib.import_module(f"{__name__}.{info.name}")
+    return MODES.register(mode.name, mode)
 
 
 def get_mode(name: str) -> ModeConfig:
-    _load_all()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise UnknownModeError(
-            f"unknown mode {name!r}; registered modes: {', '.join(_REGISTRY)}"
-        ) from None
+    return MODES.get(name)
 
 
 def list_modes() -> list[ModeConfig]:
     """All registered modes, in registration order."""
-    _load_all()
-    return list(_REGISTRY.values())
+    return MODES.values()
 
 
 def mode_names() -> list[str]:
@@ -85,6 +60,7 @@ def resolve_mode(name: str, available) -> str:
 
 
 __all__ = [
+    "MODES",
     "ModeConfig",
     "SpeculativeConfig",
     "UnknownModeError",

@@ -8,7 +8,7 @@ as the field's type or fail with the field named.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
@@ -82,6 +82,14 @@ class ModeConfig:
         """True when the mode should give the reference's greedy output exactly."""
         return self.quantization == "none" and self.kv_cache_dtype == "auto"
 
+    def missing_draft(self, draft_path) -> str | None:
+        """Why this mode cannot run without a draft model (``None`` when it can): the one
+        check the profiler, the server and every backend's capabilities use."""
+        s = self.speculative
+        if s is not None and s.method == "draft_model" and not s.draft_model and not draft_path:
+            return "no draft model given (--draft-model PATH)"
+        return None
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -111,9 +119,6 @@ class ModeConfig:
             else:
                 data[head] = None if value in ("none", "None", "") and head == "speculative" else value
         return ModeConfig.from_dict(data)
-
-    def renamed(self, name: str) -> ModeConfig:
-        return replace(self, name=name)
 
 
 _ADAPTER = TypeAdapter(ModeConfig)

@@ -140,7 +140,6 @@ def _default_factory(cfg: ServerConfig):
 
             eng = TransformersEngine(mode, cfg.model_path, cfg.draft_path, cfg.device).load()
         eng.warmup()
-        eng.weights_mb = eng.weights_bytes() / 2**20
         return eng
 
     return make

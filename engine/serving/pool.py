@@ -49,7 +49,7 @@ class EnginePool:
             self._busy[mode] -= 1
 
     def _weights_mb(self, eng) -> float:
-        return float(getattr(eng, "weights_mb", 0.0) or 0.0)
+        return float(eng.weights_mb)
 
     def _evict(self):
         total = sum(self._weights_mb(e) for e in self._engines.values())

@@ -18,8 +18,9 @@ import numpy as np
 import pandas as pd
 
 from oracle.training_table import frame_hash, table_meta
+from routers.reference import FixedModeRouter, OracleRouter
 from routers.rule_baseline import RuleBaselineRouter
-from routers.scoring import OracleRouter, ReferenceRouter, requests_from_table
+from routers.scoring.offline import requests_from_table
 
 
 @dataclass
@@ -34,6 +35,7 @@ class ScoreConfig:
     model: str = "tiny"
     draft_model: str | None = None
     device: str = "cpu"
+    backend: str = "transformers"
     seed: int = 0
     name: str | None = None
 
@@ -54,7 +56,7 @@ def find_runs(table: pd.DataFrame, mlruns: str, run_ids=()) -> list[dict]:
     """Training runs to score: the named ones, or the latest per family for this table."""
     import mlflow
 
-    from routers.tracking import setup
+    from routers.training.tracking import setup
 
     thash = frame_hash(table.reset_index(drop=True))
     setup(Path(mlruns), f"modeswitch-train-{thash}")
@@ -110,7 +112,7 @@ def load_routers(table, mlruns, run_ids=()) -> list[TrainedRouter]:
 
 def held_out_rows(table: pd.DataFrame, trained: list[TrainedRouter]) -> np.ndarray:
     """The test rows of the first fold of the routers' split (which must agree)."""
-    from routers.splits import split_indices
+    from routers.training.splits import split_indices
 
     keys = {(t.split, t.test_size, t.seed) for t in trained}
     if len(keys) > 1:
@@ -120,11 +122,11 @@ def held_out_rows(table: pd.DataFrame, trained: list[TrainedRouter]) -> np.ndarr
     return np.sort(split_indices(table, split, test_size, seed)[0][1])
 
 
-def score(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=None) -> dict:
+def score_routers(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=None) -> dict:
     """Run the whole scoring; returns the tables and figures (the report is written to ``out``)."""
-    from routers import overhead as oh
-    from routers import report
-    from routers.scoring import score_offline, summarise
+    from routers.scoring import overhead as oh
+    from routers.scoring import report
+    from routers.scoring.offline import aggregate_scores, score_offline
 
     def say(msg):
         if progress:
@@ -137,7 +139,7 @@ def score(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=None) -> di
     trained = load_routers(table, cfg.mlruns, cfg.run_ids)
     test = table.iloc[held_out_rows(table, trained)].reset_index(drop=True)
     test.attrs = table.attrs
-    routers = {"reference": ReferenceRouter(), "rule": RuleBaselineRouter(available_modes=modes, unavailable="reference").fit()}
+    routers = {"reference": FixedModeRouter().fit(), "rule": RuleBaselineRouter(available_modes=modes, unavailable="reference").fit()}
     routers.update({t.name: t.estimator for t in trained})
     requests = requests_from_table(test)
     say("measuring routing overhead")
@@ -145,9 +147,9 @@ def score(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=None) -> di
     overhead = oh.measure(routers, requests, cfg.decisions, cfg.pipeline_decisions, cfg.compiled,
                           progress=say, functions=functions)
     say("offline scoring")
-    with_oracle = {**routers, "oracle": OracleRouter()}
+    with_oracle = {**routers, "oracle": OracleRouter().fit(test)}
     per_request = score_offline(test, with_oracle, {k: v.p50_us for k, v in overhead.items()})
-    per_family, overall = summarise(per_request)
+    per_family, overall = aggregate_scores(per_request)
     context = {
         "name": cfg.name or out.name, "training_table_hash": frame_hash(table),
         "profile_hash": meta["profile_hash"], "held_out_requests": len(test),
@@ -161,14 +163,14 @@ def score(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=None) -> di
     if cfg.live:
         from engine.models.resolve import resolve_models
         from oracle.constraints import Constraints
-        from routers.live import run_live, score_live, stratified, summarise_live
+        from routers.scoring.live import run_live, score_live, stratified, summarise_live
 
         stream = stratified(requests, cfg.live_requests, cfg.seed)
         decisions = {name: [str(fn(r)) for r in stream] for name, (fn, _, _) in functions.items()}
-        label_of = dict(zip(test["request_id"].astype(str), test["label"].astype(str)))
-        decisions["oracle"] = [label_of[r.id] for r in stream]  # the profile oracle's pick, run live
+        # the profile oracle's pick, run live
+        decisions["oracle"] = [with_oracle["oracle"].route(r) for r in stream]
         target, draft, _ = resolve_models(cfg.model, cfg.draft_model, None, None, lambda *a: None)
-        runs = run_live(stream, decisions, target, draft, cfg.device, progress=say)
+        runs = run_live(stream, decisions, target, draft, cfg.device, progress=say, backend=cfg.backend)
         live_per, estimate, live_figures = score_live(
             runs, stream, decisions, {k: v.p50_us for k, v in overhead.items()},
             Constraints(**{k: v for k, v in meta["constraints"].items()}), test)

@@ -8,7 +8,7 @@ result is p50/p95/p99 in microseconds plus batch throughput (decisions/s) on a
 ready feature frame.
 
 Learned routers are measured in their compiled form by default
-(:func:`routers.compiled.compile`); ``compiled=False`` measures the study's path (a
+(:func:`routers.compiler.compiled.compile`); ``compiled=False`` measures the study's path (a
 one-row DataFrame through the scikit-learn pipeline), which costs milliseconds, so
 it gets fewer decisions.
 """
@@ -36,25 +36,19 @@ class Overhead:
         return dict(self.__dict__)
 
 
-def decision_function(router, compiled: bool = True, feature_set: str | None = None):
+def decision_function(router, compiled: bool = True):
     """(callable(request) -> mode, path description, compiled router or None) for one
     decision from a raw request; the compiled router also serves batch throughput."""
-    from dataset.features import features_frame
-
-    if getattr(router, "pipeline_", None) is None:
-        return router.route, "python", None
     reason = ""
     if compiled:
-        from routers.compiled import compile
-
-        try:
-            c = compile(router)
-            return c.route, "compiled", c
-        except (ValueError, TypeError, RuntimeError) as exc:  # e.g. a safety-guarded router
-            reason = str(exc).splitlines()[0]
-    fs = feature_set or getattr(router, "feature_set", "B")
-    path = "pipeline" + (f" (not compiled: {reason})" if reason else "")
-    return (lambda r: router.predict(features_frame([r], fs))[0]), path, None
+        fast = router.compile()
+        if fast is not None:
+            return fast.route, "compiled", fast
+        reason = router.compile_reason_
+    path = router.decision_path
+    if path == "pipeline" and reason:
+        path += f" (not compiled: {reason})"
+    return router.route, path, None
 
 
 def time_decisions(fn, requests, n: int, warmup: int = 500) -> np.ndarray:
@@ -104,30 +98,27 @@ def batch_throughput(router, frame, compiled_router=None, min_rows: int = 100_00
         t0 = time.perf_counter()
         compiled_router.predict_matrix(M)
         return len(M) / (time.perf_counter() - t0)
-    if getattr(router, "predict", None) is None:
-        return None
     router.predict(frame.iloc[:10])
     t0 = time.perf_counter()
     router.predict(frame)
     return len(frame) / (time.perf_counter() - t0)
 
 
-def decision_functions(routers: dict, compiled: bool = True, feature_set: str | None = None) -> dict:
-    """name -> (fn, path, compiled router or None) for every router that can decide from a
-    request (the oracle cannot); built once, shared by the overhead and live measurements."""
-    return {name: decision_function(r, compiled, feature_set) for name, r in routers.items()
-            if getattr(r, "route", None) is not None or getattr(r, "pipeline_", None) is not None}
+def decision_functions(routers: dict, compiled: bool = True) -> dict:
+    """name -> (fn, path, compiled router or None) for every router; built once, shared by
+    the overhead and live measurements."""
+    return {name: decision_function(r, compiled) for name, r in routers.items()}
 
 
 def measure(routers: dict, requests, decisions: int = 20_000, pipeline_decisions: int = 300,
-            compiled: bool = True, feature_set: str | None = None, progress=None,
+            compiled: bool = True, progress=None,
             functions: dict | None = None) -> dict[str, Overhead]:
     """Overhead of every router (name -> fitted router) on the same request stream;
     ``functions`` reuses :func:`decision_functions` already built."""
     from dataset.features import features_frame
 
     frame = features_frame(requests, "B", with_context=True)
-    functions = functions if functions is not None else decision_functions(routers, compiled, feature_set)
+    functions = functions if functions is not None else decision_functions(routers, compiled)
     fast = {name: f[0] for name, f in functions.items() if not f[1].startswith("pipeline")}
     if progress is not None and fast:
         progress(f"routing overhead: {', '.join(fast)} side by side ({decisions} decisions each)")

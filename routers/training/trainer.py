@@ -1,7 +1,7 @@
 """Train the learned routers: splits, Optuna tuning, MLflow tracking.
 
 Per router family: an Optuna study (TPE sampler, median pruner) minimises the
-validation objective of :mod:`routers.costs` (mean latency regret + penalty per
+validation objective of :mod:`routers.training.costs` (mean latency regret + penalty per
 unsafe pick) over inner folds of the training part, reporting after each fold
 so that poor trials are pruned. The best parameters are refit on the training
 part and scored on the held-out part next to the rule baseline on the same
@@ -22,37 +22,10 @@ import numpy as np
 import pandas as pd
 
 from oracle.training_table import frame_hash, table_meta
-from routers.costs import UNSAFE_PENALTY, evaluate, regret_weights
-from routers.registry import get_router
+from routers.registry import get_family, get_router, learned_families
 from routers.rule_baseline import RuleBaselineRouter
-from routers.splits import inner_folds, split_indices
-
-FAMILIES = ("dt", "rf", "lr", "lgbm")
-
-
-def _space(family: str, trial) -> dict:
-    cw = trial.suggest_categorical("class_weight", [None, "balanced"])
-    if family == "dt":
-        return dict(max_depth=trial.suggest_int("max_depth", 2, 12),
-                    min_samples_leaf=trial.suggest_int("min_samples_leaf", 1, 20),
-                    criterion=trial.suggest_categorical("criterion", ["gini", "entropy"]),
-                    class_weight=cw)
-    if family == "rf":
-        return dict(n_estimators=trial.suggest_int("n_estimators", 20, 200, step=20),
-                    max_depth=trial.suggest_int("max_depth", 3, 12),
-                    min_samples_leaf=trial.suggest_int("min_samples_leaf", 1, 10),
-                    max_features=trial.suggest_categorical("max_features", ["sqrt", 0.5, 1.0]),
-                    class_weight=cw)
-    if family == "lr":
-        return dict(C=trial.suggest_float("C", 1e-3, 1e2, log=True), class_weight=cw)
-    if family == "lgbm":
-        return dict(n_estimators=trial.suggest_int("n_estimators", 20, 200, step=20),
-                    num_leaves=trial.suggest_int("num_leaves", 4, 63),
-                    learning_rate=trial.suggest_float("learning_rate", 0.02, 0.3, log=True),
-                    min_child_samples=trial.suggest_int("min_child_samples", 5, 50),
-                    class_weight=cw)
-    raise ValueError(f"unknown router family {family!r}; choose from {FAMILIES}")
-
+from routers.training.costs import UNSAFE_PENALTY, objective_metrics, regret_weights
+from routers.training.splits import inner_folds, split_indices
 
 #: The study's learned-router setup (arXiv 2605.23057): random 75/25 split, seed 42,
 #: scaler + one-hot pipeline, fixed hyperparameters.
@@ -69,7 +42,8 @@ PAPER_PRESET = {
 
 @dataclass
 class TrainConfig:
-    routers: list[str] = field(default_factory=lambda: list(FAMILIES))
+    #: router families to train (default: every registered learned family)
+    routers: list[str] = field(default_factory=learned_families)
     feature_set: str = "A"
     split: str = "group"
     trials: int = 30
@@ -121,14 +95,15 @@ def tune(family, cfg: TrainConfig, table, y, safe, modes, train_idx, study_name,
     )
     train = table.iloc[train_idx]
     folds = inner_folds(train, cfg.split, cfg.seed)
+    space = get_family(family).factory.search_space
 
     def objective(trial):
-        params = _space(family, trial)
+        params = space(trial)
         use_w = trial.suggest_categorical("regret_weights", [False, True])
         scores = []
         for step, (tr, va) in enumerate(folds):
             est = _fit(family, params, cfg, train, y[train_idx], safe.iloc[train_idx], modes, tr, use_w)
-            scores.append(evaluate(train.iloc[va], est.predict(train.iloc[va]), modes,
+            scores.append(objective_metrics(train.iloc[va], est.predict(train.iloc[va]), modes,
                                    cfg.unsafe_penalty)["objective"])
             trial.report(float(np.mean(scores)), step)
             if trial.should_prune():
@@ -195,7 +170,7 @@ def train(table: pd.DataFrame, cfg: TrainConfig, progress=None) -> pd.DataFrame:
     from mlflow.models import infer_signature
     from optuna_integration.mlflow import MLflowCallback
 
-    from routers.tracking import git_commit, setup, tracking_uri
+    from routers.training.tracking import git_commit, setup, tracking_uri
 
     cfg.apply_preset()
     meta = table_meta(table)
@@ -259,9 +234,9 @@ def train(table: pd.DataFrame, cfg: TrainConfig, progress=None) -> pd.DataFrame:
                 est = est if est is not None else est_f
             test_rows = np.array(sorted(test_rows))
             test = table.iloc[test_rows]
-            metrics = evaluate(test, preds[test_rows], modes, cfg.unsafe_penalty)
+            metrics = objective_metrics(test, preds[test_rows], modes, cfg.unsafe_penalty)
             rule = RuleBaselineRouter(available_modes=modes, unavailable="reference").fit()
-            rule_metrics = evaluate(test, rule.predict(test), modes, cfg.unsafe_penalty)
+            rule_metrics = objective_metrics(test, rule.predict(test), modes, cfg.unsafe_penalty)
             mlflow.log_metrics({f"test_{k}": v for k, v in metrics.items()})
             mlflow.log_metrics({f"rule_test_{k}": v for k, v in rule_metrics.items()})
             with tempfile.TemporaryDirectory() as tmp:

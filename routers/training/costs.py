@@ -57,7 +57,7 @@ def regret_weights(table: pd.DataFrame, modes=None, unsafe_penalty: float = UNSA
     return w / w.mean()
 
 
-def evaluate(table: pd.DataFrame, pred, modes=None, unsafe_penalty: float = UNSAFE_PENALTY) -> dict:
+def objective_metrics(table: pd.DataFrame, pred, modes=None, unsafe_penalty: float = UNSAFE_PENALTY) -> dict:
     """Oracle match, macro-F1, regret, violation rates by type, and the objective."""
     modes = modes or modes_of(table)
     pred = np.asarray(pred, dtype=object)

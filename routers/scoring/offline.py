@@ -2,7 +2,7 @@
 
 For each held-out request and router the pick is looked up in the table's
 per-mode columns (measured or estimated from profiles) and charged the router's
-measured routing overhead (p50, from :mod:`routers.overhead`):
+measured routing overhead (p50, from :mod:`routers.scoring.overhead`):
 
 * ``speedup``: reference latency / (pick latency + overhead), aggregated as the
   ratio of summed latencies (mean latency speedup, as the study reports it);
@@ -29,36 +29,10 @@ import numpy as np
 import pandas as pd
 
 from dataset.requests import Request
+from engine.modes import reference_mode
 from oracle.training_table import table_meta
-from routers.learned import REFERENCE
 
 VIOLATION_TYPES = ("quality", "energy", "memory", "unmeasured")
-
-
-# ------------------------------------------------------------------ routers
-class ReferenceRouter:
-    """Always the reference mode: the speedup-1.0 line every router is measured against."""
-
-    def __init__(self, mode: str = REFERENCE):
-        self.mode = mode
-
-    def fit(self, X=None, y=None):
-        return self
-
-    def predict(self, X):
-        return np.full(len(X), self.mode, dtype=object)
-
-    def route(self, request):
-        return self.mode
-
-
-class OracleRouter:
-    """The table's label: an upper bound, not a router (it needs every mode's measured cost)."""
-
-    def predict(self, X):
-        return X["label"].to_numpy(dtype=object)
-
-    route = None  # no request-only decision exists
 
 
 def requests_from_table(table: pd.DataFrame) -> list[Request]:
@@ -81,12 +55,9 @@ def requests_from_table(table: pd.DataFrame) -> list[Request]:
 
 
 def predictions(router, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(picks, fell-back mask) for a feature/table frame."""
-    if hasattr(router, "predict_with_fallback"):
-        picks, fell = router.predict_with_fallback(X)
-        return np.asarray(picks, dtype=object), np.asarray(fell, dtype=bool)
-    picks = np.asarray(router.predict(X), dtype=object)
-    return picks, np.zeros(len(picks), dtype=bool)
+    """(picks, fell-back mask) for a feature/table frame (any :class:`~routers.base.Router`)."""
+    picks, fell = router.predict_with_fallback(X)
+    return np.asarray(picks, dtype=object), np.asarray(fell, dtype=bool)
 
 
 # ------------------------------------------------------------------ per request
@@ -112,7 +83,7 @@ def score_requests(table: pd.DataFrame, picks, fell=None, overhead_us: float = 0
     modes = set(meta["modes"])
     picks = np.asarray(picks, dtype=object)
     ref_mode = table["reference_mode"].to_numpy(dtype=object) if "reference_mode" in table else \
-        np.full(len(table), REFERENCE, dtype=object)
+        np.full(len(table), reference_mode().name, dtype=object)
     lat = _pick(table, "latency_ms", picks)
     ref_lat = _pick(table, "latency_ms", ref_mode)
     oracle_lat = _pick(table, "latency_ms", table["label"].to_numpy(dtype=object))
@@ -177,7 +148,7 @@ def _aggregate(g: pd.DataFrame) -> dict:
     return out
 
 
-def summarise(per_request: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def aggregate_scores(per_request: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per-family table, overall table with ``weighting`` in {families, requests})."""
     fam = pd.DataFrame([{"router": r, "family": f, **_aggregate(g)}
                         for (r, f), g in per_request.groupby(["router", "family"], sort=False)])
@@ -195,7 +166,7 @@ def summarise(per_request: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def score_offline(table: pd.DataFrame, routers: dict, overhead_us: dict | None = None) -> pd.DataFrame:
-    """Per-request scores for every router (name -> object with ``predict``)."""
+    """Per-request scores for every router (name -> fitted :class:`~routers.base.Router`)."""
     overhead_us = overhead_us or {}
     parts = []
     for name, router in routers.items():

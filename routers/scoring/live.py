@@ -26,12 +26,12 @@ error, so users see how far the oracle's estimates can be trusted.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from dataset.requests import Request
+from engine.modes import reference_mode
 
 
 def stratified(requests: list[Request], n: int, seed: int = 0) -> list[Request]:
@@ -57,17 +57,22 @@ def _group(req: Request) -> list[Request]:
 
 
 def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path, draft_path=None,
-             device: str = "cpu", reference: str = "fp16_baseline", progress=None,
-             watts_per_core: float = 4.0) -> pd.DataFrame:
-    """Run each request in the reference mode and every chosen mode; one row per (request, mode)."""
-    from engine.backends.transformers_backend import TransformersEngine, capabilities
+             device: str = "cpu", reference: str | None = None, progress=None,
+             watts_per_core: float = 4.0, backend: str = "transformers") -> pd.DataFrame:
+    """Run each request in the reference mode and every chosen mode on ``backend`` (any
+    registered one); one row per (request, mode)."""
+    from engine.backends.base import EngineSettings
+    from engine.backends.registry import get_backend
     from engine.energy import make_meter
     from engine.prompts import PromptBuilder
     from engine.quality import rouge_l
 
-    caps = capabilities(device)
+    be = get_backend(backend)
+    settings = EngineSettings(str(model_path), str(draft_path) if draft_path else None, device)
+    reference = reference or reference_mode().name
     needed = [reference] + sorted({m for picks in decisions.values() for m in picks} - {reference})
-    unsupported = {m: caps.support(m).reason for m in needed if not caps.support(m).supported}
+    _, runnable, skipped = be.plan(settings, needed)
+    unsupported = {m: skipped[m] for m in needed if m in skipped}
     if unsupported:
         raise ValueError("live scoring needs modes this engine cannot run: " + "; ".join(
             f"{m} ({why})" for m, why in unsupported.items()))
@@ -76,11 +81,9 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
         for m in needed:
             if progress:
                 progress(f"live: loading {m}")
-            e = TransformersEngine(m, Path(model_path), draft_path, device).load()
-            e.warmup()
-            engines[m] = e
+            engines[m] = be.load(m, settings)
         builder = PromptBuilder(engines[reference].tokenizer)
-        meter = make_meter(device, watts_per_core=watts_per_core)
+        meter = make_meter(device, watts_per_core=watts_per_core, include_children=be.child_processes)
         rows = []
         for i, req in enumerate(stream):
             group = [builder.prepare(r) for r in _group(req)]
@@ -119,8 +122,9 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
 
 def score_live(runs: pd.DataFrame, stream: list[Request], decisions: dict[str, list[str]],
                overhead_us: dict[str, float], constraints, table: pd.DataFrame | None = None,
-               reference: str = "fp16_baseline") -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+               reference: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """(per-request live scores per router, per (request, mode) estimate errors, summary figures)."""
+    reference = reference or reference_mode().name
     idx = runs.set_index(["request_id", "mode"])
     rows = []
     for name, picks in decisions.items():

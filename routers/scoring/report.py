@@ -203,7 +203,7 @@ def log_to_mlflow(out: Path, mlruns: Path, head: pd.DataFrame, context: dict,
     """One MLflow run in experiment ``modeswitch-score`` holding the report; returns its id."""
     import mlflow
 
-    from routers.tracking import git_commit, setup
+    from routers.training.tracking import git_commit, setup
 
     setup(Path(mlruns), "modeswitch-score")
     with mlflow.start_run(run_name=context.get("name", out.name)) as run:

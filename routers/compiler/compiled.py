@@ -2,7 +2,7 @@
 
 The study's learned routers cost 4.5-50 ms per decision because each went through
 a pandas row and a scikit-learn pipeline. :func:`compile` turns a fitted router
-into data for a small C kernel (``routers/native/kernels.c``, built once with the
+into data for a small C kernel (``routers/compiler/native/kernels.c``, built once with the
 system C compiler against this Python's headers and cached; it is both a CPython
 extension, for single decisions, and a ctypes library, for batches):
 
@@ -425,7 +425,7 @@ def compile(router, region_budget: tuple | None = None) -> CompiledRouter:  # no
     n_features = n_num + len(fam) + len(suite)
     classes = router.classes_
     if isinstance(clf, DecisionTreeClassifier):
-        from routers.codegen import compile_tree
+        from routers.compiler.codegen import compile_tree
 
         comp = CompiledRouter(router, 0, classes, n_num, fam, suite, _sklearn_trees([clf], len(classes), n_features), region_budget)
         # single decisions: generated Python beats a C call for a handful of comparisons

@@ -1,6 +1,9 @@
-"""Learned routers: decision tree, random forest, logistic regression, LightGBM.
+"""What every learned router family shares (:class:`LearnedRouter`).
 
-Each is a scikit-learn classifier (``__init__`` stores parameters, ``fit`` returns
+The families (``dt``, ``rf``, ``lr``, ``lgbm`` and any plug-in) are one module each in
+this package: a subclass with its parameters, ``_make_estimator`` and its Optuna
+search space (``_search_space``), and a :func:`~routers.registry.register_router`
+call. Each is a scikit-learn classifier (``__init__`` stores parameters, ``fit`` returns
 self, learned attributes end in ``_``) wrapping a Pipeline: numeric features
 (feature set A: request shape) scaled where the model needs it, categorical
 features (set B adds family and benchmark suite) one-hot encoded with unknown
@@ -31,19 +34,32 @@ from sklearn.utils.validation import (
     column_or_1d,
 )
 
-from dataset.features import CATEGORICAL_FEATURES, FEATURE_SETS
-from routers.registry import register_router
+from dataset.features import CATEGORICAL_FEATURES, FEATURE_SETS, features_frame
+from dataset.requests import Request
+from engine.modes import reference_mode
+from routers.base import RouterMixin
 
-REFERENCE = "fp16_baseline"
 
-
-class LearnedRouter(ClassifierMixin, BaseEstimator):
-    """Shared machinery; subclasses define ``_make_estimator`` and their parameters."""
+class LearnedRouter(RouterMixin, ClassifierMixin, BaseEstimator):
+    """Shared machinery; subclasses define ``_make_estimator``, ``_search_space`` and
+    their parameters."""
 
     _scale = False
+    decision_path = "pipeline"
 
     def _make_estimator(self):  # pragma: no cover - abstract
         raise NotImplementedError
+
+    @classmethod
+    def _search_space(cls, trial) -> dict:  # pragma: no cover - abstract
+        """The family's own hyperparameters for one Optuna trial."""
+        raise NotImplementedError
+
+    @classmethod
+    def search_space(cls, trial) -> dict:
+        """Parameters for one Optuna trial: class weighting (every family) + the family's own."""
+        cw = trial.suggest_categorical("class_weight", [None, "balanced"])
+        return {**cls._search_space(trial), "class_weight": cw}
 
     def _columns(self, X):
         if not hasattr(X, "columns"):
@@ -109,15 +125,47 @@ class LearnedRouter(ClassifierMixin, BaseEstimator):
                 from routers.rule_baseline import RuleBaselineRouter
 
                 self.fallback_ = RuleBaselineRouter(
-                    available_modes=sorted(set(self.classes_) | {REFERENCE}), unavailable="reference").fit()
+                    available_modes=sorted(set(self.classes_) | {reference_mode().name}),
+                    unavailable="reference").fit()
+        self.modes_ = self._modes()
         return self
+
+    def _modes(self) -> list[str]:
+        """Every mode a decision can be: the classes, plus the fallback's when guarded."""
+        modes = set(map(str, self.classes_))
+        if self.safety_threshold is not None:
+            fb = getattr(self, "fallback_", None)
+            modes |= set(map(str, fb.classes_)) if fb is not None else {reference_mode().name}
+        return sorted(modes)
+
+    # -- the Router protocol -------------------------------------------------------
+    def route(self, request: Request) -> str:
+        """One decision through the scikit-learn pipeline (milliseconds; ``compile()``
+        gives the microsecond path)."""
+        return self.predict(features_frame([request], self.feature_set))[0]
+
+    def explain(self, X) -> list[tuple[str, str]]:
+        picks, fell = self.predict_with_fallback(X)
+        name = type(self).__name__
+        return [(str(m), f"{name}: no mode looked safe, fallback ({self.fallback}) chose {m}" if f
+                 else f"{name}: most likely fastest safe mode {m}") for m, f in zip(picks, fell)]
+
+    def compile(self, region_budget: tuple | None = None):
+        """The compiled router (same decisions, C kernel), or None with ``compile_reason_``."""
+        from routers.compiler import compile as compile_router
+
+        try:
+            return compile_router(self, region_budget)
+        except (ValueError, TypeError, RuntimeError) as exc:  # e.g. a safety-guarded router
+            self.compile_reason_ = str(exc).splitlines()[0]
+            return None
 
     #: training rows kept (model inputs after preprocessing) to tell compile where traffic is
     sample_rows = 2000
 
     def _input_sample(self, X) -> np.ndarray:
         """Up to ``sample_rows`` training rows as the classifier sees them (numbers and
-        one-hot columns; no prompts): :func:`routers.compiled.compile` spends its
+        one-hot columns; no prompts): :func:`routers.compiler.compile` spends its
         region-tree budget where these rows lie."""
         rng = np.random.default_rng(0)
         idx = np.sort(rng.choice(len(X), size=min(len(X), self.sample_rows), replace=False))
@@ -176,7 +224,7 @@ class LearnedRouter(ClassifierMixin, BaseEstimator):
                 Xf = X[fell] if hasattr(X, "iloc") else np.asarray(X)[fell]
                 out[fell] = self.fallback_.predict(Xf)
             else:
-                out[fell] = REFERENCE
+                out[fell] = reference_mode().name
         return out, fell
 
     def predict(self, X):
@@ -197,94 +245,3 @@ class LearnedRouter(ClassifierMixin, BaseEstimator):
         else:
             vals = np.abs(np.atleast_2d(clf.coef_)).mean(0)
         return pd.Series(vals, index=[n.split("__", 1)[-1] for n in names]).sort_values(ascending=False)
-
-
-class DecisionTreeRouter(LearnedRouter):
-    def __init__(self, max_depth=5, min_samples_leaf=3, criterion="gini", class_weight=None,
-                 feature_set="A", safety_threshold=None, fallback="rule", random_state=0):
-        self.max_depth = max_depth
-        self.min_samples_leaf = min_samples_leaf
-        self.criterion = criterion
-        self.class_weight = class_weight
-        self.feature_set = feature_set
-        self.safety_threshold = safety_threshold
-        self.fallback = fallback
-        self.random_state = random_state
-
-    def _make_estimator(self):
-        return DecisionTreeClassifier(max_depth=self.max_depth, min_samples_leaf=self.min_samples_leaf,
-                                      criterion=self.criterion, class_weight=self.class_weight,
-                                      random_state=self.random_state)
-
-
-class RandomForestRouter(LearnedRouter):
-    def __init__(self, n_estimators=100, max_depth=10, min_samples_leaf=2, max_features="sqrt",
-                 class_weight=None, feature_set="A", safety_threshold=None, fallback="rule",
-                 random_state=0, n_jobs=1):
-        self.n_estimators = n_estimators
-        self.max_depth = max_depth
-        self.min_samples_leaf = min_samples_leaf
-        self.max_features = max_features
-        self.class_weight = class_weight
-        self.feature_set = feature_set
-        self.safety_threshold = safety_threshold
-        self.fallback = fallback
-        self.random_state = random_state
-        self.n_jobs = n_jobs
-
-    def _make_estimator(self):
-        from sklearn.ensemble import RandomForestClassifier
-
-        return RandomForestClassifier(n_estimators=self.n_estimators, max_depth=self.max_depth,
-                                      min_samples_leaf=self.min_samples_leaf,
-                                      max_features=self.max_features, class_weight=self.class_weight,
-                                      random_state=self.random_state, n_jobs=self.n_jobs)
-
-
-class LogisticRouter(LearnedRouter):
-    _scale = True
-
-    def __init__(self, C=1.0, max_iter=3000, class_weight=None, feature_set="A",
-                 safety_threshold=None, fallback="rule"):
-        self.C = C
-        self.max_iter = max_iter
-        self.class_weight = class_weight
-        self.feature_set = feature_set
-        self.safety_threshold = safety_threshold
-        self.fallback = fallback
-
-    def _make_estimator(self):
-        from sklearn.linear_model import LogisticRegression
-
-        return LogisticRegression(C=self.C, max_iter=self.max_iter, class_weight=self.class_weight,
-                                  solver="lbfgs")
-
-
-class LightGBMRouter(LearnedRouter):
-    def __init__(self, n_estimators=100, num_leaves=15, learning_rate=0.1, min_child_samples=10,
-                 class_weight=None, feature_set="A", safety_threshold=None, fallback="rule",
-                 random_state=0):
-        self.n_estimators = n_estimators
-        self.num_leaves = num_leaves
-        self.learning_rate = learning_rate
-        self.min_child_samples = min_child_samples
-        self.class_weight = class_weight
-        self.feature_set = feature_set
-        self.safety_threshold = safety_threshold
-        self.fallback = fallback
-        self.random_state = random_state
-
-    def _make_estimator(self):
-        from lightgbm import LGBMClassifier
-
-        return LGBMClassifier(n_estimators=self.n_estimators, num_leaves=self.num_leaves,
-                              learning_rate=self.learning_rate,
-                              min_child_samples=self.min_child_samples,
-                              class_weight=self.class_weight, random_state=self.random_state,
-                              n_jobs=1, verbose=-1)
-
-
-register_router("dt", DecisionTreeRouter, "decision tree (scikit-learn)")
-register_router("rf", RandomForestRouter, "random forest (scikit-learn)")
-register_router("lr", LogisticRouter, "logistic regression (scikit-learn)")
-register_router("lgbm", LightGBMRouter, "gradient-boosted trees (LightGBM)")

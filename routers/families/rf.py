@@ -1,0 +1,40 @@
+"""A random forest (averaged class probabilities of the trees)."""
+
+from __future__ import annotations
+
+from routers.families.base import LearnedRouter
+from routers.registry import RouterFamily, register_router
+
+
+class RandomForestRouter(LearnedRouter):
+    def __init__(self, n_estimators=100, max_depth=10, min_samples_leaf=2, max_features="sqrt",
+                 class_weight=None, feature_set="A", safety_threshold=None, fallback="rule",
+                 random_state=0, n_jobs=1):
+        self.n_estimators = n_estimators
+        self.max_depth = max_depth
+        self.min_samples_leaf = min_samples_leaf
+        self.max_features = max_features
+        self.class_weight = class_weight
+        self.feature_set = feature_set
+        self.safety_threshold = safety_threshold
+        self.fallback = fallback
+        self.random_state = random_state
+        self.n_jobs = n_jobs
+
+    def _make_estimator(self):
+        from sklearn.ensemble import RandomForestClassifier
+
+        return RandomForestClassifier(n_estimators=self.n_estimators, max_depth=self.max_depth,
+                                      min_samples_leaf=self.min_samples_leaf,
+                                      max_features=self.max_features, class_weight=self.class_weight,
+                                      random_state=self.random_state, n_jobs=self.n_jobs)
+
+    @classmethod
+    def _search_space(cls, trial) -> dict:
+        return dict(n_estimators=trial.suggest_int("n_estimators", 20, 200, step=20),
+                    max_depth=trial.suggest_int("max_depth", 3, 12),
+                    min_samples_leaf=trial.suggest_int("min_samples_leaf", 1, 10),
+                    max_features=trial.suggest_categorical("max_features", ["sqrt", 0.5, 1.0]))
+
+
+register_router(RouterFamily("rf", RandomForestRouter, "random forest (scikit-learn)"))
