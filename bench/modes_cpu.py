@@ -35,6 +35,7 @@ def main():
     from rich.console import Console
 
     from engine.models.resolve import resolve_models
+    from engine.modes import reference_mode
     from engine.profiler import DEFAULT_WORKLOADS, Profiler, ProfileSpec
 
     console = Console(width=200)
@@ -54,7 +55,8 @@ def main():
 
     g = df.groupby(["mode", "family"])
     lat = g["latency_ms"].mean().unstack("family")
-    ratio = lat / lat.loc["fp16_baseline"]
+    ref = reference_mode().name
+    ratio = lat / lat.loc[ref]
     tps = g["tokens_per_s"].mean().unstack("family")
     rouge = g["rouge_l_vs_baseline"].mean().unstack("family")
     pd.set_option("display.width", 250)
@@ -62,7 +64,7 @@ def main():
     console.print("\nlatency / reference latency (lower is faster)")
     console.print(ratio.round(2).to_string())
     console.print("\nreference latency, ms")
-    console.print(lat.loc[["fp16_baseline"]].round(0).to_string())
+    console.print(lat.loc[[ref]].round(0).to_string())
     console.print("\ntokens/s")
     console.print(tps.round(1).to_string())
     console.print("\nROUGE-L vs the reference mode's output")

@@ -53,7 +53,7 @@ def main():
     from routers import get_router
     from routers.compiler.compiled import compile
     from routers.rule_baseline import RuleBaselineRouter
-    from tests.test_routers_learned import synthetic_profile
+    from tests.helpers import synthetic_profile
 
     names = ["short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",
              "long_prompt_long_output", "shared_prefix_chat", "batch_pressure"]

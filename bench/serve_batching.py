@@ -56,7 +56,7 @@ def main():
     from engine.models.resolve import resolve_models
     from engine.serving import ServerConfig, create_app
     from routers.reference import FixedModeRouter
-    from tests.test_serving import start
+    from tests.helpers import start
 
     target, _, _ = resolve_models(args.model, None, None, None, print)
     servers = {}
@@ -78,7 +78,7 @@ def main():
     rows = {}
     for name, (srv, app, _, results) in servers.items():
         rps, p50, p99 = (statistics.median(x) for x in zip(*results))
-        pool = app.state.serving["pool"]
+        pool = app.state.serving.pool
         eng = pool.acquire("continuous_batching")
         pool.release("continuous_batching")
         rows[name] = rps

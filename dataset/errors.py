@@ -1,6 +1,21 @@
-"""Errors for bad input files: each names the file, the row and the field."""
+"""Errors for bad user input: what the user got wrong, said in one line.
+
+Two kinds: :class:`InputFileError` (a file the user handed us; it names the file,
+the row and the field) and :class:`InputError` (everything else the user chose: an
+option value, a combination of options, a name, a run id). Both are ``ValueError``
+subclasses, so callers that catch ``ValueError`` keep working.
+
+The CLI prints these (and the registries' name errors, ``FileExistsError`` and
+``FileNotFoundError``) as one red line with exit code 2; any other exception is a
+bug and keeps its traceback. So raise one of these only where the fix is in the
+user's hands, and a plain ``ValueError`` where the fix is in the code.
+"""
 
 from __future__ import annotations
+
+
+class InputError(ValueError):
+    """Raised for bad user input that is not a file problem; the CLI prints it as one line."""
 
 
 class InputFileError(ValueError):

@@ -14,16 +14,22 @@ import math
 
 from dataset.requests import Request
 
-FEATURE_SET_A = (
-    "prompt_tokens",
-    "expected_output_tokens",
-    "output_prompt_ratio",
-    "log_prompt_tokens",
-    "log_expected_output_tokens",
-    "shared_prefix_tokens",
-    "concurrent_requests",
-    "memory_pressure",
-)
+#: Feature set A, the single definition of each feature: a Python expression over a
+#: request ``r`` (any object with the request's fields). :func:`request_features`
+#: evaluates these expressions, the compiled decision trees inline them
+#: (:mod:`routers.compiler.codegen`), and the C kernel's own arithmetic is tested
+#: against them on every feature (``tests/test_features.py``).
+FEATURE_FORMULAS = {
+    "prompt_tokens": "float(r.prompt_tokens)",
+    "expected_output_tokens": "float(r.expected_output_tokens)",
+    "output_prompt_ratio": "float(r.expected_output_tokens) / max(float(r.prompt_tokens), 1.0)",
+    "log_prompt_tokens": "log1p(r.prompt_tokens)",
+    "log_expected_output_tokens": "log1p(r.expected_output_tokens)",
+    "shared_prefix_tokens": "float(r.shared_prefix_tokens)",
+    "concurrent_requests": "float(r.concurrent_requests)",
+    "memory_pressure": "float(r.memory_pressure)",
+}
+FEATURE_SET_A = tuple(FEATURE_FORMULAS)
 CATEGORICAL_FEATURES = ("family", "benchmark_suite")
 FEATURE_SET_B = FEATURE_SET_A + CATEGORICAL_FEATURES
 FEATURE_SETS = {"A": FEATURE_SET_A, "B": FEATURE_SET_B}
@@ -31,35 +37,15 @@ FEATURE_SETS = {"A": FEATURE_SET_A, "B": FEATURE_SET_B}
 #: Categorical value used when a request has no family / suite.
 NONE_CATEGORY = "none"
 
-
-def shape_features(
-    prompt_tokens, expected_output_tokens, shared_prefix_tokens=0, concurrent_requests=1,
-    memory_pressure=0.0,
-) -> tuple:
-    """Feature set A as a tuple, in FEATURE_SET_A order, from raw numbers."""
-    p = float(prompt_tokens)
-    o = float(expected_output_tokens)
-    return (
-        p,
-        o,
-        o / max(p, 1.0),
-        math.log1p(p),
-        math.log1p(o),
-        float(shared_prefix_tokens),
-        float(concurrent_requests),
-        float(memory_pressure),
-    )
+#: every formula as one function of a request (built once from the expressions above)
+_shape = eval(  # noqa: S307 - our own constant expressions
+    compile(f"lambda r: ({', '.join(FEATURE_FORMULAS.values())},)", "<features>", "eval"),
+    {"log1p": math.log1p, "max": max, "float": float})
 
 
 def request_features(request: Request, feature_set: str = "A") -> tuple:
     """Features of one request as a tuple in the feature set's column order."""
-    base = shape_features(
-        request.prompt_tokens,
-        request.expected_output_tokens,
-        request.shared_prefix_tokens,
-        request.concurrent_requests,
-        request.memory_pressure,
-    )
+    base = _shape(request)
     if feature_set == "A":
         return base
     if feature_set == "B":

@@ -14,7 +14,7 @@ from typing import Annotated
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from dataset.errors import InputFileError
+from dataset.errors import InputError, InputFileError
 
 NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(ge=1)]
@@ -58,7 +58,7 @@ def validate_request(data: dict) -> Request:
     """Validate a mapping into a Request (pydantic); raises pydantic's ValidationError."""
     req = _ADAPTER.validate_python(data)
     if req.shared_prefix_tokens > req.prompt_tokens:
-        raise ValueError(
+        raise InputError(
             f"shared_prefix_tokens ({req.shared_prefix_tokens}) exceeds "
             f"prompt_tokens ({req.prompt_tokens})"
         )

@@ -22,8 +22,6 @@ def module_bytes(*modules) -> int:
         if m is None:
             continue
         tensors = list(m.parameters()) + list(m.buffers())
-        for extra in getattr(m, "_modeswitch_extra_tensors", lambda: [])():
-            tensors.append(extra)
         for t in tensors:
             key = t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t)
             if key in seen:

@@ -21,15 +21,21 @@ import platform
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from dataset.benchmarks import read_benchmark, score_answer
+from dataset.errors import InputError, InputFileError
 from dataset.profile_schema import validate_profile
 from dataset.requests import Request
 from dataset.workloads import get_workload
+
+if TYPE_CHECKING:  # the engine side loads lazily: building units needs none of it
+    from engine.energy import EnergyReading
 
 DEFAULT_WORKLOADS = (
     "short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",
@@ -114,7 +120,7 @@ class Journal:
             lines = text.splitlines()
             header = json.loads(lines[0]) if lines else {}
             if header.get("identity") != spec.identity():
-                raise ValueError(
+                raise InputError(
                     f"{path} holds a profile run with other settings "
                     f"({header.get('spec')}); choose another output path to start a new run"
                 )
@@ -124,7 +130,7 @@ class Journal:
                     self.rows.append(json.loads(line))
                 except json.JSONDecodeError:
                     if i != len(lines):
-                        raise ValueError(f"{path}: line {i} is corrupt") from None
+                        raise InputFileError(path, None, None, f"line {i} is corrupt") from None
                     # an interrupted last write: dropped, it will be measured again
             if not text.endswith("\n"):
                 self._rewrite(header)
@@ -198,44 +204,226 @@ def model_id(path: Path) -> str:
     return f"{Path(path).name}@{h.hexdigest()[:12]}"
 
 
+@dataclass(frozen=True)
+class RowProvenance:
+    """Where every row of one run comes from. The same for all its rows, so it is
+    worked out once per run (hashing the weights and querying the hardware is not free)."""
+
+    backend: str
+    reference_mode: str
+    model: str
+    hardware: str
+    software: str
+    run_id: str
+
+
+@dataclass
+class ProfileRun:
+    """What the measurements of one :meth:`Profiler.run` share.
+
+    ``done`` is the journal's keys when the run started: the loops skip exactly
+    those, so a resumed run measures what the interrupted one had left.
+    ``ref_output`` holds the reference mode's first-trial text per unit (from the
+    journal, then from this run), which every mode's output is scored against.
+    ``prepared``/``primers`` are the units' token ids, built once from the first
+    engine's tokenizer (every mode of one model shares it).
+    """
+
+    journal: Journal
+    meter: object
+    provenance: RowProvenance
+    units: list[Unit]
+    done: set[tuple]
+    ref_output: dict[str, str]
+    prepared: dict[str, list] | None = None
+    primers: dict[str, list] | None = None
+
+    @property
+    def reference(self) -> str:
+        return self.provenance.reference_mode
+
+
+@dataclass
+class Measurement:
+    """One timed engine call: what a profile row is made from."""
+
+    unit: Unit
+    mode: str
+    trial: int
+    #: the unit's (request, prompt ids) pairs as the engine ran them
+    group: list
+    gens: list
+    energy: EnergyReading
+    peak_mb: float
+    #: the engine's own account of how it ran (precision, graph capture, ballast)
+    info: dict
+
+    @property
+    def requests(self) -> list[Request]:
+        return [r for r, _ in self.group]
+
+    @property
+    def text(self) -> str:
+        return "\n".join(g.text for g in self.gens)
+
+
+def _shape_columns(m: Measurement) -> dict:
+    """Which unit, mode and trial the row is, and the unit's request shape (a group's
+    token counts are means over its requests, its concurrency their number)."""
+    reqs = m.requests
+    r0 = reqs[0]
+    return {
+        "workload": m.unit.family, "family": m.unit.family, "request_id": m.unit.id, "mode": m.mode,
+        "trial": m.trial, "is_aggregate": False, "n_trials": None,
+        "prompt_tokens": float(np.mean([r.prompt_tokens for r in reqs])),
+        "expected_output_tokens": float(np.mean([r.expected_output_tokens for r in reqs])),
+        "shared_prefix_tokens": float(r0.shared_prefix_tokens),
+        "concurrent_requests": float(len(reqs)),
+        "memory_pressure": float(r0.memory_pressure),
+        "benchmark_suite": r0.benchmark_suite, "evaluation_mode": r0.evaluation_mode,
+    }
+
+
+def _timing_columns(gens) -> dict:
+    """A group finishes when its last request does, so latency is the maximum; tokens
+    are summed over the group and time-between-tokens pooled over it."""
+    latency = max(g.latency_ms for g in gens)
+    out_tokens = sum(g.output_tokens for g in gens)
+    tbt = np.concatenate([g.tbt_ms for g in gens]) if gens else np.array([])
+    return {
+        "latency_ms": latency,
+        "ttft_ms": _nan(float(np.nanmean([g.ttft_ms for g in gens]))),
+        "tbt_ms_mean": _nan(float(tbt.mean())) if len(tbt) else None,
+        "tbt_ms_p95": _nan(float(np.percentile(tbt, 95))) if len(tbt) else None,
+        "tokens_per_s": out_tokens / (latency / 1000) if latency > 0 else None,
+        "output_tokens": float(out_tokens),
+    }
+
+
+def _resource_columns(m: Measurement) -> dict:
+    out_tokens = sum(g.output_tokens for g in m.gens)
+    return {
+        "energy_j": m.energy.joules,
+        "energy_per_token_j": m.energy.joules / out_tokens if out_tokens else None,
+        "energy_source": m.energy.source, "peak_memory_mb": m.peak_mb,
+    }
+
+
+def _quality_columns(m: Measurement) -> dict:
+    """Benchmark accuracy where the requests have gold answers. The ROUGE-L columns
+    are filled in later: against the reference output, once it is known."""
+    acc = [score_answer(g.text, r.reference, r.evaluation_mode) for g, r in zip(m.gens, m.requests)]
+    acc = [a for a in acc if a is not None]
+    return {
+        "accuracy": float(np.mean(acc)) if acc else None,
+        "rouge_l_vs_reference": None, "rouge_l_vs_baseline": None,
+    }
+
+
+def _provenance_columns(prov: RowProvenance, m: Measurement, notes: list[str]) -> dict:
+    return {
+        "reference_mode": prov.reference_mode, "precision": m.info.get("precision"),
+        "graph_capture": bool(m.info.get("graph_capture", False)), "backend": prov.backend,
+        "model": prov.model,
+        "hardware": prov.hardware, "software": prov.software, "run_id": prov.run_id,
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "source": "; ".join(notes), "output_text": m.text,
+    }
+
+
+class _Bar:
+    """The progress bar's one task: the loops only ever relabel it or advance it."""
+
+    def __init__(self, progress, task):
+        self.progress, self.task = progress, task
+
+    def show(self, description: str):
+        self.progress.update(self.task, description=description)
+
+    def advance(self):
+        self.progress.advance(self.task)
+
+
 class Profiler:
+    """Measure a :class:`ProfileSpec` into ``out`` (see the module docstring).
+
+    The backend is looked up by name in the backend registry and used only through
+    its :class:`~engine.backends.registry.Backend` methods, so any registered
+    backend can be profiled without changes here.
+    """
+
     def __init__(self, spec: ProfileSpec, model_path: Path, draft_path: Path | None,
                  out: Path, console=None, on_row=None):
         self.spec, self.model_path, self.draft_path, self.out = spec, Path(model_path), draft_path, Path(out)
         self.console = console
         self.on_row = on_row
         self.journal_path = self.out.with_name(self.out.name + ".journal.jsonl")
+        self._run: ProfileRun | None = None
+
+    @cached_property
+    def backend(self):
+        """The registered backend named by the spec. Looked up on first use, so an
+        unknown name fails when the run starts (the registry's error lists the known ones)."""
+        from engine.backends.registry import get_backend
+
+        return get_backend(self.spec.backend)
+
+    @cached_property
+    def settings(self):
+        """What every engine of this run is built with (memory pressure: none; a
+        ballast-applying backend gets its own per pressure level, see :meth:`_load`)."""
+        from engine.backends.base import EngineSettings
+
+        return EngineSettings(str(self.model_path), str(self.draft_path) if self.draft_path else None,
+                              self.spec.device, threads=self.spec.threads,
+                              checkpoints=dict(self.spec.checkpoints))
+
+    @property
+    def _trials(self) -> range:
+        return range(self.spec.trials)
 
     def plan(self):
-        if self.spec.backend == "vllm":
-            from engine.backends.vllm_backend import capabilities as vllm_caps
-
-            caps = vllm_caps(self.spec.device, self.spec.checkpoints, draft=self.draft_path is not None)
-        elif self.spec.backend == "transformers":
-            from engine.backends.transformers_backend import capabilities
-
-            caps = capabilities(self.spec.device)
-        else:
-            raise ValueError(f"unknown backend {self.spec.backend!r}; choose transformers or vllm")
-        wanted = self.spec.modes or [m for m in caps.supported_modes()]
-        supported, skipped = [], {}
-        from engine.modes import get_mode
-
-        for m in wanted:
-            s = caps.support(m)
-            spec = get_mode(m).speculative
-            if not s.supported:
-                skipped[m] = s.reason
-            elif spec is not None and spec.method == "draft_model" and self.draft_path is None \
-                    and spec.draft_model is None:
-                skipped[m] = "no draft model given (--draft-model PATH)"
-            else:
-                supported.append(m)
-        ref = caps.reference_mode
-        modes = [ref] + [m for m in supported if m != ref]
-        return caps, modes, skipped
+        """(capabilities, modes to run with the reference first, skipped mode -> why)."""
+        return self.backend.plan(self.settings, self.spec.modes)
 
     def run(self) -> pd.DataFrame:
+        """Measure what the journal does not hold yet, then rebuild the profile from
+        the journal (so a resumed run's parquet holds the earlier rows too)."""
+        if self.out.exists() and not self.journal_path.exists():
+            raise FileExistsError(f"{self.out} already exists and is not a run in progress; "
+                                  "choose another output path")
+        caps, modes, skipped = self.plan()
+        for m, why in skipped.items():
+            self._say(f"[yellow]skip[/yellow] {m}: {why}")
+        journal = Journal(self.journal_path, self.spec)
+        self._run = self._start(journal, caps.reference_mode, build_units(self.spec))
+        with self._progress() as progress:
+            bar = _Bar(progress, progress.add_task("profiling", total=self._total(modes),
+                                                   completed=self._completed(modes)))
+            if self.spec.interleave:
+                self._sweep_interleaved(modes, bar)
+            else:
+                self._sweep_mode_by_mode(modes, bar)
+            bar.show("done")
+        return self.finish(journal)
+
+    def _start(self, journal: Journal, reference: str, units: list[Unit]) -> ProfileRun:
+        from engine.energy import make_meter
+
+        return ProfileRun(
+            journal=journal,
+            meter=make_meter(self.spec.device, watts_per_core=self.spec.watts_per_core,
+                             include_children=self.backend.child_processes),
+            provenance=RowProvenance(
+                backend=self.spec.backend, reference_mode=reference,
+                model=model_id(self.model_path), hardware=hardware_string(self.spec.device),
+                software=software_string(), run_id=journal.run_id),
+            units=units, done=journal.keys(),
+            ref_output={r["request_id"]: r["output_text"] for r in journal.rows
+                        if r["mode"] == reference and r["trial"] == 0},
+        )
+
+    def _progress(self):
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -245,148 +433,139 @@ class Profiler:
             TimeRemainingColumn,
         )
 
-        from engine.energy import make_meter
-
-        if self.out.exists() and not self.journal_path.exists():
-            raise FileExistsError(f"{self.out} already exists and is not a run in progress; "
-                                  "choose another output path")
-        caps, modes, skipped = self.plan()
-        for m, why in skipped.items():
-            self._say(f"[yellow]skip[/yellow] {m}: {why}")
-        journal = Journal(self.journal_path, self.spec)
-        done = journal.keys()
-        units = build_units(self.spec)
-        self._ctx = {
-            "journal": journal, "caps": caps, "reference": modes[0],
-            "meter": make_meter(self.spec.device, watts_per_core=self.spec.watts_per_core,
-                                include_children=self.spec.backend == "vllm"),
-            "hardware": hardware_string(self.spec.device), "software": software_string(),
-            "model_id": model_id(self.model_path),
-            "ref_output": {r["request_id"]: r["output_text"] for r in journal.rows
-                           if r["mode"] == modes[0] and r["trial"] == 0},
-            "prepared": None,
-        }
-        trials = range(self.spec.trials)
-        total = len(units) * len(modes) * self.spec.trials
         columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
-        with Progress(*columns, console=self.console, transient=False) as progress:
-            task = progress.add_task("profiling", total=total, completed=sum(
-                1 for u in units for m in modes for t in trials if (u.id, m, t) in done))
-            if self.spec.interleave:
-                # every engine loaded at once; each unit is measured in every mode
-                # back to back, so machine drift hits all modes alike
-                todo_modes = [m for m in modes if any((u.id, m, t) not in done
-                                                      for u in units for t in trials)]
-                engines = {}
-                try:
+        return Progress(*columns, console=self.console, transient=False)
+
+    def _total(self, modes) -> int:
+        return len(self._run.units) * len(modes) * self.spec.trials
+
+    def _completed(self, modes) -> int:
+        run = self._run
+        return sum(1 for u in run.units for m in modes for t in self._trials if (u.id, m, t) in run.done)
+
+    def _todo(self, mode) -> list[tuple[Unit, int]]:
+        """(unit, trial) pairs of ``mode`` the journal did not hold when the run started."""
+        run = self._run
+        return [(u, t) for u in run.units for t in self._trials if (u.id, mode, t) not in run.done]
+
+    def _sweep_interleaved(self, modes, bar: _Bar):
+        """Every engine loaded at once; each unit is measured in every mode back to
+        back, so machine drift hits all modes alike."""
+        run = self._run
+        todo_modes = [m for m in modes if self._todo(m)]
+        engines = {}
+        try:
+            for m in todo_modes:
+                engines[m] = self._load(m, bar)
+            for unit in run.units:
+                for t in self._trials:
                     for m in todo_modes:
-                        engines[m] = self._load(m, units, progress, task)
-                    for unit in units:
-                        for t in trials:
-                            for m in todo_modes:
-                                if (unit.id, m, t) not in done:
-                                    self._measure(engines[m], m, unit, t, progress, task)
-                finally:
-                    for e in engines.values():
-                        e.close()
-            else:
-                for m in modes:
-                    todo = [(u, t) for u in units for t in trials if (u.id, m, t) not in done]
-                    if not todo:
-                        continue
-                    # vLLM on CUDA applies memory pressure as a ballast taken before the
-                    # engine starts, so each pressure level gets its own engine
-                    by_pressure: dict[float, list] = {}
-                    for unit, t in todo:
-                        by_pressure.setdefault(self._pressure(unit), []).append((unit, t))
-                    for pressure, items in by_pressure.items():
-                        engine = self._load(m, units, progress, task, pressure)
-                        try:
-                            for unit, t in items:
-                                self._measure(engine, m, unit, t, progress, task)
-                        finally:  # engines (and vLLM's child processes) never outlive an error
-                            engine.close()
-                        del engine
-            progress.update(task, description="done")
-        return self.finish(journal)
+                        if (unit.id, m, t) not in run.done:
+                            self._measure(engines[m], m, unit, t, bar)
+        finally:
+            for e in engines.values():
+                e.close()
+
+    def _sweep_mode_by_mode(self, modes, bar: _Bar):
+        """One engine at a time (load, warm up, measure, unload), the reference first.
+        A backend that applies memory pressure as a ballast taken before the engine
+        starts gets one engine per pressure level."""
+        for m in modes:
+            by_pressure: dict[float, list] = {}
+            for unit, t in self._todo(m):
+                by_pressure.setdefault(self._pressure(unit), []).append((unit, t))
+            for pressure, items in by_pressure.items():
+                engine = self._load(m, bar, pressure)
+                try:
+                    for unit, t in items:
+                        self._measure(engine, m, unit, t, bar)
+                finally:  # engines (and vLLM's child processes) never outlive an error
+                    engine.close()
+                del engine
 
     def _ballast_applies(self) -> bool:
-        return self.spec.backend == "vllm" and self.spec.device.startswith("cuda")
+        return self.backend.applies_ballast(self.spec.device)
 
     def _pressure(self, unit) -> float:
         return float(unit.requests[0].memory_pressure) if self._ballast_applies() else 0.0
 
-    def _load(self, mode, units, progress, task, memory_pressure: float = 0.0):
-        from engine.prompts import PromptBuilder
-
-        progress.update(task, description=f"{mode}: loading")
-        if self.spec.backend == "vllm":
-            from engine.backends.vllm_backend import VllmEngine
-
-            engine = VllmEngine(mode, self.model_path, self.draft_path, self.spec.device,
-                                checkpoints=self.spec.checkpoints, memory_pressure=memory_pressure).load()
-        else:
-            from engine.backends.transformers_backend import TransformersEngine
-
-            engine = TransformersEngine(mode, self.model_path, self.draft_path, self.spec.device,
-                                        threads=self.spec.threads).load()
-        if self._ctx["prepared"] is None:
-            builder = PromptBuilder(engine.tokenizer)
-            self._ctx["prepared"] = {u.id: [builder.prepare(r) for r in u.requests] for u in units}
-            self._ctx["primers"] = {u.id: [builder.prepare(r) for r in u.prime] for u in units}
-        progress.update(task, description=f"{mode}: warm-up")
+    def _load(self, mode, bar: _Bar, memory_pressure: float = 0.0):
+        """Load ``mode``'s engine and warm it up. The units' prompts are prepared from
+        the first engine's tokenizer, before its warm-up, and reused by every mode."""
+        bar.show(f"{mode}: loading")
+        settings = dataclasses.replace(self.settings, memory_pressure=memory_pressure)
+        engine = self.backend.engine(mode, settings).load()
+        if self._run.prepared is None:
+            self._prepare(engine.tokenizer)
+        bar.show(f"{mode}: warm-up")
         engine.warmup()
         return engine
 
-    def _measure(self, engine, mode, unit, trial, progress, task):
-        from engine.memory import PeakRSS
+    def _prepare(self, tokenizer):
+        from engine.prompts import PromptBuilder
+
+        builder = PromptBuilder(tokenizer)
+        units = self._run.units
+        self._run.prepared = {u.id: [builder.prepare(r) for r in u.requests] for u in units}
+        self._run.primers = {u.id: [builder.prepare(r) for r in u.prime] for u in units}
+
+    def _measure(self, engine, mode, unit, trial, bar: _Bar):
+        """Time one unit in one mode and journal its row (before the next one starts)."""
         from engine.quality import rouge_l
 
-        ctx = self._ctx
-        progress.update(task, description=f"{mode}: {unit.family}")
-        group = ctx["prepared"][unit.id]
+        run = self._run
+        bar.show(f"{mode}: {unit.family}")
+        group = run.prepared[unit.id]
         ignore_eos = not any(r.benchmark_suite for r, _ in group)
-        if ctx["primers"][unit.id]:
-            engine.run(ctx["primers"][unit.id], ignore_eos=ignore_eos)
-        meter = ctx["meter"]
-        cuda = self.spec.device.startswith("cuda")
-        if cuda:
+        if run.primers[unit.id]:
+            engine.run(run.primers[unit.id], ignore_eos=ignore_eos)
+        sampler = self._memory_sampler()
+        run.meter.start()
+        with sampler:
+            gens = engine.run(group, ignore_eos=ignore_eos)
+        energy = run.meter.stop()
+        m = Measurement(unit, mode, trial, group, gens, energy, self._peak_mb(engine, sampler),
+                        engine.info)
+        row = self._row(m)
+        if mode == run.reference and trial == 0:
+            run.ref_output[unit.id] = m.text
+        base = run.ref_output.get(unit.id)
+        row["rouge_l_vs_baseline"] = None if base is None else rouge_l(m.text, base)
+        run.journal.add(row)
+        bar.advance()
+        if self.on_row:
+            self.on_row(row)
+
+    def _cuda(self) -> bool:
+        return self.spec.device.startswith("cuda")
+
+    def _memory_sampler(self):
+        """A peak-memory sampler for one engine call. An engine that computes in child
+        processes allocates there: on CUDA its device memory is read through NVML,
+        on CPU the children's RSS counts too."""
+        from engine.memory import GpuMemoryPeak, PeakRSS
+
+        if self._cuda():
             import torch
 
             torch.cuda.reset_peak_memory_stats()
-        if cuda and self.spec.backend == "vllm":
-            from engine.memory import GpuMemoryPeak
+            if self.backend.child_processes:
+                device = self.spec.device
+                return GpuMemoryPeak(int(device.split(":")[1]) if ":" in device else 0)
+        return PeakRSS(children=self.backend.child_processes)
 
-            index = int(self.spec.device.split(":")[1]) if ":" in self.spec.device else 0
-            sampler = GpuMemoryPeak(index)  # the engine core allocates in a child process
-        else:
-            sampler = PeakRSS(children=self.spec.backend == "vllm")
-        meter.start()
-        with sampler:
-            gens = engine.run(group, ignore_eos=ignore_eos)
-        energy = meter.stop()
-        # CPU: resident model + RSS growth; CUDA: the allocator's peak (weights included), or
-        # for vLLM the device memory in use (NVML), ballast excluded
-        if not cuda:
-            peak_mb = engine.weights_mb + sampler.peak_growth_mb
-        elif self.spec.backend == "vllm":
-            peak_mb = sampler.peak_mb - engine.info.get("ballast_bytes", 0) / 2**20
-        else:
-            peak_mb = torch.cuda.max_memory_allocated() / 2**20
-        text = "\n".join(g.text for g in gens)
-        row = self._row(unit, group, gens, mode, trial, energy, meter,
-                        peak_mb, text, ctx["journal"].run_id,
-                        ctx["model_id"], ctx["hardware"], ctx["software"],
-                        ctx["caps"].reference_mode, engine.info)
-        if mode == ctx["reference"] and trial == 0:
-            ctx["ref_output"][unit.id] = text
-        base = ctx["ref_output"].get(unit.id)
-        row["rouge_l_vs_baseline"] = None if base is None else rouge_l(text, base)
-        ctx["journal"].add(row)
-        progress.advance(task)
-        if self.on_row:
-            self.on_row(row)
+    def _peak_mb(self, engine, sampler) -> float:
+        """CPU: resident model + RSS growth; CUDA: the allocator's peak (weights
+        included), or for a child-process engine the device memory in use (NVML),
+        ballast excluded."""
+        if not self._cuda():
+            return engine.weights_mb + sampler.peak_growth_mb
+        if self.backend.child_processes:
+            return sampler.peak_mb - engine.info.get("ballast_bytes", 0) / 2**20
+        import torch
+
+        return torch.cuda.max_memory_allocated() / 2**20
 
     def finish(self, journal: Journal) -> pd.DataFrame:
         from dataset.io import write_parquet
@@ -400,46 +579,20 @@ class Profiler:
         if self.console is not None:
             self.console.print(msg)
 
-    def _row(self, unit, group, gens, mode, trial, energy, meter, peak_mb, text, run_id, mid,
-             hardware, software, ref_mode, info) -> dict:
-        reqs = [r for r, _ in group]
-        latency = max(g.latency_ms for g in gens)
-        out_tokens = sum(g.output_tokens for g in gens)
-        tbt = np.concatenate([g.tbt_ms for g in gens]) if gens else np.array([])
-        acc = [score_answer(g.text, r.reference, r.evaluation_mode) for g, r in zip(gens, reqs)]
-        acc = [a for a in acc if a is not None]
-        notes = [f"energy: {meter.describe()}"]
-        if any(r.memory_pressure > 0 for r in reqs) and not self._ballast_applies():
+    def _notes(self, m: Measurement) -> list[str]:
+        """What a reader of the row must know: how energy was measured, and what was
+        asked for but not done (memory pressure without a ballast, a too-short window)."""
+        notes = [f"energy: {self._run.meter.describe()}"]
+        if any(r.memory_pressure > 0 for r in m.requests) and not self._ballast_applies():
             notes.append("memory pressure not applied: no accelerator memory to take on CPU"
                          if self.spec.device == "cpu" else
                          "memory pressure not applied: the ballast is implemented for the vLLM backend")
-        if energy.short_window:
+        if m.energy.short_window:
             notes.append("energy window shorter than the meter's update period")
-        r0 = reqs[0]
-        return {
-            "workload": unit.family, "family": unit.family, "request_id": unit.id, "mode": mode,
-            "trial": trial, "is_aggregate": False, "n_trials": None,
-            "prompt_tokens": float(np.mean([r.prompt_tokens for r in reqs])),
-            "expected_output_tokens": float(np.mean([r.expected_output_tokens for r in reqs])),
-            "shared_prefix_tokens": float(r0.shared_prefix_tokens),
-            "concurrent_requests": float(len(reqs)),
-            "memory_pressure": float(r0.memory_pressure),
-            "benchmark_suite": r0.benchmark_suite, "evaluation_mode": r0.evaluation_mode,
-            "latency_ms": latency,
-            "ttft_ms": _nan(float(np.nanmean([g.ttft_ms for g in gens]))),
-            "tbt_ms_mean": _nan(float(tbt.mean())) if len(tbt) else None,
-            "tbt_ms_p95": _nan(float(np.percentile(tbt, 95))) if len(tbt) else None,
-            "tokens_per_s": out_tokens / (latency / 1000) if latency > 0 else None,
-            "output_tokens": float(out_tokens),
-            "energy_j": energy.joules,
-            "energy_per_token_j": energy.joules / out_tokens if out_tokens else None,
-            "energy_source": energy.source, "peak_memory_mb": peak_mb,
-            "accuracy": float(np.mean(acc)) if acc else None,
-            "rouge_l_vs_reference": None, "rouge_l_vs_baseline": None,
-            "reference_mode": ref_mode, "precision": info.get("precision"),
-            "graph_capture": bool(info.get("graph_capture", False)), "backend": self.spec.backend,
-            "model": mid,
-            "hardware": hardware, "software": software, "run_id": run_id,
-            "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "source": "; ".join(notes), "output_text": text,
-        }
+        return notes
+
+    def _row(self, m: Measurement) -> dict:
+        """The profile row of one measurement (the journal's line; the parquet drops
+        ``output_text``). Column order: shape, timing, resources, quality, provenance."""
+        return {**_shape_columns(m), **_timing_columns(m.gens), **_resource_columns(m),
+                **_quality_columns(m), **_provenance_columns(self._run.provenance, m, self._notes(m))}

@@ -42,13 +42,38 @@ def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constrai
     skipped for want of reference data (only with ``on_incomplete="skip"``).
     """
     c = constraints
-    skip = c.on_incomplete == "skip"
     cand = metrics.reset_index()
     cand["reference_mode"] = cand["unit"].map(reference_of)
     cand["is_reference"] = cand["mode"] == cand["reference_mode"]
-
-    skipped = {}
     ref = cand[cand["is_reference"]].set_index("unit")
+    skipped = _units_without_reference(cand, ref, reference_of, c)
+    cand = cand[~cand["unit"].isin(skipped)].copy()
+
+    r = ref.reindex(cand["unit"])  # each candidate's reference row, positionally aligned
+    _add_ratios(cand, r)
+    needs = _needed_signals(cand, r)
+    cand["missing"] = _missing_metrics(cand, needs, c)
+    _add_verdicts(cand, c)
+    chosen = _choose(cand, c)
+    cand["chosen"] = cand["mode"] == cand["unit"].map(chosen)
+    cand["reason"] = [_reason(row, c) for _, row in cand.iterrows()]
+    cand["slowdown_vs_label"] = cand["latency_ms"] / cand["unit"].map(_label_latency(cand))
+
+    labels = _label_table(cand, chosen, r["latency_ms"].groupby(level=0).first(), reference_of)
+    labels["quality_signals"] = _quality_signals(cand, needs, labels.index)
+    labels["n_modes"] = cand.groupby("unit").size().reindex(labels.index)
+    labels["n_safe"] = cand.groupby("unit")["safe"].sum().reindex(labels.index)
+    labels["rejected"] = _rejections(cand, labels.index)
+    labels.index.name = "unit"
+    cand = cand.drop(columns=[c for c in cand.columns if c.startswith("_")], errors="ignore")
+    return labels, cand, skipped
+
+
+def _units_without_reference(cand, ref, reference_of, c: Constraints) -> dict:
+    """Units whose reference mode has no rows or no latency: nothing to compare with,
+    so an error (the oracle does not guess), or with ``on_incomplete="skip"``
+    unit -> why, for the caller to drop them."""
+    skipped = {}
     for unit in cand["unit"].unique():
         problem = None
         if unit not in ref.index:
@@ -56,15 +81,17 @@ def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constrai
         elif pd.isna(ref.loc[unit, "latency_ms"]):
             problem = f"its reference mode {ref.loc[unit, 'mode']!r} has no latency"
         if problem:
-            if not skip:
+            if c.on_incomplete != "skip":
                 raise OracleError(
                     f"unit {unit!r}: {problem}; the oracle will not guess a label "
                     "(use on_incomplete=skip / --incomplete skip to skip such units)"
                 )
             skipped[unit] = problem
-    cand = cand[~cand["unit"].isin(skipped)].copy()
+    return skipped
 
-    r = ref.reindex(cand["unit"])
+
+def _add_ratios(cand, r):
+    """Every mode against its unit's reference (``r``: the reference rows, aligned)."""
     cand["energy_ratio"] = cand["energy_per_token_j"].to_numpy() / r["energy_per_token_j"].to_numpy()
     cand["memory_ratio"] = cand["peak_memory_mb"].to_numpy() / r["peak_memory_mb"].to_numpy()
     cand["accuracy_delta_pp"] = (cand["accuracy"].to_numpy() - r["accuracy"].to_numpy()) * 100
@@ -73,11 +100,14 @@ def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constrai
     )
     cand["speedup"] = r["latency_ms"].to_numpy() / cand["latency_ms"].to_numpy()
 
-    # which signals exist for each unit: the reference has them (ROUGE vs the
-    # reference-mode output exists when any other mode of the unit has it)
+
+def _needed_signals(cand, r) -> dict:
+    """metric -> per candidate, whether its unit has that signal at all: the reference
+    has it (ROUGE vs the reference-mode output exists when any other mode of the unit
+    has it). A signal the unit lacks is not checked; one it has must be measured."""
     has_rb = cand[~cand["is_reference"]].groupby("unit")["rouge_l_vs_baseline"].apply(
         lambda s: s.notna().any())
-    needs = {
+    return {
         "latency_ms": pd.Series(True, index=cand.index),
         "energy_per_token_j": r["energy_per_token_j"].notna().to_numpy(),
         "peak_memory_mb": r["peak_memory_mb"].notna().to_numpy(),
@@ -85,6 +115,11 @@ def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constrai
         "rouge_l_vs_reference": r["rouge_l_vs_reference"].notna().to_numpy(),
         "rouge_l_vs_baseline": cand["unit"].map(has_rb).eq(True).to_numpy(),
     }
+
+
+def _missing_metrics(cand, needs: dict, c: Constraints) -> list[str]:
+    """Per candidate, the needed metrics it lacks (comma-joined; "" for none). Missing
+    data is never safe: an error, or with ``on_incomplete="skip"`` a rejection."""
     missing = []
     for i, row in enumerate(cand.itertuples(index=False)):
         if row.is_reference:
@@ -92,15 +127,20 @@ def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constrai
             continue
         gone = [m for m, need in needs.items() if bool(np.asarray(need)[i])
                 and pd.isna(getattr(row, m))]
-        if gone and not skip:
+        if gone and c.on_incomplete != "skip":
             raise OracleError(
                 _fmt_missing(row.unit, row.mode, gone)
                 + " although the reference has it; the oracle will not treat it as safe "
                 "(use on_incomplete=skip / --incomplete skip to reject such modes)"
             )
         missing.append(",".join(gone))
-    cand["missing"] = missing
+    return missing
 
+
+def _add_verdicts(cand, c: Constraints):
+    """One ``violates_*`` column per constraint, their names in ``violations``, and
+    ``safe``. A missing value violates nothing here (``missing`` rejects it); the
+    reference is always safe."""
     viol = {
         "energy": cand["energy_ratio"] > c.max_energy_ratio + EPS,
         "memory": cand["memory_ratio"] > c.max_memory_ratio + EPS,
@@ -119,7 +159,10 @@ def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constrai
     ]
     cand["safe"] = cand["is_reference"] | ((cand["violations"] == "") & (cand["missing"] == ""))
 
-    # choose: fastest safe, deterministic tie-break
+
+def _choose(cand, c: Constraints) -> pd.Series:
+    """unit -> the fastest safe mode, ties broken by energy, memory, the reference
+    first, then the name: a total order, so row order never matters."""
     safe = cand[cand["safe"]].copy()
     best_lat = safe.groupby("unit")["latency_ms"].transform("min")
     safe["tied"] = safe["latency_ms"] <= best_lat * (1 + c.latency_tie_rel) + EPS * best_lat
@@ -130,34 +173,39 @@ def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constrai
         _r=(~safe["is_reference"]).astype(int),
         _lat=safe["latency_ms"] if c.latency_tie_rel == 0 else 0.0,
     ).sort_values(["unit", "_lat", "_e", "_m", "_r", "mode"])
-    chosen = safe.groupby("unit", sort=False).head(1).set_index("unit")["mode"]
-    cand["chosen"] = cand["mode"] == cand["unit"].map(chosen)
-    cand["reason"] = [_reason(row, c) for _, row in cand.iterrows()]
-    best_latency = cand[cand["chosen"]].set_index("unit")["latency_ms"]
-    cand["slowdown_vs_label"] = cand["latency_ms"] / cand["unit"].map(best_latency)
+    return safe.groupby("unit", sort=False).head(1).set_index("unit")["mode"]
 
-    ref_lat = r["latency_ms"].groupby(level=0).first()
+
+def _label_latency(cand) -> pd.Series:
+    return cand[cand["chosen"]].set_index("unit")["latency_ms"]
+
+
+def _label_table(cand, chosen: pd.Series, ref_latency: pd.Series, reference_of) -> pd.DataFrame:
     labels = pd.DataFrame({"label": chosen})
-    labels["label_latency_ms"] = best_latency.reindex(labels.index)
+    labels["label_latency_ms"] = _label_latency(cand).reindex(labels.index)
     labels["reference_mode"] = labels.index.map(reference_of)
-    labels["reference_latency_ms"] = ref_lat.reindex(labels.index)
+    labels["reference_latency_ms"] = ref_latency.reindex(labels.index)
     labels["speedup"] = labels["reference_latency_ms"] / labels["label_latency_ms"]
-    quality = [m for m in QUALITY_SIGNALS]
+    return labels
+
+
+def _quality_signals(cand, needs: dict, units) -> pd.Series:
+    """Per unit, the quality signals its label was checked against ("none": none)."""
+    quality = list(QUALITY_SIGNALS)
     signals = pd.DataFrame({m: np.asarray(needs[m], dtype=bool) for m in quality})
     signals["unit"] = cand["unit"].to_numpy()
     per_unit = signals.groupby("unit")[quality].any()
-    labels["quality_signals"] = per_unit.reindex(labels.index).apply(
+    return per_unit.reindex(units).apply(
         lambda r: ",".join(m for m in quality if r[m]) or "none", axis=1)
-    labels["n_modes"] = cand.groupby("unit").size().reindex(labels.index)
-    labels["n_safe"] = cand.groupby("unit")["safe"].sum().reindex(labels.index)
+
+
+def _rejections(cand, units) -> list[str]:
+    """Per unit, each rejected mode with why ("mode: violations" or "missing ...")."""
     rejected: dict[str, list[str]] = {}
     for r_ in cand[~cand["safe"]].itertuples(index=False):
         why = r_.violations or f"missing {r_.missing}"
         rejected.setdefault(r_.unit, []).append(f"{r_.mode}: {why}")
-    labels["rejected"] = ["; ".join(rejected.get(u, [])) for u in labels.index]
-    labels.index.name = "unit"
-    cand = cand.drop(columns=[c for c in cand.columns if c.startswith("_")], errors="ignore")
-    return labels, cand, skipped
+    return ["; ".join(rejected.get(u, [])) for u in units]
 
 
 def _reason(row, c: Constraints) -> str:

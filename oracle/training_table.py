@@ -17,6 +17,7 @@ import json
 
 import pandas as pd
 
+from dataset.errors import InputError
 from dataset.features import features_frame
 from dataset.requests import Request, requests_frame
 from oracle.constraints import Constraints
@@ -63,5 +64,5 @@ def build_training_table(profile: pd.DataFrame, requests: list[Request],
 def table_meta(table: pd.DataFrame) -> dict:
     raw = table.attrs.get("modeswitch")
     if not raw:
-        raise ValueError("not a training table built by `modeswitch dataset build` (no metadata)")
+        raise InputError("not a training table built by `modeswitch dataset build` (no metadata)")
     return json.loads(raw)

@@ -23,6 +23,7 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 
+from dataset.errors import InputError
 from dataset.features import features_frame
 from dataset.requests import Request
 
@@ -36,8 +37,10 @@ LOWER_IS_BETTER = ("overhead_p50_us", "overhead_p99_us", "energy_ratio", "memory
 
 
 class RouterPyfunc(mlflow.pyfunc.PythonModel):
-    """The exported router. ``route(request)`` is the serving path; ``predict`` takes a
-    frame of raw request fields (the pyfunc interface)."""
+    """The exported router. ``route(request)`` is the serving path (the router's compiled
+    form when it has one), ``modes_`` what it can answer, ``path_`` which decision path
+    it takes; ``predict`` takes a frame of raw request fields (MLflow's pyfunc
+    interface, whose signature differs from the estimators' ``predict(X)``)."""
 
     def load_context(self, context):
         import joblib
@@ -56,8 +59,13 @@ class RouterPyfunc(mlflow.pyfunc.PythonModel):
         return self
 
     @property
-    def modes(self) -> list[str]:
+    def modes_(self) -> list[str]:
         return list(self.meta_["modes"])
+
+    modes = modes_
+
+    def explain(self, X) -> list[tuple[str, str]]:
+        return self.router_.explain(X)
 
     def predict(self, context, model_input, params=None):  # noqa: D102 - pyfunc interface
         frame = pd.DataFrame(model_input)
@@ -135,13 +143,13 @@ def load_router(uri: str, mlruns: str = "mlruns", available_modes=None, compiled
     loaded = mlflow.pyfunc.load_model(uri)
     model = loaded.unwrap_python_model()
     if not isinstance(model, RouterPyfunc):
-        raise ValueError(f"{uri} is not a router exported by `modeswitch export`")
+        raise InputError(f"{uri} is not a router exported by `modeswitch export`")
     if not compiled:  # load_context compiled it already
         model.use_compiled(False)
     if available_modes is not None:
         missing = sorted(set(model.modes) - set(available_modes))
         if missing:
-            raise ValueError(
+            raise InputError(
                 f"router {uri} was trained for backend {model.meta_.get('backend')!r} and can choose "
                 f"{', '.join(missing)}, which this engine does not offer (it offers "
                 f"{', '.join(sorted(available_modes))}); export a router trained on this engine's profiles")
@@ -160,14 +168,14 @@ def best_from_scoring(metric: str, mlruns: str = "mlruns", max_violation_rate: f
     runs = client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'",
                               order_by=["attributes.start_time DESC"], max_results=1)
     if not runs:
-        raise LookupError(f"no scoring run in {mlruns}; run `modeswitch score` first or use --run")
+        raise InputError(f"no scoring run in {mlruns}; run `modeswitch score` first or use --run")
     run = runs[0]
     cands = {k.split(".", 1)[1]: v for k, v in run.data.tags.items() if k.startswith("router_run.")}
     scored = {}
     for name in cands:
         key = f"{name}.{metric}"
         if key not in run.data.metrics:
-            raise LookupError(f"scoring run {run.info.run_id} has no metric {metric!r} for {name}; "
+            raise InputError(f"scoring run {run.info.run_id} has no metric {metric!r} for {name}; "
                               f"known: {sorted({k.split('.', 1)[1] for k in run.data.metrics})}")
         if max_violation_rate is not None:
             viol = sum(run.data.metrics.get(f"{name}.violation_rate_{k}", 0.0)
@@ -176,7 +184,7 @@ def best_from_scoring(metric: str, mlruns: str = "mlruns", max_violation_rate: f
                 continue
         scored[name] = run.data.metrics[key]
     if not scored:
-        raise LookupError("no learned router in the latest scoring run passes the violation limit")
+        raise InputError("no learned router in the latest scoring run passes the violation limit")
     lower = metric in LOWER_IS_BETTER or metric.startswith("violation")
     best = min(scored, key=scored.get) if lower else max(scored, key=scored.get)
     return best, cands[best], scored[best], run.info.run_id

@@ -15,6 +15,7 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
+from dataset.errors import InputError
 from dataset.requests import Request
 from engine.modes import reference_mode
 from routers.base import RouterMixin
@@ -56,7 +57,7 @@ class OracleRouter(RouterMixin, BaseEstimator):
 
     def fit(self, X, y=None, **fit_params):
         if "label" not in X.columns or "request_id" not in X.columns:
-            raise ValueError("OracleRouter.fit needs the training table (request_id and label columns)")
+            raise InputError("OracleRouter.fit needs the training table (request_id and label columns)")
         self.labels_ = dict(zip(X["request_id"].astype(str), X["label"].astype(str)))
         self.modes_ = sorted(set(self.labels_.values()))
         self.classes_ = np.array(self.modes_, dtype=object)

@@ -1,6 +1,14 @@
-"""Hand-built profile tables for tests (no engine involved)."""
+"""Shared test helpers: hand-built profile tables (no engine involved) and a loopback
+server runner. Test modules and the benches import these from here, never from each
+other."""
+
+import socket
+import threading
+import time
 
 import pandas as pd
+
+REF = "fp16_baseline"
 
 PROV = {
     "backend": "test", "model": "hand-built", "hardware": "none", "run_id": "t",
@@ -25,3 +33,66 @@ def profile(rows) -> pd.DataFrame:
     from dataset.profile_schema import validate_profile
 
     return validate_profile(pd.DataFrame(rows))
+
+
+def synthetic_profile():
+    """Plain 2x2 grid, a shared-prefix cell and a batch cell, six modes.
+
+    gptq is fastest but fails quality on long outputs; speculation wins on long
+    outputs; prefix caching wins on shared prefixes; batching under batch pressure.
+    """
+    rows = []
+    for p in (128, 1024):
+        for o in (32, 128):
+            u, base = f"p{p}o{o}", 0.4 * p + 20 * o
+            kw = dict(prompt_tokens=p, expected_output_tokens=o)
+            rows += [row(u, REF, base, rouge_l_vs_baseline=1.0, **kw),
+                     row(u, "int8_quant", 0.7 * base, rouge_l_vs_baseline=0.9, **kw),
+                     row(u, "gptq_4bit", 0.5 * base, rouge_l_vs_baseline=0.9 if o == 32 else 0.5, **kw),
+                     row(u, "speculative_decoding", (0.4 if o == 128 else 1.1) * base,
+                         rouge_l_vs_baseline=1.0, **kw)]
+    kw = dict(prompt_tokens=1088, expected_output_tokens=64, shared_prefix_tokens=1024,
+              family="shared_prefix_chat")
+    rows += [row("chat", REF, 1000, rouge_l_vs_baseline=1.0, **kw),
+             row("chat", "prefix_caching", 300, rouge_l_vs_baseline=1.0, **kw)]
+    kw = dict(prompt_tokens=128, expected_output_tokens=64, concurrent_requests=8, family="batch_pressure")
+    rows += [row("batch", REF, 5000, rouge_l_vs_baseline=1.0, **kw),
+             row("batch", "int8_plus_continuous_batching", 1500, rouge_l_vs_baseline=0.95, **kw)]
+    return profile(rows)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(app):
+    """Run ``app`` with uvicorn on a free loopback port in a thread; returns (server, thread, port)."""
+    import uvicorn
+
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    deadline = time.time() + 60
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert srv.started, "server did not start"
+    return srv, th, port
+
+
+def http(method, url, body=None, headers=None):
+    """(status, headers, text) with the standard library (no extra HTTP client needed)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, dict(r.headers), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read().decode()

@@ -85,3 +85,99 @@ def test_modes_show_with_override():
     assert json.loads(res.output)["speculative"]["num_speculative_tokens"] == 2
     res = runner.invoke(app, ["modes", "--show", "nope"])
     assert res.exit_code == 2 and "unknown mode" in res.output
+
+
+# ------------------------------------------------------------- error policy
+def test_debug_shows_the_traceback_of_an_input_error():
+    from dataset.registry import UnknownNameError
+
+    res = runner.invoke(app, ["--debug", "modes", "--show", "nope"])
+    assert isinstance(res.exception, UnknownNameError) and res.exit_code == 1
+    assert "error:" not in res.output
+    res = runner.invoke(app, ["modes", "--show", "nope"], env={"MODESWITCH_DEBUG": "1"})
+    assert isinstance(res.exception, UnknownNameError)
+    res = runner.invoke(app, ["modes", "--show", "nope"], env={"MODESWITCH_DEBUG": "0"})
+    assert res.exit_code == 2 and "unknown mode" in res.output
+
+
+def test_debug_prints_a_python_traceback_in_a_real_process():
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MODESWITCH_DEBUG": ""}
+    proc = subprocess.run([sys.executable, "-m", "modeswitch", "--debug", "modes", "--show", "nope"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1
+    assert "Traceback (most recent call last)" in proc.stderr and "UnknownNameError" in proc.stderr
+
+
+def test_an_unexpected_exception_is_not_an_input_error(monkeypatch):
+    import dataset.workloads
+
+    for exc in (RuntimeError("boom"), ValueError("a bug, not the user's input"),
+                KeyError("a bug too")):
+        def broken(exc=exc):
+            raise exc
+
+        monkeypatch.setattr(dataset.workloads, "list_workloads", broken)
+        res = runner.invoke(app, ["workloads"])
+        assert res.exception is exc and res.exit_code == 1
+        assert "error:" not in res.output
+
+
+def test_bad_option_values_are_one_line_input_errors(tmp_path):
+    res = runner.invoke(app, ["export"])
+    assert res.exit_code == 2 and "give exactly one of --run RUN_ID or --best METRIC" in res.output
+    res = runner.invoke(app, ["export", "--run", "r", "--best", "speedup"])
+    assert res.exit_code == 2 and "exactly one" in res.output
+    res = runner.invoke(app, ["label", "-p", "unused.csv", "--max-energy-ratio", "-1"])
+    assert res.exit_code == 2 and "--max-energy-ratio" in res.output and "Traceback" not in res.output
+    res = runner.invoke(app, ["modes", "--show", "speculative_decoding", "--set", "nope"])
+    assert res.exit_code == 2 and "not key=value" in res.output
+    res = runner.invoke(app, ["modes", "--show", "speculative_decoding", "--set",
+                              "speculative.num_speculative_tokens=many"])
+    assert res.exit_code == 2 and "--set speculative.num_speculative_tokens" in res.output
+    res = runner.invoke(app, ["serve", "--backend", "nope"])
+    assert res.exit_code == 2 and "transformers" in res.output and "vllm" in res.output
+    res = runner.invoke(app, ["train", "--data", "t.parquet", "--split", "nope"])
+    assert res.exit_code == 2 and "lofo" in res.output
+
+
+def test_an_unreadable_file_is_one_line_naming_it(tmp_path):
+    bad = tmp_path / "table.parquet"
+    bad.write_text("not parquet")
+    res = runner.invoke(app, ["train", "--data", str(bad)])
+    assert res.exit_code == 2 and "table.parquet" in res.output and "cannot be read" in res.output
+    toml = tmp_path / "c.toml"
+    toml.write_text("max_energy_ratio = \n")
+    res = runner.invoke(app, ["label", "-p", "unused.csv", "--config", str(toml)])
+    assert res.exit_code == 2 and "c.toml" in res.output
+
+
+# ---------------------------------------------------------------- help text
+def _help(*cmd):
+    res = runner.invoke(app, [*cmd, "--help"], env={"COLUMNS": "250", "TERMINAL_WIDTH": "250"})
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def test_serve_help_lists_max_tokens_limit_and_the_backends():
+    out = _help("serve")
+    assert "--max-tokens-limit" in out and "1024" in out
+    assert "<transformers|vllm>" in out
+
+
+def test_profile_help_lists_the_backends_and_the_real_defaults():
+    out = _help("profile")
+    assert "transformers" in out and "vllm" in out
+    assert "[3; quick: 1]" in out
+
+
+def test_root_help_lists_debug_and_commands_in_pipeline_order():
+    out = _help()
+    assert "--debug" in out and "MODESWITCH_DEBUG" in out
+    listed = [line.strip("│ ").split()[0] for line in out.split("Commands")[1].splitlines()
+              if line.startswith("│")]
+    pipeline = ["modes", "requests", "label", "profile", "train", "score", "export", "serve"]
+    assert [c for c in listed if c in pipeline] == pipeline

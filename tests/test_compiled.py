@@ -1,5 +1,7 @@
 """Compiled routers predict exactly what the original routers predict."""
 
+import copy
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,7 +13,7 @@ from dataset.workloads import get_workload
 from oracle.training_table import build_training_table
 from routers import get_router
 from routers.compiler.compiled import compile
-from tests.test_routers_learned import synthetic_profile
+from tests.helpers import synthetic_profile
 
 FAMILIES = ["short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",
             "long_prompt_long_output", "shared_prefix_chat", "batch_pressure"]
@@ -151,15 +153,15 @@ def test_region_budget_splits_decisions_between_region_and_walk(fitted, data):
     X = features_frame(held, "B")
     full, tiny = compile(est), compile(est, region_budget=(48, 10**9))
     assert 0.0 <= tiny.region_share(X) < full.region_share(X) <= 1.0
-    assert 0.0 < full.region_walk_share_ < 1.0 or full.region_walk_share_ == 0.0
+    # the smaller budget leaves more of the bin grid to the tree walk
+    assert 0.0 <= full.region_walk_share_ < tiny.region_walk_share_ <= 1.0
     assert list(tiny.predict(X)) == list(full.predict(X)) == list(est.predict(X))
-    # without the training sample the budget is spent by volume; still exact
-    del est.X_sample_
-    try:
-        blind = compile(est)
-        assert [blind.route(r) for r in held] == list(est.predict(X))
-    finally:
-        est.X_sample_ = est._input_sample(data[0])
+    # without the training sample the budget is spent by volume; still exact (on a copy:
+    # the fitted routers are shared by the module's tests)
+    blind_est = copy.deepcopy(est)
+    del blind_est.X_sample_
+    blind = compile(blind_est)
+    assert [blind.route(r) for r in held] == list(est.predict(X))
 
 
 def test_training_sample_is_kept_in_the_kernels_layout(fitted, data):

@@ -61,12 +61,25 @@ def test_the_model_was_trained(tiny_models):
     assert 0 < card["draft_acceptance_rate"] <= 1
 
 
+CPU_MODES = {
+    "fp16_baseline", "int8_quant", "gptq_4bit", "speculative_decoding", "ngram_speculative_decoding",
+    "kv_cache_compression", "prefix_caching", "chunked_prefill", "continuous_batching",
+    "gptq_plus_prefix_caching", "int8_plus_prefix_caching", "int8_plus_continuous_batching",
+    "gptq_plus_chunked_prefill", "int8_plus_chunked_prefill",
+}
+
+
 def test_capabilities_cover_the_registry_and_explain_gaps():
     caps = capabilities("cpu")
-    assert len(caps.supported_modes()) >= 8
-    for m in list_modes():
-        s = caps.support(m.name)
-        assert s.how if s.supported else s.reason
+    assert set(caps.supported_modes()) == CPU_MODES
+    # every other registered mode is declared unsupported, each with its own reason
+    assert set(caps.unsupported()) == {m.name for m in list_modes()} - CPU_MODES
+    assert len(set(caps.unsupported().values())) == len(caps.unsupported())
+    assert "gptq_4bit" in caps.support("awq_4bit").reason  # says what routers use instead
+    # weight quantization on CUDA needs pre-quantized checkpoints: not offered there
+    cuda = capabilities("cuda")
+    assert not cuda.support("int8_quant").supported and "vLLM" in cuda.support("int8_quant").reason
+    assert set(cuda.supported_modes()) < CPU_MODES
 
 
 def test_unsupported_mode_refuses_to_load(tiny_models):

@@ -1,6 +1,5 @@
 import math
 
-import pandas as pd
 import pytest
 
 from oracle import Constraints, OracleError, label_profile
@@ -160,6 +159,12 @@ def test_constraints_from_toml(tmp_path):
 def test_per_request_profiles_are_labelled_per_request():
     rows = [row("w", REF, 100, request_id="r1"), row("w", "int8_quant", 50, request_id="r1"),
             row("w", REF, 100, request_id="r2"), row("w", "int8_quant", 150, request_id="r2")]
-    labels, _, _ = label_of(rows)
+    labels, cand, _ = label_of(rows)
     assert labels["label"].to_dict() == {"r1": "int8_quant", "r2": REF}
-    assert isinstance(labels, pd.DataFrame)
+    # one unit per request, each from its own rows: pooled over workload "w", int8_quant
+    # would average 100 ms, tie with the reference and lose the tie for both requests
+    assert list(labels.index) == ["r1", "r2"] and (labels["workload"] == "w").all()
+    assert labels["label_latency_ms"].to_dict() == {"r1": 50, "r2": 100}
+    assert cand.loc[("r1", "int8_quant"), "latency_ms"] == 50
+    assert cand.loc[("r2", "int8_quant"), "latency_ms"] == 150
+    assert cand.loc[("r2", "int8_quant"), "reason"] == "safe, but not the fastest"

@@ -106,3 +106,12 @@ def test_interleaved_sweep_measures_the_same_rows(tiny_models, tmp_path, full):
     assert keys == set(zip(full[1]["request_id"], full[1]["mode"], full[1]["trial"]))
     # each unit is measured in every mode before the next unit starts
     assert [r["mode"] for r in seen[:3]] == MODES
+
+
+def test_unknown_backend_names_the_registered_ones_before_writing(tiny_models, tmp_path):
+    from dataset.registry import UnknownNameError
+
+    out = tmp_path / "p.parquet"
+    with pytest.raises(UnknownNameError, match="unknown backend 'nope'; registered: .*transformers"):
+        run(tiny_models, out, backend="nope")
+    assert not out.exists() and not out.with_name(out.name + ".journal.jsonl").exists()

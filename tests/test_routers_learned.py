@@ -1,5 +1,7 @@
 """Learned routers: estimator API, costs, splits, and a small tracked training run."""
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -15,7 +17,7 @@ from routers.families.lr import LogisticRouter
 from routers.families.rf import RandomForestRouter
 from routers.training.costs import cost_matrix, objective_metrics, regret_weights
 from routers.training.splits import split_indices
-from tests.helpers import profile, row
+from tests.helpers import synthetic_profile
 
 REF = "fp16_baseline"
 # Inherent to the wrapped models, not to the wrapper: tree min-leaf sizes, forest
@@ -37,32 +39,6 @@ def test_scikit_learn_estimator_checks(cls, kw):
         expected["check_class_weight_classifiers"] = (
             "the study's depth-5 / min-leaf-3 defaults underfit the check's synthetic data")
     check_estimator(cls(**kw), expected_failed_checks=expected)
-
-
-def synthetic_profile():
-    """Plain 2x2 grid, a shared-prefix cell and a batch cell, six modes.
-
-    gptq is fastest but fails quality on long outputs; speculation wins on long
-    outputs; prefix caching wins on shared prefixes; batching under batch pressure.
-    """
-    rows = []
-    for p in (128, 1024):
-        for o in (32, 128):
-            u, base = f"p{p}o{o}", 0.4 * p + 20 * o
-            kw = dict(prompt_tokens=p, expected_output_tokens=o)
-            rows += [row(u, REF, base, rouge_l_vs_baseline=1.0, **kw),
-                     row(u, "int8_quant", 0.7 * base, rouge_l_vs_baseline=0.9, **kw),
-                     row(u, "gptq_4bit", 0.5 * base, rouge_l_vs_baseline=0.9 if o == 32 else 0.5, **kw),
-                     row(u, "speculative_decoding", (0.4 if o == 128 else 1.1) * base,
-                         rouge_l_vs_baseline=1.0, **kw)]
-    kw = dict(prompt_tokens=1088, expected_output_tokens=64, shared_prefix_tokens=1024,
-              family="shared_prefix_chat")
-    rows += [row("chat", REF, 1000, rouge_l_vs_baseline=1.0, **kw),
-             row("chat", "prefix_caching", 300, rouge_l_vs_baseline=1.0, **kw)]
-    kw = dict(prompt_tokens=128, expected_output_tokens=64, concurrent_requests=8, family="batch_pressure")
-    rows += [row("batch", REF, 5000, rouge_l_vs_baseline=1.0, **kw),
-             row("batch", "int8_plus_continuous_batching", 1500, rouge_l_vs_baseline=0.95, **kw)]
-    return profile(rows)
 
 
 @pytest.fixture(scope="module")
@@ -156,5 +132,5 @@ def test_paper_preset(table, tmp_path):
     res = train(table, TrainConfig(routers=["dt"], preset="modeswitch-paper", trials=0,
                                    mlruns=str(tmp_path / "m")))
     assert res["split"].item() == "random" and res["feature_set"].item() == "B"
-    params = eval(res["params"].item())
+    params = json.loads(res["params"].item())
     assert params == {"max_depth": 5, "min_samples_leaf": 3, "class_weight": "balanced"}

@@ -1,13 +1,13 @@
 """The OpenAI-compatible server on loopback with the real small engine, driven by the
 ``openai`` client; and the MLflow export/load round trip of a trained router."""
 
-import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
+
+from tests.helpers import http, start, synthetic_profile
 
 
 class SwitchRouter:
@@ -24,45 +24,29 @@ class SwitchRouter:
         return self.mode
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def counter(port, name, **labels) -> float:
+    """A sample's value as ``/metrics`` serves it now (0 before it first counts): tests on
+    the shared server assert what they add, whatever ran before them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = http("GET", f"http://127.0.0.1:{port}/metrics")[2]
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return 0.0
 
 
-def start(app):
-    """Run ``app`` with uvicorn on a free loopback port in a thread; returns (server, thread, port)."""
-    import uvicorn
-
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    deadline = time.time() + 60
-    while not srv.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert srv.started, "server did not start"
-    return srv, th, port
-
-
-def http(method, url, body=None, headers=None):
-    """(status, headers, text) with the standard library (no extra HTTP client needed)."""
+def health(port) -> dict:
     import json
-    import urllib.error
-    import urllib.request
 
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, dict(r.headers), r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read().decode()
+    return json.loads(http("GET", f"http://127.0.0.1:{port}/health")[2])
 
 
 @pytest.fixture(scope="module")
 def server(tiny_models):
+    """One server for the tests that need the real engines (loading them is the slow part).
+    Tests change its router only through the ``router`` fixture, which puts it back."""
     from engine.serving import ServerConfig, create_app
 
     holder = {"router": SwitchRouter(), "loads": 0}
@@ -82,7 +66,20 @@ def server(tiny_models):
     th.join(timeout=30)
 
 
-def test_completion_reports_mode_and_routing_time(server):
+@pytest.fixture
+def router(server):
+    """The shared server's router for one test to change (its ``mode``) or swap (a reload);
+    afterwards, whatever the test did or wherever it failed, the server routes to
+    fp16_baseline with that same router again."""
+    holder, original = server["holder"], server["holder"]["router"]
+    yield original
+    original.mode = "fp16_baseline"
+    holder["router"] = original
+    if server["app"].state.serving.router is not original:
+        assert http("POST", f"http://127.0.0.1:{server['port']}/admin/reload")[0] == 200
+
+
+def test_completion_reports_mode_and_routing_time(server, router):
     raw = server["client"].completions.with_raw_response.create(
         model="modeswitch", prompt="def parse(self, text):", max_tokens=8)
     body = raw.parse()
@@ -92,9 +89,9 @@ def test_completion_reports_mode_and_routing_time(server):
     assert body.model_extra["modeswitch"]["mode"] == "fp16_baseline"
 
 
-def test_chat_and_streaming_give_the_same_text(server):
+def test_chat_and_streaming_give_the_same_text(server, router):
     c = server["client"]
-    server["holder"]["router"].mode = "int8_quant"
+    router.mode = "int8_quant"
     msgs = [{"role": "user", "content": "import os\nimport sys"}]
     full = c.chat.completions.create(model="modeswitch", messages=msgs, max_tokens=10)
     chunks = list(c.chat.completions.create(model="modeswitch", messages=msgs, max_tokens=10, stream=True))
@@ -104,67 +101,76 @@ def test_chat_and_streaming_give_the_same_text(server):
     assert streamed == full.choices[0].message.content  # greedy decoding: same tokens
     assert chunks[-1].choices[0].finish_reason in ("length", "stop")
     assert sum(1 for ch in chunks if ch.choices[0].delta.content) >= 2  # tokens arrived in pieces
-    server["holder"]["router"].mode = "fp16_baseline"
 
 
-def test_concurrent_requests_share_the_continuous_batching_engine(server):
+def test_streamed_completion_reports_mode_and_ends(server, router):
+    router.mode = "prefix_caching"
+    chunks = list(server["client"].completions.create(model="m", prompt="def parse(self, text):",
+                                                      max_tokens=8, stream=True))
+    assert chunks[0].model_extra["modeswitch"]["mode"] == "prefix_caching"
+    assert chunks[-1].choices[0].finish_reason in ("length", "stop")
+    assert "".join(ch.choices[0].text for ch in chunks)
+
+
+def test_concurrent_requests_share_the_continuous_batching_engine(server, router):
     c = server["client"]
-    server["holder"]["router"].mode = "continuous_batching"
+    router.mode = "continuous_batching"
     msgs = [[{"role": "user", "content": f"def f{i}(x):"}] for i in range(6)]
-    try:
-        with ThreadPoolExecutor(6) as pool:
-            outs = list(pool.map(lambda m: c.chat.completions.create(model="modeswitch", messages=m,
-                                                                        max_tokens=24), msgs))
-        alone = c.chat.completions.create(model="modeswitch", messages=msgs[0], max_tokens=24)
-        chunks = list(c.chat.completions.create(model="modeswitch", messages=msgs[0], max_tokens=24,
-                                                stream=True))
-    finally:
-        server["holder"]["router"].mode = "fp16_baseline"
+    with ThreadPoolExecutor(6) as pool:
+        outs = list(pool.map(lambda m: c.chat.completions.create(model="modeswitch", messages=m,
+                                                                    max_tokens=24), msgs))
+    alone = c.chat.completions.create(model="modeswitch", messages=msgs[0], max_tokens=24)
+    chunks = list(c.chat.completions.create(model="modeswitch", messages=msgs[0], max_tokens=24,
+                                            stream=True))
     assert all(o.model_extra["modeswitch"]["mode"] == "continuous_batching" for o in outs)
     assert all(o.usage.completion_tokens == 24 for o in outs)
     # in a batch or alone, greedy decoding gives the same text; streamed too, in pieces
     assert outs[0].choices[0].message.content == alone.choices[0].message.content
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == alone.choices[0].message.content
     assert sum(1 for ch in chunks if ch.choices[0].delta.content) >= 2
-    engine = server["app"].state.serving["pool"].acquire("continuous_batching")
-    server["app"].state.serving["pool"].release("continuous_batching")
+    pool = server["app"].state.serving.pool
+    engine = pool.acquire("continuous_batching")
+    pool.release("continuous_batching")
     assert engine.info["max_requests_in_batch"] >= 2
 
 
 def test_bad_requests_get_400_with_a_clear_message(server):
     c = server["client"]
+    before = counter(server["port"], "modeswitch_errors_total", kind="bad_request")
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         c.completions.create(model="m", prompt="x", max_tokens=0)
     with pytest.raises(openai.BadRequestError, match="exceeds this server's limit 64"):
         c.completions.create(model="m", prompt="x", max_tokens=65)
     with pytest.raises(openai.BadRequestError, match="messages"):
         c.chat.completions.create(model="m", messages=[], max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="one prompt per request"):
+        c.completions.create(model="m", prompt=["x", "y"], max_tokens=4)
+    # the two bodies failing validation count as bad requests; the limit and prompt checks
+    # answer 400 without counting
+    assert counter(server["port"], "modeswitch_errors_total", kind="bad_request") - before == 2
+    assert health(server["port"])["in_flight"] == 0  # rejected before being counted in
 
 
-def test_router_failure_falls_back_to_the_reference_and_is_counted(server):
-    server["holder"]["router"].mode = "raise"
-    try:
-        r = server["client"].completions.with_raw_response.create(model="m", prompt="class A:", max_tokens=4)
-    finally:
-        server["holder"]["router"].mode = "fp16_baseline"
+def test_router_failure_falls_back_to_the_reference_and_is_counted(server, router):
+    port = server["port"]
+    before = {r: counter(port, "modeswitch_fallbacks_total", reason=r) for r in ("error", "unknown_mode")}
+    router.mode = "raise"
+    r = server["client"].completions.with_raw_response.create(model="m", prompt="class A:", max_tokens=4)
     assert r.headers["x-modeswitch-mode"] == "fp16_baseline"
     assert r.parse().model_extra["modeswitch"]["fallback"] == "error"
-    server["holder"]["router"].mode = "awq_4bit"  # a mode this engine does not offer
-    try:
-        r = server["client"].completions.with_raw_response.create(model="m", prompt="class A:", max_tokens=4)
-    finally:
-        server["holder"]["router"].mode = "fp16_baseline"
+    router.mode = "awq_4bit"  # a mode this engine does not offer
+    r = server["client"].completions.with_raw_response.create(model="m", prompt="class A:", max_tokens=4)
     assert r.parse().model_extra["modeswitch"]["fallback"] == "unknown_mode"
-    text = http("GET", f"http://127.0.0.1:{server['port']}/metrics")[2]
-    assert 'modeswitch_fallbacks_total{reason="error"} 1.0' in text
-    assert 'modeswitch_fallbacks_total{reason="unknown_mode"} 1.0' in text
-    assert "modeswitch_routing_seconds_bucket" in text
+    assert counter(port, "modeswitch_fallbacks_total", reason="error") - before["error"] == 1.0
+    assert counter(port, "modeswitch_fallbacks_total", reason="unknown_mode") - before["unknown_mode"] == 1.0
+    assert "modeswitch_routing_seconds_bucket" in http("GET", f"http://127.0.0.1:{port}/metrics")[2]
 
 
-def test_reload_under_load_drops_nothing(server):
+def test_reload_under_load_drops_nothing(server, router):
     c = server["client"]
     holder = server["holder"]
     before = holder["loads"]
+    reloads = counter(server["port"], "modeswitch_router_reloads_total")
 
     def one(i):
         return c.completions.create(model="m", prompt=f"def f{i}(x):", max_tokens=6)
@@ -176,15 +182,77 @@ def test_reload_under_load_drops_nothing(server):
         status = http("POST", f"http://127.0.0.1:{server['port']}/admin/reload")[0]
         results = [f.result(timeout=120) for f in futs]
     assert status == 200 and holder["loads"] == before + 1
+    assert counter(server["port"], "modeswitch_router_reloads_total") - reloads == 1
     assert len(results) == 16 and all(x.usage.completion_tokens == 6 for x in results)
     after = c.completions.create(model="m", prompt="def g(x):", max_tokens=4)
     assert after.model_extra["modeswitch"]["mode"] == "prefix_caching"
     holder["router"] = SwitchRouter()
     http("POST", f"http://127.0.0.1:{server['port']}/admin/reload")
-    health = __import__("json").loads(http("GET", f"http://127.0.0.1:{server['port']}/health")[2])
-    assert health["status"] == "ok" and health["in_flight"] == 0
+    h = health(server["port"])
+    assert h["status"] == "ok" and h["in_flight"] == 0
     models = c.models.list()
     assert models.data[0].id == "modeswitch"
+
+
+def test_health_reports_the_state_handlers_share(server, router):
+    """``/health`` reads the same typed state the request handlers update."""
+    state = server["app"].state.serving
+    with ThreadPoolExecutor(4) as ex:
+        list(ex.map(lambda i: server["client"].completions.create(model="m", prompt=f"x = {i}", max_tokens=4),
+                    range(4)))
+    h = health(server["port"])
+    assert h["in_flight"] == state.in_flight == 0
+    assert h["router"] == "SwitchRouter" and h["router_path"] is None  # a bare router: no path known
+    assert h["engines_loaded"] == state.pool.loaded() and "fp16_baseline" in h["engines_loaded"]
+    assert counter(server["port"], "modeswitch_in_flight") == 0
+
+
+class FakeTokenizer:
+    """Enough of a tokenizer for requests that never reach generation."""
+
+    chat_template = None
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [ord(ch) for ch in text]}
+
+
+def test_engine_load_failure_is_counted_and_leaves_nothing_in_flight(tiny_models):
+    from engine.serving import LoadedRouter, ServerConfig, create_app
+
+    def broken_factory(mode):
+        raise RuntimeError(f"cannot load {mode}")
+
+    cfg = ServerConfig(model_path=str(tiny_models.target))
+    app = create_app(lambda: LoadedRouter(SwitchRouter(), path="compiled"), cfg, engine_factory=broken_factory,
+                     tokenizer=FakeTokenizer(), supported_modes=["fp16_baseline"])
+    srv, th, port = start(app)
+    try:
+        status, _, _ = http("POST", f"http://127.0.0.1:{port}/v1/completions", {"prompt": "x", "max_tokens": 2})
+        assert status == 500
+        assert counter(port, "modeswitch_errors_total", kind="engine_load") == 1
+        h = health(port)
+        assert h["in_flight"] == 0 and h["engines_loaded"] == []
+        assert h["router"] == "SwitchRouter" and h["router_path"] == "compiled"  # the loader's LoadedRouter
+    finally:
+        srv.should_exit = True
+        th.join(timeout=30)
+
+
+def test_supported_modes_and_the_reference_come_from_the_backend_registry():
+    from engine.backends.base import EngineSettings
+    from engine.backends.registry import get_backend
+    from engine.modes import get_mode, reference_mode
+    from engine.serving import ServerConfig, supported_modes
+
+    cfg = ServerConfig(model_path="unused")
+    assert cfg.reference == reference_mode().name
+    modes = supported_modes(cfg)
+    assert modes == get_backend("transformers").runnable_modes(EngineSettings("unused"))
+    assert modes[0] == cfg.reference
+    # without a draft model, no mode that needs one is offered; with one, they are
+    needs_draft = [m for m in supported_modes(ServerConfig("unused", draft_path="draft"))
+                   if get_mode(m).missing_draft(None)]
+    assert needs_draft and not set(needs_draft) & set(modes)
 
 
 def test_api_key_is_enforced(tiny_models):
@@ -232,6 +300,30 @@ def test_engine_pool_unloads_least_recently_used_within_budget():
     assert closed == ["b", "c"]
 
 
+def test_a_failed_engine_load_leaves_the_mode_unloadable():
+    from engine.serving.pool import EnginePool
+
+    closed, fail = [], {"a"}
+
+    class Fake:
+        def __init__(self, mode):
+            if mode in fail:
+                raise RuntimeError("out of memory")
+            self.mode, self.weights_mb = mode, 10.0
+
+        def close(self):
+            closed.append(self.mode)
+
+    pool = EnginePool(Fake, budget_mb=15)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        pool.acquire("a")
+    fail.clear()
+    pool.acquire("a")
+    pool.release("a")
+    pool.acquire("b")  # 20 MB > 15: a is idle (its failed load is not counted as a user)
+    assert closed == ["a"] and pool.loaded() == ["b"]
+
+
 def test_prefix_tracker_finds_shared_prefixes():
     from engine.serving.pool import PrefixTracker
 
@@ -249,7 +341,6 @@ def test_export_and_load_round_trip(tmp_path):
     from oracle.training_table import build_training_table
     from routers import get_router
     from routers.export import export_router, load_router
-    from tests.test_routers_learned import synthetic_profile
 
     reqs = [r for i, n in enumerate(["short_prompt_short_output", "long_prompt_long_output",
                                      "shared_prefix_chat", "batch_pressure"])

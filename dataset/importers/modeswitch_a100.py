@@ -32,7 +32,7 @@ PROVENANCE = {
     "model": "meta-llama/Llama-3.1-8B-Instruct",
     "hardware": "NVIDIA A100 40GB",
     "software": "vLLM (version not published)",
-    "reference_mode": "fp16_baseline",
+    "reference_mode": "fp16_baseline",  # the study's name for its FP16 reference (its data, not our registry)
     "precision": "float16",
     "energy_source": "published",
 }

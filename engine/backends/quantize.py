@@ -1,6 +1,7 @@
 """Weight quantization for the transformers backend on CPU.
 
-Kernels were chosen by measuring (``bench/modes_cpu.py`` keeps the comparison):
+Kernels were chosen by measuring (``bench/quant_kernels.py`` keeps the kernel comparison;
+``bench/modes_cpu.py`` the whole modes end to end):
 
 * INT8: ``torch.ao.quantization.quantize_dynamic`` (int8 weights, activations
   quantized per batch on the fly; fbgemm kernels). torchao's int8-dynamic path
@@ -89,7 +90,3 @@ def quantize_int4_weight_only(model, group_size: int = 32) -> int:
         setattr(parent, name, Int4WeightOnlyLinear(lin, group_size))
         n += 1
     return n
-
-
-def count_modules(model, kind: type) -> int:
-    return sum(isinstance(m, kind) for m in model.modules())

@@ -17,10 +17,11 @@ import threading
 import time
 from pathlib import Path
 
+from dataset.errors import InputError
 from dataset.requests import Request
 from engine.backends.base import BackendCapabilities, ModeSupport
 from engine.backends.registry import Backend, register_backend
-from engine.modes import ModeConfig, get_mode
+from engine.modes import ModeConfig, get_mode, reference_mode
 from engine.results import Generation
 
 NAME = "transformers"
@@ -44,7 +45,8 @@ def capabilities(device: str = "cpu") -> BackendCapabilities:
     def cpu_only(name, how):
         yes(name, how) if cpu else no(name, no_quant_gpu)
 
-    yes("fp16_baseline", "unquantized weights in the device's native precision (fp32 on CPU, "
+    ref = reference_mode().name
+    yes(ref, "unquantized weights in the device's native precision (fp32 on CPU, "
                          "fp16 on CUDA)")
     cpu_only("int8_quant", int8)
     cpu_only("gptq_4bit", int4)
@@ -72,7 +74,7 @@ def capabilities(device: str = "cpu") -> BackendCapabilities:
     cpu_only("int8_plus_chunked_prefill", int8 + " + chunked prefill")
     no("speculative_plus_chunked_prefill", "not built: prefilling the target's cache in chunks "
                                            "before assisted generation was not implemented")
-    return BackendCapabilities(NAME, "fp16_baseline", "float32" if cpu else "float16", modes)
+    return BackendCapabilities(NAME, ref, "float32" if cpu else "float16", modes)
 
 
 def _quiet_transformers():
@@ -136,7 +138,7 @@ class TransformersEngine:
         if m.speculative is not None and m.speculative.method == "draft_model":
             draft = m.speculative.draft_model or self.draft_path
             if draft is None:
-                raise ValueError(f"{m.name} needs a draft model (--draft-model PATH)")
+                raise InputError(f"{m.name} needs a draft model (--draft-model PATH)")
             self.draft = AutoModelForCausalLM.from_pretrained(draft, dtype=dtype).to(self.device).eval()
             gc = self.draft.generation_config
             gc.num_assistant_tokens = m.speculative.num_speculative_tokens

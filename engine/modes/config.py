@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
+from dataset.errors import InputError
+
 Quantization = Literal["none", "int8", "gptq_4bit", "awq_4bit"]
 KVCacheDtype = Literal["auto", "fp8", "int8", "int4"]
 Batching = Literal["none", "continuous"]
@@ -103,7 +105,7 @@ class ModeConfig:
             parsed = {}
             for item in overrides:
                 if "=" not in item:
-                    raise ValueError(f"override {item!r} is not key=value")
+                    raise InputError(f"override {item!r} is not key=value")
                 k, v = item.split("=", 1)
                 parsed[k.strip()] = v.strip()
             overrides = parsed
@@ -111,7 +113,7 @@ class ModeConfig:
         for key, value in overrides.items():
             head, _, rest = key.partition(".")
             if head not in data:
-                raise ValueError(f"mode {self.name}: no setting named {head!r}")
+                raise InputError(f"mode {self.name}: no setting named {head!r}")
             if rest:
                 sub = dict(data[head] or {})
                 sub[rest] = value

@@ -1,10 +1,13 @@
 """Serving: a router in front, one engine per mode behind, behind an OpenAI-compatible API.
 
-``engine`` never imports ``routers``: the server takes any object with
-``route(request) -> mode`` (and optionally ``modes``), so the rule baseline, a
-compiled learned router and an exported MLflow model all plug in the same way.
+``engine`` never imports ``routers``: the server asks a router only for
+``route(request) -> mode``, so the rule baseline, a compiled learned router and an
+exported MLflow model all plug in the same way. A loader that wants ``/health`` to
+say how its router decides returns it wrapped in :class:`LoadedRouter`.
 """
 
-from engine.serving.app import ServerConfig, create_app
+from engine.serving.app import create_app
+from engine.serving.config import ServerConfig, supported_modes
+from engine.serving.state import LoadedRouter, ServerState
 
-__all__ = ["ServerConfig", "create_app"]
+__all__ = ["LoadedRouter", "ServerConfig", "ServerState", "create_app", "supported_modes"]

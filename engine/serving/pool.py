@@ -5,21 +5,27 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.backends.base import Engine
 
 
 class EnginePool:
     """One engine per mode, created by ``factory(mode)`` on first use.
 
-    Each engine serves one request at a time (transformers generation is not
-    re-entrant); requests for different modes run in parallel threads. When the
-    loaded engines' weights exceed ``budget_mb``, idle engines are unloaded, least
-    recently used first; an engine in use is never unloaded.
+    ``lock(mode)`` serialises requests on one engine (transformers generation is
+    not re-entrant; the server skips it for batching engines, whose running batch
+    takes concurrent requests); requests for different modes run in parallel
+    threads. When the loaded engines' weights exceed ``budget_mb``, idle engines are
+    unloaded, least recently used first; an engine in use is never unloaded.
     """
 
-    def __init__(self, factory, budget_mb: float = 4096.0):
+    def __init__(self, factory: Callable[[str], Engine], budget_mb: float = 4096.0):
         self.factory = factory
         self.budget_mb = budget_mb
-        self._engines: OrderedDict[str, object] = OrderedDict()
+        self._engines: OrderedDict[str, Engine] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
         self._busy: dict[str, int] = {}
         self._load_lock = threading.Lock()
@@ -31,15 +37,19 @@ class EnginePool:
             self._locks[mode] = asyncio.Lock()
         return self._locks[mode]
 
-    def acquire(self, mode: str):
-        """The engine for ``mode`` (loading it if needed); call ``release`` when done."""
+    def acquire(self, mode: str) -> Engine:
+        """The engine for ``mode`` (loading it if needed); call ``release`` when done.
+
+        A load that fails leaves the mode idle: it raises with nothing to release, and
+        the engine a later load makes can still be unloaded.
+        """
         with self._load_lock:
-            self._busy[mode] = self._busy.get(mode, 0) + 1
             eng = self._engines.get(mode)
             if eng is None:
                 eng = self.factory(mode)
                 self._engines[mode] = eng
                 self.loads += 1
+            self._busy[mode] = self._busy.get(mode, 0) + 1
             self._engines.move_to_end(mode)
             self._evict()
             return eng
@@ -48,7 +58,7 @@ class EnginePool:
         with self._load_lock:
             self._busy[mode] -= 1
 
-    def _weights_mb(self, eng) -> float:
+    def _weights_mb(self, eng: Engine) -> float:
         return float(eng.weights_mb)
 
     def _evict(self):

@@ -13,18 +13,7 @@ import math
 
 import numpy as np
 
-from dataset.features import FEATURE_SET_A, NONE_CATEGORY
-
-_EXPR = {
-    "prompt_tokens": "float(r.prompt_tokens)",
-    "expected_output_tokens": "float(r.expected_output_tokens)",
-    "output_prompt_ratio": "float(r.expected_output_tokens) / (r.prompt_tokens if r.prompt_tokens > 1 else 1.0)",
-    "log_prompt_tokens": "log1p(r.prompt_tokens)",
-    "log_expected_output_tokens": "log1p(r.expected_output_tokens)",
-    "shared_prefix_tokens": "float(r.shared_prefix_tokens)",
-    "concurrent_requests": "float(r.concurrent_requests)",
-    "memory_pressure": "float(r.memory_pressure)",
-}
+from dataset.features import FEATURE_FORMULAS, FEATURE_SET_A, NONE_CATEGORY
 
 
 def float32_boundary(t: float) -> tuple[float, bool]:
@@ -50,7 +39,7 @@ def tree_source(tree, classes, n_num: int, fam_cats, suite_cats, name="route") -
     for f in used:
         fn = feat_names[f]
         if isinstance(fn, str):
-            lines.append(f"    x{f} = {_EXPR[fn]}")
+            lines.append(f"    x{f} = {FEATURE_FORMULAS[fn]}")
     if any(isinstance(feat_names[f], tuple) and feat_names[f][0] == "family" for f in used):
         lines.append(f"    fam = r.family or {NONE_CATEGORY!r}")
     if any(isinstance(feat_names[f], tuple) and feat_names[f][0] == "benchmark_suite" for f in used):

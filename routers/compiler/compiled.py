@@ -111,8 +111,8 @@ def library():
     lib.register_model.restype = ctypes.c_int
     lib.register_model.argtypes = [ctypes.c_int] * 9 + [ctypes.c_void_p, _F64, _I32, _I32, _I32, _I32,
                                                           _F64, _I32, _I32, _F64, _F64, _F64]
-    lib.route.restype = ctypes.c_int
-    lib.route.argtypes = [ctypes.c_int] + [ctypes.c_double] * 5 + [ctypes.c_int, ctypes.c_int]
+    lib.shape_features.restype = None
+    lib.shape_features.argtypes = [ctypes.c_double] * 5 + [_F64]
     lib.build_region.restype = ctypes.c_long
     lib.build_region.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.c_long, _F64, ctypes.c_long]
     lib.region_walk_share.restype = ctypes.c_double
@@ -192,13 +192,6 @@ class CompiledRouter:
             self.region_walk_share_ = lib.region_walk_share(self.handle)
 
     # ------------------------------------------------------------- decisions
-    def route_features(self, p, o, sp=0.0, cc=1.0, mp=0.0, family=None, suite=None) -> str:
-        k = self._lib.route(self.handle, p, o, sp, cc, mp, self.fam_index.get(family or NONE_CATEGORY, -1),
-                        self.suite_index.get(suite or NONE_CATEGORY, -1))
-        if k < 0:
-            raise MemoryError("compiled router: out of memory")
-        return self.classes_[k]
-
     def matrix(self, X) -> np.ndarray:
         """The kernel's input matrix (numeric features + one-hot) from a feature frame or array."""
         if hasattr(X, "columns"):
@@ -448,3 +441,11 @@ def compile(router, region_budget: tuple | None = None) -> CompiledRouter:  # no
         return CompiledRouter(router, 1, classes, n_num, fam, suite,
                               _lightgbm_trees(clf.booster_, n_features), region_budget)
     raise TypeError(f"cannot compile {type(clf).__name__}")
+
+
+def kernel_shape_features(p, o, sp, cc, mp) -> tuple:
+    """Feature set A as the C kernel computes it from a request's raw numbers (what its
+    single decisions read); tested against :data:`dataset.features.FEATURE_FORMULAS`."""
+    out = np.empty(len(FEATURE_SET_A), dtype=np.float64)
+    library().shape_features(float(p), float(o), float(sp), float(cc), float(mp), _ptr(out, _F64))
+    return tuple(float(v) for v in out)

@@ -30,6 +30,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from dataset.errors import InputError
 from dataset.requests import Request
 from engine.modes import reference_mode
 
@@ -74,7 +75,7 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
     _, runnable, skipped = be.plan(settings, needed)
     unsupported = {m: skipped[m] for m in needed if m in skipped}
     if unsupported:
-        raise ValueError("live scoring needs modes this engine cannot run: " + "; ".join(
+        raise InputError("live scoring needs modes this engine cannot run: " + "; ".join(
             f"{m} ({why})" for m, why in unsupported.items()))
     engines = {}
     try:

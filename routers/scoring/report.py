@@ -29,18 +29,31 @@ def headline_table(overall: pd.DataFrame, overhead: dict, weighting: str = "fami
     return t[[c for c in HEADLINE if c in t.columns]]
 
 
-def _fig(plt, w=7, h=4):
-    return plt.subplots(figsize=(w, h))
-
-
-def plots(out: Path, per_request: pd.DataFrame, per_family: pd.DataFrame, overall: pd.DataFrame,
-          overhead: dict, live: pd.DataFrame | None = None) -> list[Path]:
+def _pyplot():
+    """pyplot on the non-interactive backend: reports are written on machines without
+    a display (and from worker threads)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from sklearn.metrics import ConfusionMatrixDisplay
 
+    return plt
+
+
+def _fig(w=7, h=4):
+    return _pyplot().subplots(figsize=(w, h))
+
+
+def _reference_line(ax, vertical=False):
+    """The reference mode's level (1.0): above or below it reads as better or worse."""
+    (ax.axvline if vertical else ax.axhline)(1.0, color="grey", lw=1, ls="--")
+
+
+def plots(out: Path, per_request: pd.DataFrame, per_family: pd.DataFrame, overall: pd.DataFrame,
+          overhead: dict, live: pd.DataFrame | None = None) -> list[Path]:
+    """Write the report's plots under ``out/plots``; returns their paths in order.
+    Router-level plots use equal family weights, as the headline table does."""
+    plt = _pyplot()
     paths = []
 
     def save(fig, name):
@@ -51,55 +64,83 @@ def plots(out: Path, per_request: pd.DataFrame, per_family: pd.DataFrame, overal
         paths.append(p)
 
     eq = overall[overall["weighting"] == "families"].set_index("router")
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    save(_speedup_energy_plot(eq), "speedup_energy.png")
+    save(_capture_plot(eq), "oracle_capture.png")
+    if overhead:
+        save(_overhead_plot(overhead), "routing_overhead.png")
+    save(_violations_plot(eq), "violations.png")
+    save(_pareto_plot(eq), "pareto.png")
+    save(_per_family_plot(per_family), "per_family_speedup.png")
+    for r, g in per_request.groupby("router", sort=False):
+        if r != "oracle":  # the oracle's picks are its labels: nothing to confuse
+            save(_confusion_plot(r, g), f"confusion_{r}.png")
+    if live is not None and len(live):
+        save(_live_plot(live), "live_speedup_energy.png")
+    return paths
+
+
+def _speedup_energy_plot(eq):
+    fig, axes = _pyplot().subplots(1, 2, figsize=(11, 4))
     eq["speedup"].plot.bar(ax=axes[0], color="tab:blue")
-    axes[0].axhline(1.0, color="grey", lw=1, ls="--")
+    _reference_line(axes[0])
     axes[0].set_title("latency speedup vs reference (overhead charged)")
     eq["energy_ratio"].plot.bar(ax=axes[1], color="tab:green")
-    axes[1].axhline(1.0, color="grey", lw=1, ls="--")
+    _reference_line(axes[1])
     axes[1].set_title("energy ratio vs reference (lower is better)")
-    save(fig, "speedup_energy.png")
+    return fig
 
-    fig, ax = _fig(plt)
+
+def _capture_plot(eq):
+    fig, ax = _fig()
     eq[["latency_capture", "energy_capture"]].plot.bar(ax=ax)
-    ax.axhline(1.0, color="grey", lw=1, ls="--")
+    _reference_line(ax)
     ax.set_title("oracle capture (share of the oracle's saving achieved)")
-    save(fig, "oracle_capture.png")
+    return fig
 
-    if overhead:
-        fig, ax = _fig(plt, 8, 0.45 * (len(overhead) + len(STUDY_OVERHEAD_US)) + 1.5)
-        names = list(overhead) + list(STUDY_OVERHEAD_US)
-        p50 = [overhead[n].p50_us for n in overhead] + list(STUDY_OVERHEAD_US.values())
-        p99 = [overhead[n].p99_us for n in overhead] + list(STUDY_OVERHEAD_US.values())
-        colors = ["tab:blue"] * len(overhead) + ["tab:grey"] * len(STUDY_OVERHEAD_US)
-        ax.barh(names, p50, color=colors, label="p50")
-        ax.scatter(p99, names, color="black", marker="|", s=200, label="p99", zorder=3)
-        ax.set_xscale("log")
-        ax.set_xlabel("microseconds per decision (log scale)")
-        ax.set_title("routing overhead: this run (blue) vs the study's (grey)")
-        ax.legend()
-        save(fig, "routing_overhead.png")
 
-    fig, ax = _fig(plt)
+def _overhead_plot(overhead: dict):
+    """This run's per-decision overhead next to the study's published figures, on a
+    log scale (they span four orders of magnitude)."""
+    fig, ax = _fig(8, 0.45 * (len(overhead) + len(STUDY_OVERHEAD_US)) + 1.5)
+    names = list(overhead) + list(STUDY_OVERHEAD_US)
+    p50 = [overhead[n].p50_us for n in overhead] + list(STUDY_OVERHEAD_US.values())
+    p99 = [overhead[n].p99_us for n in overhead] + list(STUDY_OVERHEAD_US.values())
+    colors = ["tab:blue"] * len(overhead) + ["tab:grey"] * len(STUDY_OVERHEAD_US)
+    ax.barh(names, p50, color=colors, label="p50")
+    ax.scatter(p99, names, color="black", marker="|", s=200, label="p99", zorder=3)
+    ax.set_xscale("log")
+    ax.set_xlabel("microseconds per decision (log scale)")
+    ax.set_title("routing overhead: this run (blue) vs the study's (grey)")
+    ax.legend()
+    return fig
+
+
+def _violations_plot(eq):
+    fig, ax = _fig()
     cols = [c for c in ("violation_rate_quality", "violation_rate_energy", "violation_rate_memory",
                         "violation_rate_unmeasured") if c in eq]
     eq[cols].rename(columns=lambda c: c.replace("violation_rate_", "")).plot.bar(stacked=True, ax=ax)
     ax.set_title("constraint violations by type (rate)")
-    save(fig, "violations.png")
+    return fig
 
-    fig, ax = _fig(plt, 7, 5)
+
+def _pareto_plot(eq):
+    fig, ax = _fig(7, 5)
     for r, row in eq.iterrows():
         ax.scatter(row["speedup"], row["energy_ratio"], s=60)
         ax.annotate(r, (row["speedup"], row["energy_ratio"]), textcoords="offset points", xytext=(5, 3))
-    ax.axvline(1.0, color="grey", lw=1, ls="--")
-    ax.axhline(1.0, color="grey", lw=1, ls="--")
+    _reference_line(ax, vertical=True)
+    _reference_line(ax)
     ax.set_xlabel("latency speedup (higher is better)")
     ax.set_ylabel("energy ratio (lower is better)")
     ax.set_title("latency vs energy per router")
-    save(fig, "pareto.png")
+    return fig
 
+
+def _per_family_plot(per_family):
+    """Router x family speedup heatmap: where a router's average hides a family it loses."""
     piv = per_family.pivot(index="router", columns="family", values="speedup")
-    fig, ax = _fig(plt, 1.2 * piv.shape[1] + 3, 0.5 * piv.shape[0] + 2)
+    fig, ax = _fig(1.2 * piv.shape[1] + 3, 0.5 * piv.shape[0] + 2)
     im = ax.imshow(piv.to_numpy(dtype=float), cmap="RdYlGn", aspect="auto")
     ax.set_xticks(range(piv.shape[1]), piv.columns, rotation=45, ha="right")
     ax.set_yticks(range(piv.shape[0]), piv.index)
@@ -110,26 +151,28 @@ def plots(out: Path, per_request: pd.DataFrame, per_family: pd.DataFrame, overal
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8)
     fig.colorbar(im, ax=ax, label="speedup")
     ax.set_title("speedup per workload family")
-    save(fig, "per_family_speedup.png")
+    return fig
 
-    for r, g in per_request.groupby("router", sort=False):
-        if r == "oracle":
-            continue
-        labels = sorted(set(g["label"].astype(str)) | set(g["pick"].astype(str)))
-        fig, ax = plt.subplots(figsize=(1.0 + 0.7 * len(labels), 1.0 + 0.6 * len(labels)))
-        ConfusionMatrixDisplay.from_predictions(g["label"].astype(str), g["pick"].astype(str),
-                                                labels=labels, ax=ax, xticks_rotation="vertical",
-                                                colorbar=False)
-        ax.set_title(f"{r}: oracle label (rows) vs pick")
-        save(fig, f"confusion_{r}.png")
 
-    if live is not None and len(live):
-        fig, ax = _fig(plt)
-        live.set_index("router")[["speedup", "energy_ratio"]].plot.bar(ax=ax)
-        ax.axhline(1.0, color="grey", lw=1, ls="--")
-        ax.set_title("live: speedup and energy ratio vs reference")
-        save(fig, "live_speedup_energy.png")
-    return paths
+def _confusion_plot(router, picks):
+    """One router's picks against the oracle labels, over every mode either names."""
+    from sklearn.metrics import ConfusionMatrixDisplay
+
+    labels = sorted(set(picks["label"].astype(str)) | set(picks["pick"].astype(str)))
+    fig, ax = _fig(1.0 + 0.7 * len(labels), 1.0 + 0.6 * len(labels))
+    ConfusionMatrixDisplay.from_predictions(picks["label"].astype(str), picks["pick"].astype(str),
+                                            labels=labels, ax=ax, xticks_rotation="vertical",
+                                            colorbar=False)
+    ax.set_title(f"{router}: oracle label (rows) vs pick")
+    return fig
+
+
+def _live_plot(live):
+    fig, ax = _fig()
+    live.set_index("router")[["speedup", "energy_ratio"]].plot.bar(ax=ax)
+    _reference_line(ax)
+    ax.set_title("live: speedup and energy ratio vs reference")
+    return fig
 
 
 def _md_table(df: pd.DataFrame, floatfmt: str = ".3f") -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dataset.errors import InputError
 from oracle.training_table import frame_hash, table_meta
 from routers.reference import FixedModeRouter, OracleRouter
 from routers.rule_baseline import RuleBaselineRouter
@@ -66,7 +67,7 @@ def find_runs(table: pd.DataFrame, mlruns: str, run_ids=()) -> list[dict]:
     else:
         exp = client.get_experiment_by_name(f"modeswitch-train-{thash}")
         if exp is None:
-            raise LookupError(f"no training runs for this table (hash {thash}) in {mlruns}; "
+            raise InputError(f"no training runs for this table (hash {thash}) in {mlruns}; "
                               "run `modeswitch train --data ...` first")
         found = client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'",
                                    order_by=["attributes.start_time DESC"], max_results=500)
@@ -77,12 +78,12 @@ def find_runs(table: pd.DataFrame, mlruns: str, run_ids=()) -> list[dict]:
                 latest[fam] = r
         runs = list(latest.values())
     if not runs:
-        raise LookupError(f"no finished training runs for this table in {mlruns}")
+        raise InputError(f"no finished training runs for this table in {mlruns}")
     out = []
     for r in runs:
         tags, params = r.data.tags, r.data.params
         if tags.get("training_table_hash") not in (None, thash):
-            raise ValueError(f"run {r.info.run_id} was trained on another table "
+            raise InputError(f"run {r.info.run_id} was trained on another table "
                              f"({tags.get('training_table_hash')}, this one is {thash})")
         out.append({"run_id": r.info.run_id, "family": tags["router_family"],
                     "split": tags.get("split", "group"), "feature_set": tags.get("feature_set", "A"),
@@ -102,7 +103,7 @@ def load_routers(table, mlruns, run_ids=()) -> list[TrainedRouter]:
             models = mlflow.search_logged_models(filter_string=f"source_run_id = '{r['run_id']}'",
                                                  output_format="list")
             if not models:
-                raise LookupError(f"run {r['run_id']} has no logged router model")
+                raise InputError(f"run {r['run_id']} has no logged router model")
             uri = f"models:/{models[0].model_id}"
         est = mlflow.sklearn.load_model(uri)
         out.append(TrainedRouter(r["family"], r["run_id"], uri, est, r["split"], r["test_size"],
@@ -116,7 +117,7 @@ def held_out_rows(table: pd.DataFrame, trained: list[TrainedRouter]) -> np.ndarr
 
     keys = {(t.split, t.test_size, t.seed) for t in trained}
     if len(keys) > 1:
-        raise ValueError("the routers to score were trained with different splits "
+        raise InputError("the routers to score were trained with different splits "
                          f"({sorted(keys)}); name runs of one split with --run")
     split, test_size, seed = keys.pop()
     return np.sort(split_indices(table, split, test_size, seed)[0][1])

@@ -12,6 +12,8 @@ import numpy as np
 import pandas as pd
 from sklearn.model_selection import GroupShuffleSplit, LeaveOneGroupOut, train_test_split
 
+from dataset.errors import InputError
+
 SPLITS = ("random", "group", "lofo")
 
 
@@ -29,14 +31,14 @@ def split_indices(table: pd.DataFrame, split: str = "group", test_size: float = 
         return [(np.sort(tr), np.sort(te))]
     if split == "group":
         if len(set(groups)) < 2:
-            raise ValueError("a group split needs at least two workload families")
+            raise InputError("a group split needs at least two workload families")
         gss = GroupShuffleSplit(n_splits=1, test_size=test_size, random_state=seed)
         return [next(gss.split(idx, groups=groups))]
     if split == "lofo":
         if len(set(groups)) < 2:
-            raise ValueError("leave-one-family-out needs at least two workload families")
+            raise InputError("leave-one-family-out needs at least two workload families")
         return list(LeaveOneGroupOut().split(idx, groups=groups))
-    raise ValueError(f"unknown split {split!r}; choose one of {SPLITS}")
+    raise InputError(f"unknown split {split!r}; choose one of {SPLITS}")
 
 
 def inner_folds(table: pd.DataFrame, split: str, seed: int, n_folds: int = 3):

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dataset.errors import InputError
 from oracle.training_table import frame_hash, table_meta
 from routers.registry import get_family, get_router, learned_families
 from routers.rule_baseline import RuleBaselineRouter
@@ -60,7 +61,7 @@ class TrainConfig:
         if self.preset is None:
             return self
         if self.preset != "modeswitch-paper":
-            raise ValueError(f"unknown preset {self.preset!r}; known: modeswitch-paper")
+            raise InputError(f"unknown preset {self.preset!r}; known: modeswitch-paper")
         self.split, self.test_size = PAPER_PRESET["split"], PAPER_PRESET["test_size"]
         self.seed, self.feature_set = PAPER_PRESET["seed"], PAPER_PRESET["feature_set"]
         return self
@@ -163,104 +164,205 @@ def _progress_callback(progress, task, family):
     return callback
 
 
+@dataclass
+class TrainingData:
+    """The training table as every family sees it, read once per :func:`train` call.
+
+    ``folds``: the outer (train, test) splits; every row is held out by exactly
+    one of them, so cross-fitting predicts each held-out row with a model that
+    never saw it. ``thash`` names the MLflow experiment and the Optuna studies, so
+    reruns on the same table resume them.
+    """
+
+    table: pd.DataFrame
+    y: np.ndarray
+    safe: pd.DataFrame
+    modes: list[str]
+    meta: dict
+    thash: str
+    folds: list
+    #: the request columns a logged model takes (its signature and input example)
+    feature_cols: list[str]
+
+    @property
+    def experiment(self) -> str:
+        return f"modeswitch-train-{self.thash}"
+
+
+@dataclass
+class Tuned:
+    """A family's chosen hyperparameters: Optuna's best, or the preset's (then no
+    validation objective)."""
+
+    params: dict
+    use_weights: bool
+    best_value: float | None
+
+
+@dataclass
+class HeldOut:
+    """Cross-fitted predictions on the held-out ``rows``; ``model`` is the first
+    fold's, the one plotted and logged."""
+
+    model: object
+    preds: np.ndarray
+    rows: np.ndarray
+
+
 def train(table: pd.DataFrame, cfg: TrainConfig, progress=None) -> pd.DataFrame:
     """Tune, fit, score and log every requested router family; one result row each."""
     import mlflow
-    import mlflow.sklearn
-    from mlflow.models import infer_signature
-    from optuna_integration.mlflow import MLflowCallback
 
-    from routers.training.tracking import git_commit, setup, tracking_uri
+    from routers.training.tracking import setup
 
     cfg.apply_preset()
-    meta = table_meta(table)
-    table = table.reset_index(drop=True)
-    table, y, safe, modes = _xy(table)
-    thash = frame_hash(table)
-    experiment = f"modeswitch-train-{thash}"
-    setup(Path(cfg.mlruns), experiment)
-    folds = split_indices(table, cfg.split, cfg.test_size, cfg.seed)
-    for tr, te in folds:
-        if cfg.split != "random":
-            assert not set(table["family"].iloc[tr]) & set(table["family"].iloc[te])
+    data = _training_data(table, cfg)
+    setup(Path(cfg.mlruns), data.experiment)
     task = None
     if progress is not None:
         total = len(cfg.routers) * (0 if cfg.preset else cfg.trials)
         task = progress.add_task("tuning", total=max(total, 1))
     results = []
-    feature_cols = [c for c in table.columns if "__" not in c and c not in (
-        "label", "label_source", "estimate_basis", "reference_mode", "condition", "request_id")]
     for family in cfg.routers:
+        on_trial = _progress_callback(progress, task, family) if task is not None else None
         with mlflow.start_run(run_name=f"{family}-{cfg.split}-{cfg.feature_set}") as parent:
-            mlflow.set_tags({
-                "router_family": family, "split": cfg.split, "feature_set": cfg.feature_set,
-                "git_commit": git_commit(), "profile_hash": meta["profile_hash"],
-                "training_table_hash": thash, "constraints": json.dumps(meta["constraints"]),
-                "preset": cfg.preset or "none", "unsafe_penalty": cfg.unsafe_penalty,
-                "backends": ",".join(meta.get("backends", [])) or "unknown",
-            })
-            if cfg.preset:
-                params = dict(PAPER_PRESET["params"].get(family, {}))
-                use_w = False
-                best_value = None
-            else:
-                with warnings.catch_warnings():
-                    # optuna 4.9+ flags the callback for a future move; it is the
-                    # integration the project is asked to use and still works
-                    warnings.simplefilter("ignore", FutureWarning)
-                    mlflow_cb = MLflowCallback(tracking_uri=tracking_uri(Path(cfg.mlruns)), metric_name="objective",
-                        create_experiment=False, mlflow_kwargs={"nested": True})
-                cbs = [mlflow_cb]
-                if task is not None:
-                    cbs.append(_progress_callback(progress, task, family))
-                study_name = f"{experiment}-{family}-{cfg.split}-{cfg.feature_set}-s{cfg.seed}"
-                study = tune(family, cfg, table, y, safe, modes, folds[0][0] if cfg.split != "lofo"
-                             else np.arange(len(table)), study_name, cbs)
-                params = dict(study.best_params)
-                use_w = bool(params.pop("regret_weights", False))
-                best_value = study.best_value
-                mlflow.log_metric("best_validation_objective", best_value)
-            mlflow.log_params({**{f"param_{k}": v for k, v in params.items()},
-                               "regret_weights": use_w, "trials": cfg.trials,
-                               "safety_threshold": cfg.safety_threshold, "fallback": cfg.fallback,
-                               "test_size": cfg.test_size, "seed": cfg.seed})
-            preds = np.empty(len(table), dtype=object)
-            test_rows = []
-            est = None
-            for tr, te in folds:
-                est_f = _fit(family, params, cfg, table, y, safe, modes, tr, use_w)
-                preds[te] = est_f.predict(table.iloc[te])
-                test_rows.extend(te)
-                est = est if est is not None else est_f
-            test_rows = np.array(sorted(test_rows))
-            test = table.iloc[test_rows]
-            metrics = objective_metrics(test, preds[test_rows], modes, cfg.unsafe_penalty)
-            rule = RuleBaselineRouter(available_modes=modes, unavailable="reference").fit()
-            rule_metrics = objective_metrics(test, rule.predict(test), modes, cfg.unsafe_penalty)
-            mlflow.log_metrics({f"test_{k}": v for k, v in metrics.items()})
-            mlflow.log_metrics({f"rule_test_{k}": v for k, v in rule_metrics.items()})
-            with tempfile.TemporaryDirectory() as tmp:
-                tmp = Path(tmp)
-                for p in _plots(tmp, family, y[test_rows], preds[test_rows], est):
-                    mlflow.log_artifact(str(p), artifact_path="plots")
-                dist = pd.Series(y).value_counts().rename_axis("label").rename("requests")
-                dist.to_csv(tmp / "label_distribution.csv")
-                mlflow.log_artifact(str(tmp / "label_distribution.csv"))
-            example = table[feature_cols].iloc[:3]
-            signature = infer_signature(example, est.predict(example))
-            info = mlflow.sklearn.log_model(
-                est, name="model", signature=signature, input_example=example,
-                pip_requirements=["scikit-learn", "lightgbm", "pandas", "numpy"],
-                skops_trusted_types=trusted_types(est),
-            )
-            mlflow.set_tag("model_uri", info.model_uri)
-            results.append({
-                "router": family, "split": cfg.split, "feature_set": cfg.feature_set,
-                "run_id": parent.info.run_id, "model_uri": info.model_uri,
-                "best_validation_objective": best_value,
-                **{f"test_{k}": v for k, v in metrics.items()},
-                **{f"rule_{k}": v for k, v in rule_metrics.items()},
-                "n_test": len(test_rows), "params": json.dumps(params, default=str),
-            })
+            results.append({"router": family, "split": cfg.split, "feature_set": cfg.feature_set,
+                            "run_id": parent.info.run_id,
+                            **_train_family(family, cfg, data, on_trial)})
     return pd.DataFrame(results)
 
+
+def _training_data(table: pd.DataFrame, cfg: TrainConfig) -> TrainingData:
+    meta = table_meta(table)
+    table = table.reset_index(drop=True)
+    table, y, safe, modes = _xy(table)
+    folds = split_indices(table, cfg.split, cfg.test_size, cfg.seed)
+    for tr, te in folds:
+        if cfg.split != "random":
+            assert not set(table["family"].iloc[tr]) & set(table["family"].iloc[te])
+    feature_cols = [c for c in table.columns if "__" not in c and c not in (
+        "label", "label_source", "estimate_basis", "reference_mode", "condition", "request_id")]
+    return TrainingData(table, y, safe, modes, meta, frame_hash(table), folds, feature_cols)
+
+
+def _train_family(family, cfg: TrainConfig, data: TrainingData, on_trial=None) -> dict:
+    """One family inside its (open) MLflow parent run: tags, tuning, params, held-out
+    metrics next to the rule baseline's, plots, the model. Returns its result columns."""
+    import mlflow
+
+    mlflow.set_tags(_tags(family, cfg, data))
+    tuned = _tune_or_preset(family, cfg, data, on_trial)
+    mlflow.log_params({**{f"param_{k}": v for k, v in tuned.params.items()},
+                       "regret_weights": tuned.use_weights, "trials": cfg.trials,
+                       "safety_threshold": cfg.safety_threshold, "fallback": cfg.fallback,
+                       "test_size": cfg.test_size, "seed": cfg.seed})
+    held = _cross_fit(family, tuned, cfg, data)
+    metrics, rule_metrics = _held_out_metrics(held, cfg, data)
+    mlflow.log_metrics({f"test_{k}": v for k, v in metrics.items()})
+    mlflow.log_metrics({f"rule_test_{k}": v for k, v in rule_metrics.items()})
+    _log_artifacts(family, held, data)
+    model_uri = _log_model(held.model, data)
+    return {
+        "model_uri": model_uri, "best_validation_objective": tuned.best_value,
+        **{f"test_{k}": v for k, v in metrics.items()},
+        **{f"rule_{k}": v for k, v in rule_metrics.items()},
+        "n_test": len(held.rows), "params": json.dumps(tuned.params, default=str),
+    }
+
+
+def _tags(family, cfg: TrainConfig, data: TrainingData) -> dict:
+    """What a run was trained on and how: enough to find it again and to tell
+    whether two runs are comparable (same table, constraints and backends)."""
+    from routers.training.tracking import git_commit
+
+    meta = data.meta
+    return {
+        "router_family": family, "split": cfg.split, "feature_set": cfg.feature_set,
+        "git_commit": git_commit(), "profile_hash": meta["profile_hash"],
+        "training_table_hash": data.thash, "constraints": json.dumps(meta["constraints"]),
+        "preset": cfg.preset or "none", "unsafe_penalty": cfg.unsafe_penalty,
+        "backends": ",".join(meta.get("backends", [])) or "unknown",
+    }
+
+
+def _tune_or_preset(family, cfg: TrainConfig, data: TrainingData, on_trial=None) -> Tuned:
+    """A preset fixes the parameters; otherwise Optuna tunes them, one nested MLflow
+    run per trial, on the outer split's training part (with leave-one-family-out,
+    whose folds each train on different rows, on every row; its inner folds still
+    hold whole families out)."""
+    import mlflow
+    from optuna_integration.mlflow import MLflowCallback
+
+    from routers.training.tracking import tracking_uri
+
+    if cfg.preset:
+        return Tuned(dict(PAPER_PRESET["params"].get(family, {})), False, None)
+    with warnings.catch_warnings():
+        # optuna 4.9+ flags the callback for a future move; it is the
+        # integration the project is asked to use and still works
+        warnings.simplefilter("ignore", FutureWarning)
+        mlflow_cb = MLflowCallback(tracking_uri=tracking_uri(Path(cfg.mlruns)), metric_name="objective",
+            create_experiment=False, mlflow_kwargs={"nested": True})
+    cbs = [mlflow_cb] + ([on_trial] if on_trial is not None else [])
+    study_name = f"{data.experiment}-{family}-{cfg.split}-{cfg.feature_set}-s{cfg.seed}"
+    train_idx = data.folds[0][0] if cfg.split != "lofo" else np.arange(len(data.table))
+    study = tune(family, cfg, data.table, data.y, data.safe, data.modes, train_idx, study_name, cbs)
+    params = dict(study.best_params)
+    use_w = bool(params.pop("regret_weights", False))
+    mlflow.log_metric("best_validation_objective", study.best_value)
+    return Tuned(params, use_w, study.best_value)
+
+
+def _cross_fit(family, tuned: Tuned, cfg: TrainConfig, data: TrainingData) -> HeldOut:
+    """Refit per outer fold and predict its test part, so every held-out row is
+    scored by a model that did not train on it."""
+    preds = np.empty(len(data.table), dtype=object)
+    rows = []
+    model = None
+    for tr, te in data.folds:
+        est = _fit(family, tuned.params, cfg, data.table, data.y, data.safe, data.modes, tr,
+                   tuned.use_weights)
+        preds[te] = est.predict(data.table.iloc[te])
+        rows.extend(te)
+        model = model if model is not None else est
+    return HeldOut(model, preds, np.array(sorted(rows)))
+
+
+def _held_out_metrics(held: HeldOut, cfg: TrainConfig, data: TrainingData) -> tuple[dict, dict]:
+    """(router, rule baseline) objective metrics on the same held-out requests."""
+    test = data.table.iloc[held.rows]
+    metrics = objective_metrics(test, held.preds[held.rows], data.modes, cfg.unsafe_penalty)
+    rule = RuleBaselineRouter(available_modes=data.modes, unavailable="reference").fit()
+    return metrics, objective_metrics(test, rule.predict(test), data.modes, cfg.unsafe_penalty)
+
+
+def _log_artifacts(family, held: HeldOut, data: TrainingData):
+    """Confusion matrix and feature importance (``plots/``), and the label
+    distribution of the whole table."""
+    import mlflow
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for p in _plots(tmp, family, data.y[held.rows], held.preds[held.rows], held.model):
+            mlflow.log_artifact(str(p), artifact_path="plots")
+        dist = pd.Series(data.y).value_counts().rename_axis("label").rename("requests")
+        dist.to_csv(tmp / "label_distribution.csv")
+        mlflow.log_artifact(str(tmp / "label_distribution.csv"))
+
+
+def _log_model(est, data: TrainingData) -> str:
+    """Log the fitted router with its signature and an input example; returns its URI
+    (also tagged on the run, so the scorer can find the model from the run)."""
+    import mlflow
+    import mlflow.sklearn
+    from mlflow.models import infer_signature
+
+    example = data.table[data.feature_cols].iloc[:3]
+    signature = infer_signature(example, est.predict(example))
+    info = mlflow.sklearn.log_model(
+        est, name="model", signature=signature, input_example=example,
+        pip_requirements=["scikit-learn", "lightgbm", "pandas", "numpy"],
+        skops_trusted_types=trusted_types(est),
+    )
+    mlflow.set_tag("model_uri", info.model_uri)
+    return info.model_uri

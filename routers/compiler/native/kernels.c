@@ -1,10 +1,10 @@
-/* Routing kernels for compiled routers (see routers/compiled.py).
+/* Routing kernels for compiled routers (see routers/compiler/compiled.py).
  *
  * A model is registered once (its arrays are copied: the kernel owns them) and then
  * called by handle: a router object from make_router() reads a raw request's fields,
  * computes feature set A (plus one-hot categories) and predicts, in one CPython call;
- * route() does the same from plain numbers (ctypes); predict_batch() predicts a
- * ready feature matrix.
+ * predict_batch() predicts a ready feature matrix; shape_features() exposes the
+ * feature arithmetic alone, for the test that holds it to dataset/features.py.
  *
  * Thresholds become bins. For each feature the model's distinct split thresholds are
  * sorted ("cuts"); a request's bin for that feature is the number of cuts below its
@@ -616,22 +616,21 @@ static void finish_x(const Model *m, double *x) {
         for (int j = 0; j < m->n_features; j++) x[j] = (double)(float)x[j];
 }
 
-static void fill_x(const Model *m, double *x, double p, double o, double sp, double cc, double mp,
-                   int fam, int suite) {
+/* Feature set A from a request's raw numbers, in dataset/features.py's FEATURE_FORMULAS
+   order (tests/test_features.py checks every feature against those formulas). */
+void shape_features(double p, double o, double sp, double cc, double mp, double *x) {
     x[0] = p; x[1] = o; x[2] = o / (p > 1.0 ? p : 1.0); x[3] = log1p(p); x[4] = log1p(o);
     x[5] = sp; x[6] = cc; x[7] = mp;
+}
+
+static void fill_x(const Model *m, double *x, double p, double o, double sp, double cc, double mp,
+                   int fam, int suite) {
+    shape_features(p, o, sp, cc, mp, x);
     int j = m->n_num;
     for (int k = 0; k < m->n_fam; k++) x[j + k] = (k == fam) ? 1.0 : 0.0;
     j += m->n_fam;
     for (int k = 0; k < m->n_suite; k++) x[j + k] = (k == suite) ? 1.0 : 0.0;
     finish_x(m, x);
-}
-
-int route(int handle, double p, double o, double sp, double cc, double mp, int fam, int suite) {
-    const Model *m = &models[handle];
-    double x[MAX_FEATURES + 1];
-    fill_x(m, x, p, o, sp, cc, mp, fam, suite);
-    return predict_x(m, x, combo_of(m, fam, suite));
 }
 
 /* How many rows of a ready feature matrix the region tree decides (the rest walk). */

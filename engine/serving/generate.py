@@ -1,0 +1,191 @@
+"""Serving one request: admitted, routed, run on its mode's engine, answered in OpenAI's
+shape, whole (``text_completion`` / ``chat.completion``) or streamed as server-sent
+events while the engine generates (``stream: true``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING
+
+from fastapi import HTTPException
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from engine.serving.jobs import Job, acquire_engine, admit, check_limits, finish, run_gate
+from engine.serving.state import ServerState
+
+if TYPE_CHECKING:
+    from engine.backends.base import Engine
+    from engine.results import Generation
+
+log = logging.getLogger("modeswitch.serve")
+
+
+async def serve(state: ServerState, endpoint: str, ids: list[int], max_tokens: int, *,
+                stream: bool, chat: bool):
+    """The response to one completion or chat request (``chat`` picks the body's shape)."""
+    check_limits(state.config, ids, max_tokens)
+    job = admit(state, endpoint, ids, max_tokens, chat)
+    engine = await acquire_engine(state, job)
+    gate = run_gate(state, job, engine)
+    if stream:
+        return stream_response(state, job, engine, gate)
+    return await whole_response(state, job, engine, gate)
+
+
+# ------------------------------------------------------------------ whole
+async def whole_response(state: ServerState, job: Job, engine: Engine,
+                         gate: AbstractAsyncContextManager) -> JSONResponse:
+    try:
+        async with gate:
+            gens = await run_in_threadpool(engine.run, [(job.request, job.ids)], False)
+    except Exception as exc:
+        state.metrics.errors.labels("generation").inc()
+        log.exception("generation failed on %s", job.mode)
+        raise HTTPException(500, f"generation failed on mode {job.mode}: {exc}") from exc
+    finally:
+        finish(state, job)
+    return JSONResponse(completion_body(job, state.config.served_name, gens[0]), headers=job.headers)
+
+
+def completion_body(job: Job, model: str, gen: Generation) -> dict:
+    finish_reason = "length" if gen.output_tokens >= job.max_tokens else "stop"
+    if job.chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": gen.text},
+                  "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": gen.text, "finish_reason": finish_reason, "logprobs": None}
+    prompt = len(job.ids)
+    return {"id": job.id, "object": "chat.completion" if job.chat else "text_completion",
+            "created": int(time.time()), "model": model, "choices": [choice],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": gen.output_tokens,
+                      "total_tokens": prompt + gen.output_tokens},
+            "modeswitch": {**job.info, "latency_ms": round(gen.latency_ms, 2)}}
+
+
+# ------------------------------------------------------------------ streamed
+def stream_response(state: ServerState, job: Job, engine: Engine,
+                    gate: AbstractAsyncContextManager) -> StreamingResponse:
+    """Events as the engine generates: it runs in a task feeding a queue that the response
+    drains, so each token goes out as soon as it exists."""
+    feed = _TokenFeed()
+    producer = asyncio.create_task(_generate(state, job, engine, gate, feed))
+    return StreamingResponse(_events(state, job, feed, producer), media_type="text/event-stream",
+                             headers=job.headers)
+
+
+class _TokenFeed:
+    """New token ids from the engine's thread to the event loop, in order, then ``None``
+    (done) or the exception generation failed with."""
+
+    def __init__(self):
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue = asyncio.Queue()
+
+    def on_token(self, _rid, new_ids) -> None:
+        """The engine's callback, called in its thread."""
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, list(new_ids))
+
+    def end(self, failure: Exception | None = None) -> None:
+        self._queue.put_nowait(failure)
+
+    async def next(self) -> list[int] | Exception | None:
+        return await self._queue.get()
+
+
+async def _generate(state: ServerState, job: Job, engine: Engine,
+                    gate: AbstractAsyncContextManager, feed: _TokenFeed) -> None:
+    try:
+        async with gate:
+            await run_in_threadpool(engine.run, [(job.request, job.ids)], False, feed.on_token)
+        feed.end()
+    except Exception as exc:  # noqa: BLE001 - reported in the stream
+        state.metrics.errors.labels("generation").inc()
+        feed.end(exc)
+
+
+async def _events(state: ServerState, job: Job, feed: _TokenFeed, producer: asyncio.Task):
+    """The events of one stream. The job finishes when the stream does: completed, failed,
+    or closed by a client gone (after generation stops, so the engine is free again)."""
+    chunks = _Chunks(job, state.config.served_name)
+    text = _Detokenizer(state.tokenizer)
+    try:
+        yield chunks.first()
+        while (item := await feed.next()) is not None:
+            if isinstance(item, Exception):
+                yield chunks.error(item)
+                return
+            if delta := text.add(item):
+                yield chunks.delta(delta)
+        yield chunks.last("length" if text.tokens >= job.max_tokens else "stop")
+        yield "data: [DONE]\n\n"
+    finally:
+        await producer
+        finish(state, job)
+
+
+class _Detokenizer:
+    """The text of the tokens so far, handed out as deltas. Decoding tokens one by one can
+    split a character (byte-level BPE), so all of them are decoded each time and text goes
+    out only once it extends what was sent: no delta is ever taken back."""
+
+    def __init__(self, tokenizer):
+        self._tok = tokenizer
+        self._ids: list[int] = []
+        self._sent = ""
+
+    @property
+    def tokens(self) -> int:
+        return len(self._ids)
+
+    def add(self, new_ids: list[int]) -> str:
+        self._ids.extend(new_ids)
+        text = self._tok.decode(self._ids, skip_special_tokens=True)
+        if len(text) > len(self._sent) and text.startswith(self._sent):
+            delta, self._sent = text[len(self._sent):], text
+            return delta
+        return ""
+
+
+class _Chunks:
+    """A stream's events in OpenAI's chunk shape; the first carries the role (chat) and
+    the ``modeswitch`` routing field, as clients read them from there."""
+
+    def __init__(self, job: Job, model: str):
+        self.job, self.model, self.created = job, model, int(time.time())
+
+    def first(self) -> str:
+        return self._event(self._choice("", None, first=True), first=True)
+
+    def delta(self, text: str) -> str:
+        return self._event(self._choice(text, None))
+
+    def last(self, finish_reason: str) -> str:
+        return self._event(self._choice(None, finish_reason))
+
+    def error(self, exc: Exception) -> str:
+        return _sse({"error": {"message": f"generation failed on mode {self.job.mode}: {exc}",
+                               "type": "server_error"}})
+
+    def _choice(self, delta: str | None, finish_reason: str | None, first: bool = False) -> dict:
+        if not self.job.chat:
+            return {"index": 0, "text": delta or "", "finish_reason": finish_reason, "logprobs": None}
+        d = {"role": "assistant"} if first else {}
+        if delta:
+            d["content"] = delta
+        return {"index": 0, "delta": d, "finish_reason": finish_reason}
+
+    def _event(self, choice: dict, first: bool = False) -> str:
+        body = {"id": self.job.id, "object": "chat.completion.chunk" if self.job.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [choice]}
+        if first:
+            body["modeswitch"] = self.job.info
+        return _sse(body)
+
+
+def _sse(body: dict) -> str:
+    return f"data: {json.dumps(body)}\n\n"

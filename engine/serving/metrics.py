@@ -1,0 +1,33 @@
+"""The server's Prometheus metrics (``/metrics``)."""
+
+from __future__ import annotations
+
+
+class Metrics:
+    """Prometheus metrics in the app's own registry, so several apps may share a process
+    (the tests and ``bench/serve_batching.py`` run two side by side) without clashing."""
+
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        self.requests = Counter("modeswitch_requests_total", "Requests served, by chosen mode",
+                                ["mode", "endpoint"], registry=self.registry)
+        self.routing = Histogram(
+            "modeswitch_routing_seconds", "Routing decision time (features + predict)",
+            buckets=(1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 1e-3, 1e-2, 0.1),
+            registry=self.registry)
+        self.latency = Histogram("modeswitch_request_seconds", "End-to-end request latency",
+                                 ["mode"], registry=self.registry,
+                                 buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+        self.fallbacks = Counter("modeswitch_fallbacks_total", "Requests sent to the reference mode "
+                                 "because the router failed", ["reason"], registry=self.registry)
+        self.errors = Counter("modeswitch_errors_total", "Failed requests", ["kind"], registry=self.registry)
+        self.in_flight = Gauge("modeswitch_in_flight", "Requests in flight", registry=self.registry)
+        self.reloads = Counter("modeswitch_router_reloads_total", "Router reloads", registry=self.registry)
+
+    def exposition(self) -> tuple[bytes, str]:
+        """(body, content type) of the text exposition format."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

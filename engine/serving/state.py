@@ -1,0 +1,113 @@
+"""What every handler shares: one :class:`ServerState` per app, built at start-up.
+
+Handlers get it through the :data:`State` dependency rather than closing over
+``create_app``'s locals, so each handler is a plain module-level function and the
+tests and benches can read the same typed state (``app.state.serving``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Protocol
+
+from fastapi import Depends
+from fastapi import Request as HttpRequest
+from fastapi.concurrency import run_in_threadpool
+
+from dataset.requests import Request
+from engine.serving.config import (
+    EngineFactory,
+    ServerConfig,
+    backend_engine_factory,
+    supported_modes,
+)
+from engine.serving.metrics import Metrics
+from engine.serving.pool import EnginePool, PrefixTracker
+
+
+class RoutesRequests(Protocol):
+    """All the server asks of a router (``routers.base.Router`` has it; ``engine`` never
+    imports ``routers``, so an exported MLflow model or a test double plugs in too)."""
+
+    def route(self, request: Request) -> str: ...
+
+
+@dataclass(frozen=True)
+class LoadedRouter:
+    """A router with how it decides (e.g. ``"compiled"`` or ``"pipeline"``), for ``/health``.
+
+    Only the loader knows how the router it loaded decides, so a loader that wants it
+    reported returns this; a bare router is reported with no path.
+    """
+
+    router: RoutesRequests
+    path: str | None = None
+
+    @classmethod
+    def of(cls, loaded: RoutesRequests | LoadedRouter) -> LoadedRouter:
+        return loaded if isinstance(loaded, LoadedRouter) else cls(loaded)
+
+
+#: ``router_loader()``: called at start-up and on every ``POST /admin/reload``
+RouterLoader = Callable[[], "RoutesRequests | LoadedRouter"]
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    #: Hugging Face tokenizer of the served model (prompts in, streamed text out)
+    tokenizer: Any
+    #: the modes the engines here offer; a router's answer outside them falls back
+    modes: list[str]
+    router: RoutesRequests
+    router_path: str | None
+    load_router: RouterLoader
+    pool: EnginePool
+    metrics: Metrics
+    prefix: PrefixTracker = field(default_factory=PrefixTracker)
+    #: requests admitted and not finished (a routing feature, and ``/health``)
+    in_flight: int = 0
+
+    def install(self, loaded: RoutesRequests | LoadedRouter) -> None:
+        """Serve new requests with ``loaded``; requests in flight keep the router they took."""
+        loaded = LoadedRouter.of(loaded)
+        self.router, self.router_path = loaded.router, loaded.path
+
+    def enter(self) -> int:
+        """Count a request in; returns the count with it (its ``concurrent_requests``)."""
+        self.in_flight += 1
+        self.metrics.in_flight.inc()
+        return self.in_flight
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        self.metrics.in_flight.dec()
+
+
+async def start_state(cfg: ServerConfig, metrics: Metrics, router_loader: RouterLoader,
+                      engine_factory: EngineFactory | None = None, tokenizer=None,
+                      modes: list[str] | None = None) -> ServerState:
+    """The state at start-up: tokenizer, offered modes and router loaded once; engines are
+    loaded by the pool on their mode's first request. Anything not given comes from the
+    configured backend (the tests pass small fakes instead)."""
+    tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(cfg.model_path)
+    modes = list(modes) if modes is not None else supported_modes(cfg)
+    loaded = LoadedRouter.of(await run_in_threadpool(router_loader))
+    pool = EnginePool(engine_factory or backend_engine_factory(cfg), cfg.memory_budget_mb)
+    return ServerState(config=cfg, tokenizer=tokenizer, modes=modes, router=loaded.router,
+                       router_path=loaded.path, load_router=router_loader, pool=pool, metrics=metrics)
+
+
+def _load_tokenizer(model_path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def server_state(request: HttpRequest) -> ServerState:
+    return request.app.state.serving
+
+
+#: a handler parameter typed ``State`` receives the app's :class:`ServerState`
+State = Annotated[ServerState, Depends(server_state)]

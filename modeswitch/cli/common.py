@@ -1,0 +1,181 @@
+"""What every command module shares: the Typer ``app``, the error policy, option helpers.
+
+Error policy. A mistake in the user's input (a bad file, an unknown name, an option
+combination that cannot work) prints one red line and exits 2; everything else is
+a bug and keeps its full traceback, so it is never dressed up as an input error.
+Which exceptions count as input errors is one list, :func:`input_errors`: the
+project's own input-error types plus ``FileExistsError`` / ``FileNotFoundError``.
+``--debug`` (or ``MODESWITCH_DEBUG=1``) shows the traceback of input errors too.
+
+Help that names heavy things. ``modeswitch --help`` must not import the engine or
+pandas, yet an option's help should show the default its config dataclass
+really has and the names a registry really holds. :func:`deferred_help` fills
+``{name}`` placeholders in option help (and metavars) only when that command's
+help is shown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import os
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import Annotated, Literal
+
+import typer
+from rich.markup import escape
+from typer.core import TyperCommand
+
+from modeswitch.display import err_console
+
+DEBUG_ENV = "MODESWITCH_DEBUG"
+
+app = typer.Typer(
+    name="modeswitch",
+    help="Learned routers over LLM inference modes: profile -> label -> train -> score -> "
+    "export -> serve.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_debug_flag = False
+
+
+@app.callback()
+def _root(
+    debug: Annotated[bool, typer.Option(
+        "--debug", help=f"Show the full traceback of every error, input errors too (or set {DEBUG_ENV}=1).")] = False,
+):
+    # set on every invocation, so one in-process run (a test's) never leaks into the next
+    global _debug_flag
+    _debug_flag = debug
+
+
+def debug_enabled() -> bool:
+    """``--debug`` was given, or ``$MODESWITCH_DEBUG`` is set to something true."""
+    env = os.environ.get(DEBUG_ENV, "").strip().lower()
+    return _debug_flag or env not in ("", "0", "false", "no", "off")
+
+
+# ------------------------------------------------------------------ errors
+def input_errors() -> tuple[type[BaseException], ...]:
+    """The exception types that mean "the user's input is wrong" (imported when needed)."""
+    from dataset.errors import InputError, InputFileError
+    from dataset.registry import RegistrationError, UnknownNameError
+    from oracle.cells import OracleError
+
+    return (InputError, InputFileError, OracleError, UnknownNameError, RegistrationError,
+            FileExistsError, FileNotFoundError)
+
+
+def friendly_errors(fn):
+    """Print input errors as one red line and exit 2; let every other exception through."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if debug_enabled() or not isinstance(exc, input_errors()):
+                raise
+            report = getattr(exc, "report", None)
+            err_console.print(f"[red]error:[/red] {escape(report() if report else str(exc))}")
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+@contextmanager
+def reading(path):
+    """Around the one call that parses a user's file: a ``ValueError`` from the parser
+    (tomllib, pandas, pyarrow: bad TOML, JSON, CSV or parquet) is about that file, so
+    it becomes an input error naming it. Input errors pass unchanged."""
+    from dataset.errors import InputFileError
+
+    try:
+        yield
+    except ValueError as exc:
+        if isinstance(exc, input_errors()):
+            raise
+        raise InputFileError(path, None, None,
+                             f"cannot be read ({type(exc).__name__}: {exc})") from exc
+
+
+# ----------------------------------------------------------------- options
+def _split(values: list[str] | None) -> list[str]:
+    """Repeated and comma-separated option values as one list (``-p a,b -p c``)."""
+    out = []
+    for v in values or []:
+        out.extend(p.strip() for p in v.split(",") if p.strip())
+    return out
+
+
+#: choices fixed by the code that consumes them; tests/test_cli_options.py checks
+#: each against its source (``routers.training.splits.SPLITS`` and so on)
+Split = Literal["random", "group", "lofo"]
+FeatureSet = Literal["A", "B"]
+Fallback = Literal["rule", "reference"]
+Incomplete = Literal["error", "skip"]
+
+
+def backend_names() -> list[str]:
+    """The registered engine backends (importing the registry only when asked)."""
+    from engine.backends.registry import backend_names as names
+
+    return names()
+
+
+def backend_name(value: str) -> str:
+    """Typer parser for ``--backend``: a registered backend, else a usage error (exit 2)
+    listing them. A parser, not a ``Literal``, because plug-ins register backends and
+    reading the registry for every command would slow ``modeswitch --help``."""
+    names = backend_names()
+    if value not in names:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(map(repr, names))}")
+    return value
+
+
+def config_defaults(target: str) -> dict[str, object]:
+    """Field defaults of the dataclass at ``"module:Class"`` (factories called)."""
+    module, _, name = target.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+def deferred_help(config: str | None = None, **values: Callable[[], object]) -> type[TyperCommand]:
+    """A command class whose option help and metavars may hold ``{name}`` placeholders,
+    filled when the help is shown: from the field defaults of the dataclass ``config``
+    (``"module:Class"``) and from ``values`` (name -> function). So help shows the
+    default the code really uses, never a copy of it, at no cost to other commands.
+    Lists show as ``a, b`` in help and ``a|b`` in a metavar (``<{backends}>``).
+
+    Help is rich markup: a bracketed default such as ``[error]`` would be read as a
+    style tag and vanish, so tag-like brackets in these commands' help are escaped."""
+
+    class DeferredHelpCommand(TyperCommand):
+        def format_help(self, ctx, formatter):
+            known = config_defaults(config) if config else {}
+            known.update({k: f() for k, f in values.items()})
+            in_help = {k: _joined(v, ", ") for k, v in known.items()}
+            in_metavar = {k: _joined(v, "|") for k, v in known.items()}
+            for p in self.params:
+                if isinstance(p.help, str):
+                    p.help = escape(p.help.format_map(in_help) if "{" in p.help else p.help)
+                if isinstance(p.metavar, str) and "{" in p.metavar:
+                    p.metavar = p.metavar.format_map(in_metavar)
+            return super().format_help(ctx, formatter)
+
+    return DeferredHelpCommand
+
+
+def _joined(value, sep: str) -> str:
+    return sep.join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)

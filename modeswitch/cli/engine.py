@@ -1,0 +1,200 @@
+"""Commands that run the engine: ``model build`` (the project's small model),
+``profile`` (measure modes on workloads) and ``serve`` (the OpenAI-compatible API).
+
+``profile`` and ``serve`` are thin over their config dataclasses
+(:class:`engine.profiler.ProfileSpec`, :class:`engine.serving.ServerConfig`):
+one option per user-settable field, with the field's default;
+tests/test_cli_options.py holds them to that, and lists the fields left out on purpose.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from modeswitch.cli.common import (
+    _split,
+    app,
+    backend_name,
+    backend_names,
+    deferred_help,
+    friendly_errors,
+)
+from modeswitch.display import console, frame_table
+
+#: --checkpoint KEY: the quantized modes a vLLM checkpoint can stand for
+CHECKPOINT_KEYS = ("int8", "gptq_4bit", "awq_4bit")
+
+
+def _short(name: str) -> str:
+    """Compact column labels for wide mode x family tables."""
+    return {"short_prompt_short_output": "s/s", "short_prompt_long_output": "s/l",
+            "long_prompt_short_output": "l/s", "long_prompt_long_output": "l/l",
+            "shared_prefix_chat": "prefix", "memory_pressure_long_context": "mem",
+            "batch_pressure": "batch"}.get(name, name)
+
+
+# -------------------------------------------------------------------- model
+model_app = typer.Typer(help="The project's own small model (built, not downloaded).",
+                        no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("build")
+@friendly_errors
+def model_build_cmd(
+    cache_dir: Annotated[Path | None, typer.Option(help="Cache folder [$MODESWITCH_CACHE or ~/.cache/modeswitch].")] = None,
+    force: Annotated[bool, typer.Option(help="Rebuild even if a cached build exists.")] = False,
+):
+    """Train the small default target model and its draft (cached; about 4 minutes on 2 cores)."""
+    import json
+
+    from rich.progress import Progress
+
+    from engine.models.tiny import BuildRecipe, build_models
+
+    with Progress(console=console) as progress:
+        built = build_models(cache_dir, BuildRecipe(), force=force, progress=progress,
+                             log=console.print)
+    c = built.card
+    console.print(f"target: {built.target} ({c['target_params'] / 1e6:.1f} M parameters)")
+    console.print(f"draft:  {built.draft} ({c['draft_params'] / 1e6:.1f} M parameters)")
+    console.print(json.dumps({k: c[k] for k in (
+        "target_eval_loss", "draft_eval_loss", "draft_acceptance_rate",
+        "target_median_top1_top2_logit_gap", "build_seconds")}, indent=1)
+        + f"\nfinal train loss: target {c['target']['final_train_loss']:.3f}, "
+          f"draft {c['draft']['final_train_loss']:.3f}")
+
+
+# ------------------------------------------------------------------ profile
+@app.command("profile", cls=deferred_help("engine.profiler:ProfileSpec", backends=backend_names))
+@friendly_errors
+def profile_cmd(
+    output: Annotated[Path, typer.Option("-o", "--output", help="Profile parquet to write (its journal sits beside it).")],
+    backend: Annotated[str, typer.Option(parser=backend_name, metavar="<{backends}>", help="Engine backend.")] = "transformers",
+    model: Annotated[str, typer.Option(help="'tiny' (built here) or a local Hugging Face checkpoint folder.")] = "tiny",
+    draft_model: Annotated[str | None, typer.Option(help="Draft checkpoint for speculative decoding.")] = None,
+    modes: Annotated[list[str] | None, typer.Option(help="Modes to measure (default: every supported one).")] = None,
+    workloads: Annotated[list[str] | None, typer.Option(help="Workloads [the study's families: {workloads}].")] = None,
+    requests: Annotated[int | None, typer.Option(help="Requests (or request groups) per workload [{requests}; quick: 1].")] = None,
+    trials: Annotated[int, typer.Option(help="Trials per (request, mode).")] = 1,
+    benchmarks: Annotated[list[str] | None, typer.Option(help="Benchmark JSONL files to draw prompts from.")] = None,
+    benchmark_requests: Annotated[int, typer.Option(help="Prompts per benchmark file.")] = 2,
+    batch_size: Annotated[int | None, typer.Option(help="Requests per group in concurrent workloads (default: the workload's own).")] = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    seed: Annotated[int, typer.Option(help="Request population seed.")] = 0,
+    quick: Annotated[bool, typer.Option(help="One request per workload, one trial: a fast full sweep.")] = False,
+    threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's choice).")] = None,
+    watts_per_core: Annotated[float, typer.Option(help="CPU energy estimate, where no power meter is read: watts per busy core.")] = 4.0,
+    cache_dir: Annotated[Path | None, typer.Option(help="Model cache folder.")] = None,
+    interleave: Annotated[bool, typer.Option(help="Keep all engines loaded; measure each request in every mode back to back.")] = False,
+    checkpoint: Annotated[list[str] | None, typer.Option(help="vLLM: pre-quantized checkpoint per mode, KEY=PATH with KEY int8, gptq_4bit or awq_4bit.")] = None,
+):
+    """Measure modes on workloads and write a validated, resumable profile table."""
+    from rich.progress import Progress
+
+    from dataset.errors import InputError
+    from engine.models.resolve import resolve_models
+    from engine.profiler import Profiler, ProfileSpec
+
+    checkpoints = {}
+    for item in _split(checkpoint):
+        key, sep, path = item.partition("=")
+        if not sep or key not in CHECKPOINT_KEYS:
+            raise InputError(f"--checkpoint {item!r}: expected KEY=PATH with KEY int8, gptq_4bit or awq_4bit")
+        checkpoints[key] = path
+    if backend == "vllm" and interleave:
+        raise InputError("--interleave keeps every engine loaded; the vLLM backend runs one engine at a time")
+    if requests is None and quick:
+        requests = 1
+    with Progress(console=console) as progress:
+        target, draft, card = resolve_models(model, draft_model, cache_dir, progress, console.print)
+    if card:
+        console.print(f"model: project tiny model ({card['target_params'] / 1e6:.1f} M params, "
+                      f"eval loss {card['target_eval_loss']}; draft acceptance "
+                      f"{card['draft_acceptance_rate']:.2f})")
+    # options left at None take the spec's own defaults
+    defaults = {"workloads": _split(workloads) or None, "requests": requests}
+    spec = ProfileSpec(
+        model=str(target), draft_model=str(draft) if draft else None, backend=backend,
+        device=device, modes=_split(modes) or None, trials=trials, seed=seed,
+        benchmarks=_split(benchmarks), benchmark_requests=benchmark_requests,
+        batch_size=batch_size, watts_per_core=watts_per_core, threads=threads,
+        interleave=interleave, checkpoints=checkpoints,
+        **{k: v for k, v in defaults.items() if v is not None},
+    )
+    df = Profiler(spec, target, draft, output, console=console).run()
+    summary = df.groupby(["mode", "family"])["latency_ms"].mean().unstack("family")
+    speed = (summary.loc["fp16_baseline"] / summary).round(2)
+    speed.columns = [_short(c) for c in speed.columns]
+    console.print(frame_table(speed, title="speedup vs the reference (reference latency / mode latency; >1 is faster)"))
+    console.print(f"wrote {len(df)} rows ({df['mode'].nunique()} modes x "
+                  f"{df['family'].nunique()} workload families) to {output}")
+
+
+# -------------------------------------------------------------------- serve
+@app.command("serve", cls=deferred_help(backends=backend_names))
+@friendly_errors
+def serve_cmd(
+    router: Annotated[str, typer.Option(help="models:/NAME@champion (an exported router), 'rule', or 'mode:NAME' (always that mode: a baseline).")] = "models:/modeswitch-router@champion",
+    backend: Annotated[str, typer.Option(parser=backend_name, metavar="<{backends}>", help="Engine backend.")] = "transformers",
+    model: Annotated[str, typer.Option(help="'tiny' (built here) or a local Hugging Face checkpoint folder.")] = "tiny",
+    draft_model: Annotated[str | None, typer.Option(help="Draft checkpoint for speculative decoding.")] = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    host: Annotated[str, typer.Option(help="Bind address (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+    api_key: Annotated[str | None, typer.Option(envvar="MODESWITCH_API_KEY", help="Require 'Authorization: Bearer KEY'.")] = None,
+    served_name: Annotated[str, typer.Option(help="Model name the API reports (/v1/models, responses).")] = "modeswitch",
+    max_tokens_limit: Annotated[int, typer.Option(help="Largest max_tokens a request may ask for (larger: HTTP 400).")] = 1024,
+    route_budget_us: Annotated[float, typer.Option(help="A slower routing decision falls back to the reference.")] = 5000.0,
+    memory_budget_mb: Annotated[float, typer.Option(help="Weights kept loaded across engines (LRU unload).")] = 4096.0,
+    compile_router: Annotated[bool, typer.Option("--compile/--no-compile", help="Compiled router or the scikit-learn pipeline.")] = True,
+    batch_across_requests: Annotated[bool, typer.Option("--batch-across-requests/--one-at-a-time", help="Concurrent requests routed to a continuous-batching engine share its batch, or every engine serves one request at a time.")] = True,
+    mlruns: Annotated[Path, typer.Option(help="MLflow store folder.")] = Path("mlruns"),
+):
+    """Serve an OpenAI-compatible API with the router in front of one engine per mode."""
+    import logging
+
+    import uvicorn
+
+    from dataset.errors import InputError
+    from engine.models.resolve import resolve_models
+    from engine.serving import LoadedRouter, ServerConfig, create_app, supported_modes
+
+    target, draft, _ = resolve_models(model, draft_model, None, None, console.print)
+    cfg = ServerConfig(model_path=str(target), draft_path=str(draft) if draft else None,
+                       backend=backend, device=device, api_key=api_key,
+                       served_name=served_name, max_tokens_limit=max_tokens_limit,
+                       route_budget_us=route_budget_us, memory_budget_mb=memory_budget_mb,
+                       batch_across_requests=batch_across_requests)
+    modes = supported_modes(cfg)
+
+    def load():
+        if router.startswith("mode:"):
+            from routers.reference import FixedModeRouter
+
+            fixed = router.split(":", 1)[1]
+            if fixed not in modes:
+                raise InputError(f"--router {router}: the {backend} engine here runs {', '.join(modes)}")
+            return FixedModeRouter(mode=fixed).fit()
+        if router == "rule":
+            from routers.rule_baseline import RuleBaselineRouter
+
+            return RuleBaselineRouter(available_modes=modes, unavailable="reference").fit()
+        from routers.export import load_router
+
+        exported = load_router(router, str(mlruns), available_modes=modes, compiled=compile_router)
+        return LoadedRouter(exported, path=exported.path_)
+
+    # load once here, so a bad router fails with its reason before the server starts;
+    # the server's start-up takes this one, reloads load afresh
+    preloaded = [load()]
+
+    def loader():
+        return preloaded.pop() if preloaded else load()
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    console.print(f"serving {target} on http://{host}:{port}/v1 with router {router}")
+    uvicorn.run(create_app(loader, cfg, supported_modes=modes), host=host, port=port, log_level="info")

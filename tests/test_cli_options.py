@@ -1,0 +1,270 @@
+"""The CLI stays in step with the config dataclasses behind its commands.
+
+As in vLLM's EngineArgs, each config field a user may set is an option of the
+command, with the field's own default; the options are declared by hand (so
+``modeswitch --help`` imports nothing heavy), and these tests hold them to the
+dataclasses: every field has an option or a stated reason not to, every option's
+default is the field's, and a command run with no options builds exactly the
+dataclass's defaults. A field added to a dataclass fails here until the command
+exposes it or EXCLUDED says why not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import typer.main
+from typer.testing import CliRunner
+
+from modeswitch.cli import app
+from modeswitch.cli.common import Fallback, FeatureSet, Incomplete, Split
+
+runner = CliRunner()
+TARGET = Path("/models/target")
+
+
+@dataclass
+class Backed:
+    """A command built on a config dataclass."""
+
+    config: str  # "module:Class"
+    #: field -> option, where the option is not --field-name
+    renamed: dict[str, str] = field(default_factory=dict)
+    #: fields the command computes from its options (no default to compare)
+    resolved: dict[str, str] = field(default_factory=dict)
+    #: options left at None so the dataclass decides; their help shows its default
+    none_means_default: dict[str, str] = field(default_factory=dict)
+
+    def cls(self):
+        module, _, name = self.config.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+BACKED = {
+    "serve": Backed("engine.serving:ServerConfig",
+                    resolved={"model_path": "--model", "draft_path": "--draft-model"}),
+    "train": Backed("routers.training.trainer:TrainConfig",
+                    none_means_default={"routers": "--routers"}),
+    "score": Backed("routers.scoring.run:ScoreConfig",
+                    renamed={"run_ids": "--run", "compiled": "--compile"}),
+    "profile": Backed("engine.profiler:ProfileSpec",
+                      renamed={"checkpoints": "--checkpoint"},
+                      resolved={"model": "--model", "draft_model": "--draft-model"},
+                      none_means_default={"workloads": "--workloads", "requests": "--requests"}),
+}
+
+#: (command, field) -> why the command does not expose it
+EXCLUDED = {
+    ("serve", "reference"): "the fallback for failed routing decisions is the registry's "
+                            "reference mode, the one every label and cost is relative to; "
+                            "not a serving choice",
+    ("score", "name"): "the report's name is its folder's name (--output)",
+}
+
+
+def _command(name: str):
+    return typer.main.get_command(app).commands[name]
+
+
+def _options(name: str) -> dict[str, object]:
+    """option string (--x) -> click parameter, for one command."""
+    return {opt: p for p in _command(name).params for opt in p.opts}
+
+
+def _option_of(cmd: str, spec: Backed, fname: str) -> str:
+    return {**spec.renamed, **spec.resolved, **spec.none_means_default}.get(
+        fname, "--" + fname.replace("_", "-"))
+
+
+def _field_defaults(cls) -> dict[str, object]:
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+@pytest.mark.parametrize("cmd", sorted(BACKED))
+def test_every_field_has_an_option_or_a_reason(cmd):
+    spec, options = BACKED[cmd], _options(cmd)
+    fields = {f.name for f in dataclasses.fields(spec.cls())}
+    excluded = {f for c, f in EXCLUDED if c == cmd}
+    assert excluded <= fields, f"EXCLUDED names fields {cmd}'s config lacks: {excluded - fields}"
+    missing = {f: _option_of(cmd, spec, f) for f in fields - excluded
+               if _option_of(cmd, spec, f) not in options}
+    assert not missing, f"{cmd}: config fields without an option: {missing}"
+    stale = {f for f in excluded if "--" + f.replace("_", "-") in options}
+    assert not stale, f"{cmd}: fields listed as not exposed have an option: {stale}"
+
+
+@pytest.mark.parametrize("cmd", sorted(BACKED))
+def test_option_defaults_are_the_dataclass_defaults(cmd):
+    spec, options = BACKED[cmd], _options(cmd)
+    excluded = {f for c, f in EXCLUDED if c == cmd}
+    for fname, default in _field_defaults(spec.cls()).items():
+        if fname in excluded or fname in spec.resolved:
+            continue
+        cli = options[_option_of(cmd, spec, fname)].default
+        if fname in spec.none_means_default:
+            assert cli is None, f"{cmd} {fname}: None lets the config decide"
+            continue
+        if isinstance(cli, Path):
+            cli = str(cli)
+        if cli is None and default in ([], {}):  # a repeatable option given no times
+            continue
+        assert cli == default, f"{cmd} --{fname}: option default {cli!r}, config default {default!r}"
+
+
+@pytest.mark.parametrize("cmd", [c for c in sorted(BACKED) if BACKED[c].none_means_default])
+def test_help_shows_the_defaults_the_config_decides(cmd):
+    spec = BACKED[cmd]
+    defaults = _field_defaults(spec.cls())
+    res = runner.invoke(app, [cmd, "--help"], env={"COLUMNS": "1000", "TERMINAL_WIDTH": "1000"})
+    text = " ".join(res.output.split())
+    for fname in spec.none_means_default:
+        value = defaults[fname]
+        shown = ", ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+        assert f"[{shown}" in text or f": {shown}]" in text, f"{cmd} --{fname}: help lacks {shown!r}"
+
+
+# ---------------------------------------------- run with no options at all
+class Captured(Exception):
+    """Raised by a stand-in for the command's consumer, carrying the config it got."""
+
+    def __init__(self, config):
+        super().__init__("captured")
+        self.config = config
+
+
+def _capture(monkeypatch, target: str):
+    module, _, name = target.rpartition(".")
+
+    def consumer(*args, **kwargs):
+        raise Captured(next(a for a in (*args, *kwargs.values()) if dataclasses.is_dataclass(a)))
+
+    monkeypatch.setattr(importlib.import_module(module), name, consumer)
+
+
+def _built(args) -> object:
+    res = runner.invoke(app, args)
+    assert isinstance(res.exception, Captured), res.output
+    return res.exception.config
+
+
+@pytest.fixture
+def fake_models(monkeypatch):
+    import engine.models.resolve
+
+    monkeypatch.setattr(engine.models.resolve, "resolve_models", lambda *a, **k: (TARGET, None, None))
+
+
+@pytest.fixture
+def table(tmp_path):
+    path = tmp_path / "train.parquet"
+    pd.DataFrame({"x": [1]}).to_parquet(path)
+    return path
+
+
+def test_serve_with_no_options_builds_the_default_server_config(monkeypatch, fake_models):
+    from engine.serving import ServerConfig
+
+    _capture(monkeypatch, "engine.serving.supported_modes")
+    assert _built(["serve"]) == ServerConfig(model_path=str(TARGET))
+
+
+def test_serve_passes_max_tokens_limit_on(monkeypatch, fake_models):
+    _capture(monkeypatch, "engine.serving.supported_modes")
+    assert _built(["serve", "--max-tokens-limit", "64"]).max_tokens_limit == 64
+
+
+def test_profile_with_no_options_builds_the_default_spec(monkeypatch, fake_models, tmp_path):
+    from engine.profiler import ProfileSpec
+
+    _capture(monkeypatch, "engine.profiler.Profiler")
+    out = ["-o", str(tmp_path / "p.parquet")]
+    assert _built(["profile", *out]) == ProfileSpec(model=str(TARGET))
+    assert _built(["profile", *out, "--quick"]).requests == 1
+    assert _built(["profile", *out, "--quick", "--requests", "2"]).requests == 2
+
+
+def test_train_with_no_options_builds_the_default_config(monkeypatch, table):
+    from routers.training.trainer import TrainConfig
+
+    _capture(monkeypatch, "routers.training.trainer.train")
+    assert _built(["train", "--data", str(table)]) == TrainConfig()
+    assert _built(["train", "--data", str(table), "--routers", "dt,lr"]).routers == ["dt", "lr"]
+
+
+def test_score_with_no_options_builds_the_default_config(monkeypatch, table, tmp_path):
+    from routers.scoring.run import ScoreConfig
+
+    _capture(monkeypatch, "routers.scoring.run.score_routers")
+    cfg = _built(["score", "--data", str(table), "-o", str(tmp_path / "report")])
+    assert cfg == ScoreConfig(name="report")
+
+
+#: per command, invocations that between them set every exposed field to a non-default
+#: value (profile: vLLM cannot --interleave, so that one comes on its own)
+SET_ALL = {
+    "serve": [["serve", "--backend", "vllm", "--device", "cuda", "--api-key", "k",
+               "--served-name", "n", "--max-tokens-limit", "64", "--route-budget-us", "1.5",
+               "--memory-budget-mb", "2.5", "--one-at-a-time"]],
+    "profile": [["profile", "--backend", "vllm", "--device", "cuda", "--modes", "fp16_baseline",
+                 "--workloads", "batch_pressure", "--requests", "2", "--trials", "2", "--seed", "1",
+                 "--benchmarks", "b.jsonl", "--benchmark-requests", "3", "--batch-size", "4",
+                 "--watts-per-core", "5", "--threads", "2", "--checkpoint", "int8=/ckpt"],
+                ["profile", "--interleave"]],
+    "train": [["train", "--routers", "dt", "--feature-set", "B", "--split", "lofo",
+               "--test-size", "0.5", "--trials", "2", "--seed", "1", "--unsafe-penalty", "2",
+               "--safety-threshold", "0.5", "--fallback", "reference", "--storage",
+               "sqlite:///x.db", "--mlruns", "m2", "--preset", "modeswitch-paper"]],
+    "score": [["score", "--run", "r1", "--no-compile", "--decisions", "5",
+               "--pipeline-decisions", "6", "--live", "--live-requests", "3", "--model", "/m",
+               "--draft-model", "/d", "--device", "cuda", "--backend", "vllm", "--mlruns", "m2",
+               "--seed", "1"]],
+}
+CONSUMER = {"serve": "engine.serving.supported_modes", "profile": "engine.profiler.Profiler",
+            "train": "routers.training.trainer.train", "score": "routers.scoring.run.score_routers"}
+
+
+@pytest.mark.parametrize("cmd", sorted(BACKED))
+def test_every_option_reaches_the_config(cmd, monkeypatch, fake_models, table, tmp_path):
+    spec = BACKED[cmd]
+    _capture(monkeypatch, CONSUMER[cmd])
+    extra = {"profile": ["-o", str(tmp_path / "p.parquet")], "train": ["--data", str(table)],
+             "score": ["--data", str(table), "-o", str(tmp_path / "r")]}.get(cmd, [])
+    built = [_built([*args, *extra]) for args in SET_ALL[cmd]]
+    skip = set(spec.resolved) | {f for c, f in EXCLUDED if c == cmd}
+    unset = {f for f, d in _field_defaults(spec.cls()).items()
+             if f not in skip and all(getattr(cfg, f) == d for cfg in built)}
+    assert not unset, f"{cmd}: options that never reach the config: {unset}"
+
+
+# ------------------------------------------------- choices and their source
+def test_choices_match_the_code_that_consumes_them():
+    from dataset.features import FEATURE_SETS
+    from oracle.constraints import Constraints
+    from routers.training.splits import SPLITS
+
+    assert typing.get_args(Split) == SPLITS
+    assert sorted(typing.get_args(FeatureSet)) == sorted(FEATURE_SETS)
+    hints = typing.get_type_hints(Constraints, include_extras=True)
+    assert typing.get_args(Incomplete) == typing.get_args(hints["on_incomplete"])
+    # the learned routers' fallback: "rule" or "reference" (routers.families.base)
+    assert typing.get_args(Fallback) == ("rule", "reference")
+
+
+@pytest.mark.parametrize("cmd", ["serve", "profile", "score"])
+def test_backend_choices_are_the_registered_backends(cmd):
+    from engine.backends.registry import backend_names
+
+    out = runner.invoke(app, [cmd, "--help"], env={"COLUMNS": "250"}).output
+    assert "<" + "|".join(backend_names()) + ">" in out

@@ -1,0 +1,103 @@
+"""The pipeline's steps through the CLI, as a user types them: dataset build -> train ->
+score -> export, then ``serve --router mode:NAME`` as a real process on loopback."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from modeswitch.cli import app
+from tests.helpers import free_port, http, synthetic_profile
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+    """A training table built, routers trained, scored and exported, all through the CLI."""
+    from dataset.io import write_parquet
+
+    tmp = tmp_path_factory.mktemp("cli")
+    prof = tmp / "profile.parquet"
+    write_parquet(synthetic_profile(), prof)
+    runner = CliRunner()
+    mlruns = str(tmp / "mlruns")
+    steps = {}
+
+    def invoke(name, args):
+        res = runner.invoke(app, args)
+        steps[name] = res
+        assert res.exit_code == 0, f"{name}: {res.output}"
+        return res
+
+    invoke("dataset build", ["dataset", "build", "-p", str(prof), "--requests", "160",
+                             "--workloads", "short_prompt_short_output,long_prompt_long_output,"
+                             "shared_prefix_chat,batch_pressure", "-o", str(tmp / "train.parquet")])
+    invoke("train", ["train", "--data", str(tmp / "train.parquet"), "--routers", "dt,lr",
+                     "--trials", "2", "--split", "random", "--mlruns", mlruns])
+    invoke("score", ["score", "--data", str(tmp / "train.parquet"), "--mlruns", mlruns,
+                     "--decisions", "300", "-o", str(tmp / "report")])
+    invoke("export", ["export", "--best", "oracle_match", "--mlruns", mlruns])
+    return tmp, steps
+
+
+def test_dataset_build_writes_a_labelled_table(cli_run):
+    import pandas as pd
+
+    tmp, steps = cli_run
+    table = pd.read_parquet(tmp / "train.parquet")
+    assert len(table) == 160 and table["label"].notna().all()
+    assert "wrote 160 requests" in steps["dataset build"].output
+
+
+def test_train_reports_every_family_and_its_runs(cli_run):
+    _, steps = cli_run
+    out = steps["train"].output
+    assert "dt=" in out and "lr=" in out and "best trial per router family" in out
+
+
+def test_score_writes_the_report_with_the_rule_baseline(cli_run):
+    tmp, steps = cli_run
+    assert (tmp / "report" / "README.md").exists() and (tmp / "report" / "headline.csv").exists()
+    out = steps["score"].output
+    assert "rule" in out and "dt" in out and "lr" in out
+
+
+def test_export_registers_the_champion(cli_run):
+    _, steps = cli_run
+    assert "registered modeswitch-router version 1 as models:/modeswitch-router@champion" in \
+        steps["export"].output
+
+
+def test_serve_with_a_fixed_mode_answers_on_loopback(tiny_models, tmp_path):
+    port = free_port()
+    env = {**os.environ, "MODESWITCH_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "modeswitch", "serve", "--router", "mode:int8_quant",
+         "--model", str(tiny_models.target), "--port", str(port), "--mlruns", str(tmp_path / "m")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                status, _, _ = http("GET", f"http://127.0.0.1:{port}/health")
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.5)
+        status, headers, text = http("POST", f"http://127.0.0.1:{port}/v1/completions",
+                                     {"prompt": "def main():", "max_tokens": 4})
+        assert status == 200, text
+        assert headers["x-modeswitch-mode"] == "int8_quant"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_serve_with_an_unknown_fixed_mode_is_one_clear_error(tiny_models):
+    res = CliRunner().invoke(app, ["serve", "--router", "mode:turbo", "--model", str(tiny_models.target)])
+    assert res.exit_code == 2
+    assert "mode:turbo" in res.output and "int8_quant" in res.output

@@ -1,0 +1,187 @@
+"""Adding a router family or a backend is one file, with no other edit.
+
+Each test writes one module into a temporary package, imports it (as
+``$MODESWITCH_PLUGINS`` would) and runs the pipeline's steps on it through the
+same functions the CLI calls. The plug-ins are removed from the registries after.
+"""
+
+import importlib
+import sys
+import textwrap
+
+import pytest
+
+from tests.helpers import http, start, synthetic_profile
+
+ROUTER_PLUGIN = '''
+"""Extremely randomised trees: a router family from outside the project."""
+from sklearn.ensemble import ExtraTreesClassifier
+
+from routers.families.base import LearnedRouter
+from routers.registry import RouterFamily, register_router
+
+
+class ExtraTreesRouter(LearnedRouter):
+    def __init__(self, n_estimators=20, max_depth=6, class_weight=None, feature_set="A",
+                 safety_threshold=None, fallback="rule", random_state=0):
+        self.n_estimators = n_estimators
+        self.max_depth = max_depth
+        self.class_weight = class_weight
+        self.feature_set = feature_set
+        self.safety_threshold = safety_threshold
+        self.fallback = fallback
+        self.random_state = random_state
+
+    def _make_estimator(self):
+        return ExtraTreesClassifier(n_estimators=self.n_estimators, max_depth=self.max_depth,
+                                    class_weight=self.class_weight, random_state=self.random_state)
+
+    @classmethod
+    def _search_space(cls, trial):
+        return dict(n_estimators=trial.suggest_int("n_estimators", 5, 30, step=5),
+                    max_depth=trial.suggest_int("max_depth", 2, 8))
+
+
+register_router(RouterFamily("plugin_et", ExtraTreesRouter, "extra trees (a plug-in)"))
+'''
+
+BACKEND_PLUGIN = '''
+"""A backend from outside the project: transformers, offering two modes only."""
+from engine.backends.base import BackendCapabilities
+from engine.backends.registry import Backend, register_backend
+from engine.backends.transformers_backend import TransformersEngine, capabilities
+
+MODES = ("fp16_baseline", "int8_quant")
+
+
+def lite_capabilities(settings):
+    full = capabilities(settings.device)
+    return BackendCapabilities("plugin_lite", full.reference_mode, full.reference_precision,
+                               {m: full.support(m) for m in MODES})
+
+
+class LiteEngine(TransformersEngine):
+    backend = "plugin_lite"
+
+
+register_backend(Backend("plugin_lite", "transformers with two modes (a plug-in)",
+                         capabilities=lite_capabilities,
+                         engine=lambda mode, s: LiteEngine(mode, s.model_path, s.draft_path, s.device,
+                                                           threads=s.threads)))
+'''
+
+
+def _plugin(tmp_path, monkeypatch, package, module, source):
+    pkg = tmp_path / package
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / f"{module}.py").write_text(textwrap.dedent(source))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = f"{package}.{module}"
+    monkeypatch.setenv("MODESWITCH_PLUGINS", name)
+    return importlib.import_module(name)
+
+
+@pytest.fixture
+def router_plugin(tmp_path, monkeypatch):
+    from routers.registry import ROUTERS
+
+    mod = _plugin(tmp_path, monkeypatch, "myrouters", "extra_trees", ROUTER_PLUGIN)
+    yield mod
+    ROUTERS.unregister("plugin_et")
+    for name in ("myrouters.extra_trees", "myrouters"):
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def backend_plugin(tmp_path, monkeypatch):
+    from engine.backends.registry import BACKENDS
+
+    mod = _plugin(tmp_path, monkeypatch, "mybackends", "lite", BACKEND_PLUGIN)
+    yield mod
+    BACKENDS.unregister("plugin_lite")
+    for name in ("mybackends.lite", "mybackends"):
+        sys.modules.pop(name, None)
+
+
+def test_a_router_family_in_one_file_trains_scores_exports_and_serves(router_plugin, tmp_path,
+                                                                        tiny_models):
+    import mlflow
+
+    from dataset.features import features_frame
+    from dataset.workloads import get_workload
+    from engine.serving import ServerConfig, create_app
+    from oracle.training_table import build_training_table
+    from routers import learned_families, list_routers
+    from routers.export import export_router, load_router
+    from routers.scoring.run import ScoreConfig, score_routers
+    from routers.training.trainer import TrainConfig, train
+
+    assert "plugin_et" in list_routers() and "plugin_et" in learned_families()
+    reqs = [r for i, n in enumerate(["short_prompt_short_output", "long_prompt_long_output",
+                                     "shared_prefix_chat", "batch_pressure"])
+            for r in get_workload(n).sample(30, seed=i)]
+    table = build_training_table(synthetic_profile(), reqs)
+    mlruns = str(tmp_path / "mlruns")
+
+    # train: tuned with its own search space, tracked in MLflow
+    res = train(table, TrainConfig(routers=["plugin_et"], trials=2, split="random", mlruns=mlruns))
+    run_id = res["run_id"].item()
+    run = mlflow.MlflowClient().get_run(run_id)
+    assert run.data.tags["router_family"] == "plugin_et"
+    assert {"param_n_estimators", "param_max_depth"} <= set(run.data.params)
+
+    # score: beside the rule baseline, the reference and the oracle
+    out = score_routers(table, ScoreConfig(mlruns=mlruns, decisions=100, pipeline_decisions=50), tmp_path / "report")
+    head = out["headline"]
+    assert {"plugin_et", "rule", "reference", "oracle"} <= set(head.index)
+    assert 0.0 <= head.loc["plugin_et", "oracle_match"] <= 1.0
+    assert out["overhead"]["plugin_et"].path.startswith("pipeline")  # no compiler for extra trees
+
+    # export and load back: the same decisions
+    est = mlflow.sklearn.load_model(run.data.tags["model_uri"])
+    info = export_router(est, mlruns=mlruns, source_run_id=run_id, backend="transformers")
+    loaded = load_router(info["uri"], mlruns)
+    assert [loaded.route(r) for r in reqs[:20]] == list(est.predict(features_frame(reqs[:20], "B")))
+
+    # serve: the server routes with it and runs the chosen mode's engine
+    # an uncompiled pipeline decision takes milliseconds: give it the time
+    cfg = ServerConfig(model_path=str(tiny_models.target), draft_path=str(tiny_models.draft),
+                       route_budget_us=1e6)
+    srv, th, port = start(create_app(lambda: loaded, cfg))
+    try:
+        prompt = " ".join(["word"] * 40)
+        status, headers, text = http("POST", f"http://127.0.0.1:{port}/v1/completions",
+                                     {"prompt": prompt, "max_tokens": 4})
+        assert status == 200, text
+        assert headers["x-modeswitch-mode"] in est.modes_  # the plug-in's pick, not a fallback
+        assert '"fallback": null' in text.replace('"fallback":null', '"fallback": null')
+    finally:
+        srv.should_exit = True
+        th.join(timeout=30)
+
+
+def test_a_backend_in_one_file_is_profiled_and_live_scored(backend_plugin, tmp_path, tiny_models):
+    from dataset.requests import Request
+    from engine.backends.registry import backend_names
+    from engine.profiler import Profiler, ProfileSpec
+    from routers.scoring.live import run_live
+
+    assert "plugin_lite" in backend_names()
+    spec = ProfileSpec(model=str(tiny_models.target), backend="plugin_lite",
+                       workloads=["short_prompt_short_output", "long_prompt_short_output"], requests=1)
+    prof = Profiler(spec, tiny_models.target, None, tmp_path / "p.parquet").run()
+    assert set(prof["mode"]) == {"fp16_baseline", "int8_quant"}  # what the plug-in offers
+    assert set(prof["backend"]) == {"plugin_lite"}
+    assert (prof["latency_ms"] > 0).all()
+
+    stream = [Request(id="a", prompt_tokens=40, expected_output_tokens=4, family="short_prompt_short_output"),
+              Request(id="b", prompt_tokens=200, expected_output_tokens=4, family="long_prompt_short_output")]
+    runs = run_live(stream, {"r": ["int8_quant", "fp16_baseline"]}, tiny_models.target,
+                    backend="plugin_lite")
+    assert set(zip(runs["request_id"], runs["mode"])) == {("a", "fp16_baseline"), ("a", "int8_quant"),
+                                                          ("b", "fp16_baseline")}
+    assert (runs["latency_ms"] > 0).all()
+    with pytest.raises(ValueError, match="cannot run"):
+        run_live(stream, {"r": ["prefix_caching", "fp16_baseline"]}, tiny_models.target,
+                 backend="plugin_lite")
