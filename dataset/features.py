@@ -22,7 +22,7 @@ from dataset.requests import Request
 FEATURE_FORMULAS = {
     "prompt_tokens": "float(r.prompt_tokens)",
     "expected_output_tokens": "float(r.expected_output_tokens)",
-    "output_prompt_ratio": "float(r.expected_output_tokens) / max(float(r.prompt_tokens), 1.0)",
+    "output_prompt_ratio": "float(r.expected_output_tokens) / (r.prompt_tokens if r.prompt_tokens > 1 else 1.0)",
     "log_prompt_tokens": "log1p(r.prompt_tokens)",
     "log_expected_output_tokens": "log1p(r.expected_output_tokens)",
     "shared_prefix_tokens": "float(r.shared_prefix_tokens)",
