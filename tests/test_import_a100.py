@@ -93,3 +93,147 @@ def test_stress_units_without_reference_are_an_error_or_skipped(a100_dir):
     labels, _, skipped = label_profile(single, Constraints(on_incomplete="skip"))
     assert "shared4032_out64" in skipped
     assert labels.loc["ctx3840_out256", "label"] == "speculative_decoding"
+
+
+# --- later sweeps' workload names, and files with optional columns absent ---
+
+BENCH = {"mmlu_pro_eval": ("mmlu_pro", "multiple_choice_accuracy"),
+         "gsm8k_eval": ("gsm8k", "final_answer_exact_match"),
+         "truthfulqa_eval": ("truthfulqa", "multiple_choice_accuracy"),
+         "gpqa_eval": ("gpqa", "multiple_choice_accuracy"),
+         "mlu_eval": ("mlu", "multiple_choice_accuracy")}
+
+
+def test_workload_shape_of_later_sweep_names(tmp_path):
+    from dataset.importers.modeswitch_a100 import workload_shape
+
+    for name in ("shared_prefix_chat", "shared_prefix_chat_v0", "shared_prefix_chat_v3"):
+        s = workload_shape(name, tmp_path / "x.csv", 0)
+        assert s["family"] == "shared_prefix_chat" and s["shared_prefix_tokens"] == 1024
+        assert s["benchmark_suite"] is None
+    for name, (suite, mode) in BENCH.items():
+        s = workload_shape(name, tmp_path / "x.csv", 0)
+        assert (s["family"], s["benchmark_suite"], s["evaluation_mode"]) == (suite, suite, mode)
+        assert s["shared_prefix_tokens"] == 0 and s["memory_pressure"] == 0
+        assert pd.isna(s["prompt_tokens"])  # not published
+    with pytest.raises(InputFileError):
+        workload_shape("gsm8k_evaluation", tmp_path / "x.csv", 2)
+
+
+def _renamed(a100_dir, tmp_path, filename):
+    raw = pd.read_csv(a100_dir / filename)
+    raw["workload_name"] = raw["workload_name"].replace({"shared_prefix_chat_v0": "shared_prefix_chat"})
+    names = list(BENCH)
+    rows = raw.index[raw["workload_name"] == "short_prompt_short_output"]
+    for i, row in enumerate(rows):
+        raw.loc[row, "workload_name"] = names[i % len(names)]
+    p = tmp_path / filename
+    raw.to_csv(p, index=False)
+    return p
+
+
+@pytest.mark.parametrize("filename", ["profiles_a100_curated_sweep_trials.csv",
+                                      "profiles_a100_curated_sweep.csv"])
+def test_later_sweep_workload_names_import(a100_dir, tmp_path, filename):
+    df = import_file(_renamed(a100_dir, tmp_path, filename))
+    sp = df[df["workload"] == "shared_prefix_chat"]
+    assert len(sp) and (sp["family"] == "shared_prefix_chat").all()
+    assert (sp["shared_prefix_tokens"] == 1024).all() and sp["benchmark_suite"].isna().all()
+    seen = set()
+    for name, (suite, mode) in BENCH.items():
+        rows = df[df["workload"] == name]
+        seen |= set(rows["workload"])
+        assert (rows["family"] == suite).all() and (rows["benchmark_suite"] == suite).all()
+        assert (rows["evaluation_mode"] == mode).all()
+    assert {"gsm8k_eval", "mmlu_pro_eval"} <= seen
+    plain = df[df["workload"] == "long_prompt_long_output"]
+    assert plain["benchmark_suite"].isna().all() and plain["evaluation_mode"].isna().all()
+
+
+def test_sweep_without_optional_columns_has_them_missing(a100_dir, tmp_path):
+    raw = pd.read_csv(a100_dir / "profiles_a100_curated_sweep.csv").head(5)
+    p = tmp_path / "sweep.csv"
+    raw.drop(columns=["completed_runs", "baseline_similarity_rouge_l_f1_mean",
+                      "total_latency_ms_p95", "tokens_per_second_mean"]).to_csv(p, index=False)
+    df = import_file(p)
+    assert len(df) == 5 and df["is_aggregate"].all()
+    assert df["rouge_l_vs_baseline"].isna().all()
+    assert df["latency_ms_p95"].isna().all() and df["tokens_per_s"].isna().all()
+    assert df["latency_ms"].tolist() == raw["total_latency_ms_mean"].tolist()
+    assert df["rouge_l_vs_reference"].tolist() == pytest.approx(raw["reference_rouge_l_f1_mean"].tolist())
+    # an aggregate row needs its trial count: the exact re-expression, named in source
+    assert (df["n_trials"] == 2).all()
+    assert df["source"].str.contains("n_trials = num_runs - failed_runs", regex=False).all()
+
+    bare = tmp_path / "bare.csv"
+    raw[["sweep", "mode_name", "workload_name", "completed_runs",
+         "total_latency_ms_mean"]].to_csv(bare, index=False)
+    df = import_file(bare)
+    assert df["n_trials"].tolist() == raw["completed_runs"].tolist()
+    for c in ("rouge_l_vs_baseline", "rouge_l_vs_reference", "ttft_ms", "energy_per_token_j",
+              "peak_memory_mb", "latency_ms_std"):
+        assert df[c].isna().all(), c
+
+    nocount = tmp_path / "nocount.csv"
+    raw.drop(columns=["completed_runs", "num_runs"]).to_csv(nocount, index=False)
+    with pytest.raises(InputFileError, match="completed_runs") as exc:
+        import_file(nocount)
+    assert exc.value.field == "completed_runs" and "nocount.csv" in str(exc.value)
+
+
+def test_sweep_without_latency_is_a_clear_error(a100_dir, tmp_path):
+    raw = pd.read_csv(a100_dir / "profiles_a100_curated_sweep.csv").head(3)
+    p = tmp_path / "nolatency.csv"
+    raw.drop(columns=["total_latency_ms_mean"]).to_csv(p, index=False)
+    with pytest.raises(InputFileError, match="total_latency_ms_mean") as exc:
+        import_file(p)
+    assert exc.value.field == "total_latency_ms_mean" and exc.value.row is None
+    assert "nolatency.csv" in str(exc.value)
+
+
+def test_trials_without_optional_columns_and_without_latency(a100_dir, tmp_path):
+    raw = pd.read_csv(a100_dir / "profiles_a100_curated_sweep_trials.csv").head(6)
+    p = tmp_path / "trials.csv"
+    raw.drop(columns=["ttft_ms", "energy_per_token_j", "peak_gpu_memory_mb",
+                      "tokens_per_second", "source"]).to_csv(p, index=False)
+    df = import_file(p)
+    assert len(df) == 6 and not df["is_aggregate"].any()
+    for c in ("ttft_ms", "energy_per_token_j", "peak_memory_mb", "tokens_per_s"):
+        assert df[c].isna().all(), c
+    assert df["latency_ms"].tolist() == raw["total_latency_ms"].tolist()
+    bad = tmp_path / "trials_nolat.csv"
+    raw.drop(columns=["total_latency_ms"]).to_csv(bad, index=False)
+    with pytest.raises(InputFileError, match="total_latency_ms") as exc:
+        import_file(bad)
+    assert exc.value.field == "total_latency_ms" and "trials_nolat.csv" in str(exc.value)
+
+
+def test_stress_without_optional_columns_and_without_latency(a100_dir, tmp_path):
+    raw = pd.read_csv(a100_dir / "profiles_a100_stress_hybrid.csv")
+    p = tmp_path / "stress.csv"
+    raw.drop(columns=["ttft_ms_mean", "peak_gpu_memory_mb_mean",
+                      "energy_per_token_j_mean_from_ci95_midpoint"]).to_csv(p, index=False)
+    df = import_file(p)
+    assert len(df) == 10 and df["ttft_ms"].isna().all() and df["peak_memory_mb"].isna().all()
+    g = df[df["mode"] == "gptq_plus_continuous_batching"].iloc[0]
+    assert pd.isna(g["energy_per_token_j"]) and "midpoint" not in g["source"]
+    nolat = tmp_path / "stress_nolat.csv"
+    raw.drop(columns=["total_latency_ms_mean_exact_best_mode_table"]).to_csv(nolat, index=False)
+    with pytest.raises(InputFileError, match="total_latency_ms_mean_exact_best_mode_table") as exc:
+        import_file(nolat)
+    assert "stress_nolat.csv" in str(exc.value)
+    noruns = tmp_path / "stress_noruns.csv"
+    raw.drop(columns=["num_runs"]).to_csv(noruns, index=False)
+    with pytest.raises(InputFileError, match="num_runs"):
+        import_file(noruns)
+
+
+def test_non_numeric_cell_names_row_and_column(a100_dir, tmp_path):
+    raw = pd.read_csv(a100_dir / "profiles_a100_curated_sweep.csv").head(4)
+    raw["total_latency_ms_p95"] = raw["total_latency_ms_p95"].astype(object)
+    raw.loc[2, "total_latency_ms_p95"] = "n/a ms"
+    p = tmp_path / "text.csv"
+    raw.to_csv(p, index=False)
+    with pytest.raises(InputFileError) as exc:
+        import_file(p)
+    assert (exc.value.row, exc.value.field) == (2, "total_latency_ms_p95")
