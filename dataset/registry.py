@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -104,14 +104,6 @@ class Registry(Generic[T]):
             raise UnknownNameError(
                 f"unknown {self.kind} {name!r}; registered: {', '.join(self._items) or 'none'}"
             ) from None
-
-    def __contains__(self, name: object) -> bool:
-        self.load()
-        return name in self._items
-
-    def __iter__(self) -> Iterator[str]:
-        self.load()
-        return iter(list(self._items))
 
     def names(self) -> list[str]:
         self.load()

@@ -62,7 +62,6 @@ class RouterPyfunc(mlflow.pyfunc.PythonModel):
     def modes_(self) -> list[str]:
         return list(self.meta_["modes"])
 
-    modes = modes_
 
     def explain(self, X) -> list[tuple[str, str]]:
         return self.router_.explain(X)
@@ -147,7 +146,7 @@ def load_router(uri: str, mlruns: str = "mlruns", available_modes=None, compiled
     if not compiled:  # load_context compiled it already
         model.use_compiled(False)
     if available_modes is not None:
-        missing = sorted(set(model.modes) - set(available_modes))
+        missing = sorted(set(model.modes_) - set(available_modes))
         if missing:
             raise InputError(
                 f"router {uri} was trained for backend {model.meta_.get('backend')!r} and can choose "

@@ -47,10 +47,6 @@ class FixedModeRouter(RouterMixin, BaseEstimator):
         return [(self.mode_, f"always {self.mode_} ({why})")] * len(X)
 
 
-#: the reference-only router under the name scoring reports use
-ReferenceRouter = FixedModeRouter
-
-
 class OracleRouter(RouterMixin, BaseEstimator):
     """The training table's label per request (``fit(table)``: needs ``request_id`` and
     ``label`` columns)."""

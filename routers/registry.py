@@ -12,11 +12,10 @@ themselves; a family in your own package is found through ``$MODESWITCH_PLUGINS`
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dataset.registry import Registry
+from dataset.registry import Registry, discover_package
 
 #: built-in families, imported in this order (listing order); other modules in
 #: routers/families/ follow, sorted by name
@@ -42,10 +41,7 @@ class RouterFamily:
 def _discover() -> None:
     for mod in _BUILTIN:
         importlib.import_module(mod)
-    import routers.families as fam
-
-    for info in sorted(pkgutil.iter_modules(fam.__path__), key=lambda i: i.name):
-        importlib.import_module(f"routers.families.{info.name}")
+    discover_package("routers.families")()
 
 
 ROUTERS: Registry[RouterFamily] = Registry("router", _discover)

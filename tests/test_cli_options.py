@@ -23,7 +23,7 @@ import typer.main
 from typer.testing import CliRunner
 
 from modeswitch.cli import app
-from modeswitch.cli.common import Fallback, FeatureSet, Incomplete, Split
+from modeswitch.cli.common import Fallback, FeatureSet, Incomplete, Split, config_defaults
 
 runner = CliRunner()
 TARGET = Path("/models/target")
@@ -82,16 +82,6 @@ def _option_of(cmd: str, spec: Backed, fname: str) -> str:
         fname, "--" + fname.replace("_", "-"))
 
 
-def _field_defaults(cls) -> dict[str, object]:
-    out = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-    return out
-
-
 @pytest.mark.parametrize("cmd", sorted(BACKED))
 def test_every_field_has_an_option_or_a_reason(cmd):
     spec, options = BACKED[cmd], _options(cmd)
@@ -109,7 +99,7 @@ def test_every_field_has_an_option_or_a_reason(cmd):
 def test_option_defaults_are_the_dataclass_defaults(cmd):
     spec, options = BACKED[cmd], _options(cmd)
     excluded = {f for c, f in EXCLUDED if c == cmd}
-    for fname, default in _field_defaults(spec.cls()).items():
+    for fname, default in config_defaults(spec.config).items():
         if fname in excluded or fname in spec.resolved:
             continue
         cli = options[_option_of(cmd, spec, fname)].default
@@ -126,7 +116,7 @@ def test_option_defaults_are_the_dataclass_defaults(cmd):
 @pytest.mark.parametrize("cmd", [c for c in sorted(BACKED) if BACKED[c].none_means_default])
 def test_help_shows_the_defaults_the_config_decides(cmd):
     spec = BACKED[cmd]
-    defaults = _field_defaults(spec.cls())
+    defaults = config_defaults(spec.config)
     res = runner.invoke(app, [cmd, "--help"], env={"COLUMNS": "1000", "TERMINAL_WIDTH": "1000"})
     text = " ".join(res.output.split())
     for fname in spec.none_means_default:
@@ -243,7 +233,7 @@ def test_every_option_reaches_the_config(cmd, monkeypatch, fake_models, table, t
              "score": ["--data", str(table), "-o", str(tmp_path / "r")]}.get(cmd, [])
     built = [_built([*args, *extra]) for args in SET_ALL[cmd]]
     skip = set(spec.resolved) | {f for c, f in EXCLUDED if c == cmd}
-    unset = {f for f, d in _field_defaults(spec.cls()).items()
+    unset = {f for f, d in config_defaults(spec.config).items()
              if f not in skip and all(getattr(cfg, f) == d for cfg in built)}
     assert not unset, f"{cmd}: options that never reach the config: {unset}"
 

@@ -1,16 +1,17 @@
 """Adding a router family or a backend is one file, with no other edit.
 
-Each test writes one module into a temporary package, imports it (as
-``$MODESWITCH_PLUGINS`` would) and runs the pipeline's steps on it through the
+Each test writes one module into a temporary package, loads it through
+``$MODESWITCH_PLUGINS`` (as the CLI would) and runs the pipeline's steps on it through the
 same functions the CLI calls. The plug-ins are removed from the registries after.
 """
 
-import importlib
 import sys
 import textwrap
+from contextlib import contextmanager
 
 import pytest
 
+from dataset.registry import PLUGINS_ENV, import_plugins
 from tests.helpers import http, start, synthetic_profile
 
 ROUTER_PLUGIN = '''
@@ -71,37 +72,39 @@ register_backend(Backend("plugin_lite", "transformers with two modes (a plug-in)
 '''
 
 
-def _plugin(tmp_path, monkeypatch, package, module, source):
+@contextmanager
+def _plugin(tmp_path, monkeypatch, package, module, source, registry, entry):
+    """Write ``package/module.py``, load it the way the CLI does (``$MODESWITCH_PLUGINS``),
+    and remove ``entry`` from ``registry`` afterwards."""
     pkg = tmp_path / package
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / f"{module}.py").write_text(textwrap.dedent(source))
     monkeypatch.syspath_prepend(str(tmp_path))
-    name = f"{package}.{module}"
-    monkeypatch.setenv("MODESWITCH_PLUGINS", name)
-    return importlib.import_module(name)
+    monkeypatch.setenv(PLUGINS_ENV, f"{package}.{module}")
+    import_plugins()
+    try:
+        yield sys.modules[f"{package}.{module}"]
+    finally:
+        registry.unregister(entry)
+        for name in (f"{package}.{module}", package):
+            sys.modules.pop(name, None)
 
 
 @pytest.fixture
 def router_plugin(tmp_path, monkeypatch):
     from routers.registry import ROUTERS
 
-    mod = _plugin(tmp_path, monkeypatch, "myrouters", "extra_trees", ROUTER_PLUGIN)
-    yield mod
-    ROUTERS.unregister("plugin_et")
-    for name in ("myrouters.extra_trees", "myrouters"):
-        sys.modules.pop(name, None)
+    with _plugin(tmp_path, monkeypatch, "myrouters", "extra_trees", ROUTER_PLUGIN, ROUTERS, "plugin_et") as mod:
+        yield mod
 
 
 @pytest.fixture
 def backend_plugin(tmp_path, monkeypatch):
     from engine.backends.registry import BACKENDS
 
-    mod = _plugin(tmp_path, monkeypatch, "mybackends", "lite", BACKEND_PLUGIN)
-    yield mod
-    BACKENDS.unregister("plugin_lite")
-    for name in ("mybackends.lite", "mybackends"):
-        sys.modules.pop(name, None)
+    with _plugin(tmp_path, monkeypatch, "mybackends", "lite", BACKEND_PLUGIN, BACKENDS, "plugin_lite") as mod:
+        yield mod
 
 
 def test_a_router_family_in_one_file_trains_scores_exports_and_serves(router_plugin, tmp_path,

@@ -68,6 +68,7 @@ class Backend:
         return engine
 
 
+#: helper modules here are not backends (two import torch at module level: kept off --help)
 BACKENDS: Registry[Backend] = Registry("backend", discover_package(
     "engine.backends", skip=("base", "registry", "prefix_cache", "quantize")))
 

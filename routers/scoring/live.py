@@ -72,11 +72,10 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
     settings = EngineSettings(str(model_path), str(draft_path) if draft_path else None, device)
     reference = reference or reference_mode().name
     needed = [reference] + sorted({m for picks in decisions.values() for m in picks} - {reference})
-    _, runnable, skipped = be.plan(settings, needed)
-    unsupported = {m: skipped[m] for m in needed if m in skipped}
-    if unsupported:
+    _, _, skipped = be.plan(settings, needed)
+    if skipped:
         raise InputError("live scoring needs modes this engine cannot run: " + "; ".join(
-            f"{m} ({why})" for m, why in unsupported.items()))
+            f"{m} ({why})" for m, why in skipped.items()))
     engines = {}
     try:
         for m in needed:
