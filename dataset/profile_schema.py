@@ -4,6 +4,10 @@ Every profile, measured by an engine here or imported from published data, has
 these columns and is validated with pandera before anything reads it. Missing
 values stay missing (NaN / <NA>): a metric nobody measured is never filled in.
 
+Measured rows also carry their trial's CPU time and share and a ``contended``
+flag (``engine.noise``); ``attempt`` counts re-measurements of one trial, so a
+contended trial and its clean re-measurement are both kept.
+
 Aggregate-only rows (published means without per-trial data) have
 ``is_aggregate=True``, ``trial`` missing and ``n_trials`` set; their
 ``latency_ms`` is the mean and ``latency_ms_p50/p95/p99`` the published
@@ -21,7 +25,8 @@ from dataset.errors import InputFileError
 
 ENERGY_SOURCES = ("nvml_counter", "nvml_power_poll", "estimate", "published", "none")
 
-IDENTITY_COLUMNS = ("workload", "family", "request_id", "mode", "trial", "is_aggregate", "n_trials")
+IDENTITY_COLUMNS = ("workload", "family", "request_id", "mode", "trial", "attempt", "is_aggregate",
+                    "n_trials")
 SHAPE_COLUMNS = (
     "prompt_tokens",
     "expected_output_tokens",
@@ -43,12 +48,16 @@ TIMING_COLUMNS = (
     "tokens_per_s",
     "output_tokens",
 )
+#: measurement hygiene: the trial's CPU time, CPU seconds per wall second, cores the
+#: rest of the machine kept busy meanwhile, the contention flag
+NOISE_COLUMNS = ("cpu_time_ms", "cpu_share", "other_load", "contended")
 RESOURCE_COLUMNS = ("energy_j", "energy_per_token_j", "energy_source", "peak_memory_mb")
 QUALITY_COLUMNS = ("accuracy", "rouge_l_vs_reference", "rouge_l_vs_baseline")
 PROVENANCE_COLUMNS = (
     "reference_mode",
     "precision",
     "graph_capture",
+    "threads",
     "backend",
     "model",
     "hardware",
@@ -58,7 +67,8 @@ PROVENANCE_COLUMNS = (
     "source",
 )
 PROFILE_COLUMNS = (
-    IDENTITY_COLUMNS + SHAPE_COLUMNS + TIMING_COLUMNS + RESOURCE_COLUMNS + QUALITY_COLUMNS
+    IDENTITY_COLUMNS + SHAPE_COLUMNS + TIMING_COLUMNS + NOISE_COLUMNS + RESOURCE_COLUMNS
+    + QUALITY_COLUMNS
     + PROVENANCE_COLUMNS
 )
 
@@ -82,6 +92,7 @@ PROFILE_SCHEMA = pa.DataFrameSchema(
         "request_id": _text(),
         "mode": _text(nullable=False, checks=[pa.Check.str_length(min_value=1)]),
         "trial": pa.Column("Int64", pa.Check.ge(0), nullable=True, coerce=True),
+        "attempt": pa.Column("Int64", pa.Check.ge(0), nullable=True, coerce=True),
         "is_aggregate": pa.Column(bool, nullable=False, coerce=True),
         "n_trials": pa.Column("Int64", pa.Check.ge(1), nullable=True, coerce=True),
         "prompt_tokens": _nonneg("prompt_tokens"),
@@ -94,6 +105,10 @@ PROFILE_SCHEMA = pa.DataFrameSchema(
         "benchmark_suite": _text(),
         "evaluation_mode": _text(),
         **{c: _nonneg(c) for c in TIMING_COLUMNS},
+        "cpu_time_ms": _nonneg("cpu_time_ms"),
+        "cpu_share": _nonneg("cpu_share"),
+        "other_load": _nonneg("other_load"),
+        "contended": pa.Column("boolean", nullable=True, coerce=True),
         "energy_j": _nonneg("energy_j"),
         "energy_per_token_j": _nonneg("energy_per_token_j"),
         "energy_source": _text(nullable=False, checks=[pa.Check.isin(ENERGY_SOURCES)]),
@@ -102,6 +117,7 @@ PROFILE_SCHEMA = pa.DataFrameSchema(
         "reference_mode": _text(nullable=False, checks=[pa.Check.str_length(min_value=1)]),
         "precision": _text(),
         "graph_capture": pa.Column("boolean", nullable=True, coerce=True),
+        "threads": pa.Column("Int64", pa.Check.ge(1), nullable=True, coerce=True),
         "backend": _text(nullable=False),
         "model": _text(nullable=False),
         "hardware": _text(nullable=False),

@@ -8,7 +8,19 @@ journal at the end (validated against the profile schema).
 
 Modes run one at a time (load, warm up, measure, unload), the reference mode
 first, so every other mode's output can be scored against the reference's
-output for the same request (ROUGE-L).
+output for the same request (ROUGE-L); with ``interleave`` every engine stays
+loaded and each unit runs in every mode back to back.
+
+Measurement hygiene (:mod:`engine.noise`): every (unit, mode) is measured in
+``trials`` trials, trial-major (trial 0 of every unit, then trial 1, ...), so a
+unit's trials are spread over the run instead of back to back. Each trial
+records its wall and CPU time; the contention rule flags trials whose CPU share
+dropped or whose wall time is far above the unit's other trials, and those are
+re-measured (a new ``attempt`` of the same trial) up to ``max_remeasure`` times;
+a flag that persists stays in the profile. Where the backend's thread pool is
+settable and ``threads`` is not given, the thread count is chosen by a
+measurement first (:func:`engine.noise.calibrate_threads`) and journalled, so a
+resumed run keeps it.
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ from dataset.workloads import get_workload
 
 if TYPE_CHECKING:  # the engine side loads lazily: building units needs none of it
     from engine.energy import EnergyReading
+    from engine.noise import ThreadChoice
 
 DEFAULT_WORKLOADS = (
     "short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",
@@ -56,12 +69,16 @@ class ProfileSpec:
     modes: list[str] | None = None
     workloads: list[str] = field(default_factory=lambda: list(DEFAULT_WORKLOADS))
     requests: int = 3
-    trials: int = 1
+    #: interleaved trials per (unit, mode); the oracle reads their median
+    trials: int = 3
+    #: how often a contended trial is measured again before its flag is kept
+    max_remeasure: int = 2
     seed: int = 0
     benchmarks: list[str] = field(default_factory=list)
     benchmark_requests: int = 2
     batch_size: int | None = None
     watts_per_core: float = 4.0
+    #: torch threads; None: chosen by a measurement at the start of the run
     threads: int | None = None
     #: keep every mode's engine loaded and measure each unit in all modes back to
     #: back (fair ratios on a noisy machine; needs memory for all engines at once)
@@ -98,10 +115,12 @@ def build_units(spec: ProfileSpec) -> list[Unit]:
                                             concurrent_requests=n_conc) for k, r in enumerate(reqs)]
                 units.append(Unit(f"{name}-{spec.seed}-{u:03d}", name, reqs))
         else:
-            reqs = w.sample(spec.requests + 1, seed=spec.seed * 1000 + i)
-            primer = [dataclasses.replace(reqs[-1], id=f"{name}-{spec.seed}-prime")] \
+            # stratified: the units span the family's spread (see WorkloadSpec.sample)
+            reqs = w.sample(spec.requests, seed=spec.seed * 1000 + i, stratified=True)
+            primer = [dataclasses.replace(w.sample(1, seed=spec.seed * 1000 + i + 500)[0],
+                                          id=f"{name}-{spec.seed}-prime")] \
                 if w.shared_prefix_tokens else []
-            for r in reqs[:-1]:
+            for r in reqs:
                 units.append(Unit(r.id, name, [r], prime=primer))
     for path in spec.benchmarks:
         for r in read_benchmark(path, spec.benchmark_requests, seed=spec.seed):
@@ -110,11 +129,16 @@ def build_units(spec: ProfileSpec) -> list[Unit]:
 
 
 class Journal:
-    """Append-only JSONL of finished rows; the first line identifies the run."""
+    """Append-only JSONL of finished rows; the first line identifies the run.
+
+    Lines with a ``kind`` key are facts about the run, not rows (the thread
+    calibration): ``meta[kind]`` holds the last one of each kind.
+    """
 
     def __init__(self, path: Path, spec: ProfileSpec):
         self.path = path
         self.rows: list[dict] = []
+        self.meta: dict[str, dict] = {}
         if path.exists():
             text = path.read_text()
             lines = text.splitlines()
@@ -127,11 +151,16 @@ class Journal:
             self.run_id = header["run_id"]
             for i, line in enumerate(lines[1:], start=2):
                 try:
-                    self.rows.append(json.loads(line))
+                    obj = json.loads(line)
                 except json.JSONDecodeError:
                     if i != len(lines):
                         raise InputFileError(path, None, None, f"line {i} is corrupt") from None
                     # an interrupted last write: dropped, it will be measured again
+                    continue
+                if "kind" in obj:
+                    self.meta[obj["kind"]] = obj
+                else:
+                    self.rows.append(obj)
             if not text.endswith("\n"):
                 self._rewrite(header)
         else:
@@ -141,7 +170,8 @@ class Journal:
 
     def _rewrite(self, header: dict):
         tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("\n".join(json.dumps(r) for r in [header] + self.rows) + "\n")
+        lines = [header, *self.meta.values(), *self.rows]
+        tmp.write_text("\n".join(json.dumps(r) for r in lines) + "\n")
         os.replace(tmp, self.path)
 
     def _append(self, obj: dict):
@@ -151,7 +181,13 @@ class Journal:
             os.fsync(fh.fileno())
 
     def keys(self) -> set[tuple]:
-        return {(r["request_id"], r["mode"], r["trial"]) for r in self.rows}
+        """(request id, mode, trial, attempt) of every journalled row."""
+        return {(r["request_id"], r["mode"], r["trial"], r.get("attempt", 0)) for r in self.rows}
+
+    def add_meta(self, kind: str, data: dict):
+        obj = {"kind": kind, **data}
+        self._append(obj)
+        self.meta[kind] = obj
 
     def add(self, row: dict):
         self._append(row)
@@ -237,6 +273,8 @@ class ProfileRun:
     ref_output: dict[str, str]
     prepared: dict[str, list] | None = None
     primers: dict[str, list] | None = None
+    #: the thread count measured with (None: the backend has no thread pool to set)
+    threads: ThreadChoice | None = None
 
     @property
     def reference(self) -> str:
@@ -257,6 +295,10 @@ class Measurement:
     peak_mb: float
     #: the engine's own account of how it ran (precision, graph capture, ballast)
     info: dict
+    #: wall and CPU seconds of the engine call (:class:`engine.noise.TrialClock`)
+    clock: object = None
+    #: 0 for a trial's first measurement, then one per re-measurement of a contended one
+    attempt: int = 0
 
     @property
     def requests(self) -> list[Request]:
@@ -274,7 +316,7 @@ def _shape_columns(m: Measurement) -> dict:
     r0 = reqs[0]
     return {
         "workload": m.unit.family, "family": m.unit.family, "request_id": m.unit.id, "mode": m.mode,
-        "trial": m.trial, "is_aggregate": False, "n_trials": None,
+        "trial": m.trial, "attempt": m.attempt, "is_aggregate": False, "n_trials": None,
         "prompt_tokens": float(np.mean([r.prompt_tokens for r in reqs])),
         "expected_output_tokens": float(np.mean([r.expected_output_tokens for r in reqs])),
         "shared_prefix_tokens": float(r0.shared_prefix_tokens),
@@ -306,6 +348,18 @@ def _resource_columns(m: Measurement) -> dict:
         "energy_j": m.energy.joules,
         "energy_per_token_j": m.energy.joules / out_tokens if out_tokens else None,
         "energy_source": m.energy.source, "peak_memory_mb": m.peak_mb,
+    }
+
+
+def _noise_columns(m: Measurement, threads) -> dict:
+    """The trial's CPU time and share, from which the contention flag is worked out
+    over the unit's trials when the profile is written (see :mod:`engine.noise`)."""
+    c = m.clock
+    return {
+        "cpu_time_ms": None if c is None else c.cpu_s * 1000,
+        "cpu_share": None if c is None else _nan(c.share),
+        "other_load": None if c is None else _nan(c.other_load),
+        "threads": None if threads is None else threads.threads,
     }
 
 
@@ -342,6 +396,11 @@ class _Bar:
 
     def advance(self):
         self.progress.advance(self.task)
+
+    def extend(self, n: int):
+        """More work found on the way (re-measurements of contended trials)."""
+        total = next(t.total for t in self.progress.tasks if t.id == self.task) or 0
+        self.progress.update(self.task, total=total + n)
 
 
 class Profiler:
@@ -400,6 +459,7 @@ class Profiler:
         with self._progress() as progress:
             bar = _Bar(progress, progress.add_task("profiling", total=self._total(modes),
                                                    completed=self._completed(modes)))
+            self._choose_threads(modes, bar)
             if self.spec.interleave:
                 self._sweep_interleaved(modes, bar)
             else:
@@ -420,7 +480,7 @@ class Profiler:
                 software=software_string(), run_id=journal.run_id),
             units=units, done=journal.keys(),
             ref_output={r["request_id"]: r["output_text"] for r in journal.rows
-                        if r["mode"] == reference and r["trial"] == 0},
+                        if r["mode"] == reference and r["trial"] == 0 and not r.get("attempt")},
         )
 
     def _progress(self):
@@ -442,27 +502,117 @@ class Profiler:
 
     def _completed(self, modes) -> int:
         run = self._run
-        return sum(1 for u in run.units for m in modes for t in self._trials if (u.id, m, t) in run.done)
+        return sum(1 for u in run.units for m in modes for t in self._trials
+                   if (u.id, m, t, 0) in run.done)
 
     def _todo(self, mode) -> list[tuple[Unit, int]]:
-        """(unit, trial) pairs of ``mode`` the journal did not hold when the run started."""
+        """(unit, trial) pairs of ``mode`` the journal did not hold when the run started,
+        trial-major: every unit's trial 0, then every unit's trial 1, ..."""
         run = self._run
-        return [(u, t) for u in run.units for t in self._trials if (u.id, mode, t) not in run.done]
+        return [(u, t) for t in self._trials for u in run.units if (u.id, mode, t, 0) not in run.done]
+
+    # ------------------------------------------------------------ hygiene
+    def _choose_threads(self, modes, bar: _Bar):
+        """Fix the thread count for the whole run: the spec's, the journal's (a resumed
+        run), or one measured now on the reference engine (see engine.noise)."""
+        from engine.noise import ThreadChoice, calibrate_threads
+
+        run, backend = self._run, self.backend
+        if backend.set_threads is None or self._cuda():
+            return
+        if self.spec.threads:
+            run.threads = ThreadChoice(self.spec.threads, [], "set by --threads")
+        elif "threads" in run.journal.meta:
+            run.threads = ThreadChoice.from_dict(run.journal.meta["threads"])
+        else:
+            engine = self._load(modes[0], bar)
+            try:
+                unit = next((u for u in run.units if len(u.requests) == 1), run.units[0])
+                req, ids = run.prepared[unit.id][0]
+                probe_group = [(dataclasses.replace(req, expected_output_tokens=32), ids)]
+                bar.show(f"choosing the thread count ({modes[0]})")
+                candidates = [n for n in (1, 2, 4, 8, 16) if n <= (os.cpu_count() or 1)]
+                run.threads = calibrate_threads(lambda: engine.run(probe_group, ignore_eos=True),
+                                                backend.set_threads, candidates)
+            finally:
+                engine.close()
+            run.journal.add_meta("threads", run.threads.to_dict())
+        backend.set_threads(run.threads.threads)
+        self.settings = dataclasses.replace(self.settings, threads=run.threads.threads)
+        table = ", ".join(f"{r['threads']}: p80 {r['p80_wall_s'] * 1000:.0f} ms, share "
+                          f"{r['median_share']:.2f}" for r in run.threads.table)
+        self._say(f"threads: {run.threads.threads}" + (f" (measured: {table})" if table else
+                                                        f" ({run.threads.rule})"))
+
+    def _frame(self) -> pd.DataFrame:
+        """The journal's rows as a table, with the contention flag worked out."""
+        from engine.noise import flag_contended
+
+        df = pd.DataFrame([{k: v for k, v in r.items() if k != "output_text"}
+                           for r in self._run.journal.rows])
+        if df.empty:
+            return df
+        if "attempt" not in df:
+            df["attempt"] = 0
+        df["attempt"] = df["attempt"].fillna(0).astype(int)
+        threads = self._run.threads
+        df["contended"] = flag_contended(df, expected_share=threads.clean_share if threads else None)
+        return df
+
+    def _pending_remeasures(self) -> dict[str, list]:
+        """mode -> units with trials the journal holds only contended attempts of (and
+        attempts left): what an interrupted run, or one judged by a stricter rule, has
+        still to re-measure."""
+        from engine.noise import unresolved_trials
+
+        df = self._frame()
+        if df.empty or not self.spec.max_remeasure:
+            return {}
+        left = unresolved_trials(df)
+        left = left[left["attempts"] <= self.spec.max_remeasure]
+        by_id = {u.id: u for u in self._run.units}
+        out: dict[str, list] = {}
+        for (mode, rid), _ in left.groupby(["mode", "request_id"]):
+            if rid in by_id:
+                out.setdefault(mode, []).append(by_id[rid])
+        return out
+
+    def _remeasure(self, engine_of, modes, bar: _Bar, units=None):
+        """Measure contended trials again (a new attempt each) until each has a clean
+        attempt or ``max_remeasure`` more; ``engine_of(mode)`` gives a loaded engine."""
+        from engine.noise import unresolved_trials
+
+        by_id = {u.id: u for u in (units if units is not None else self._run.units)}
+        for _ in range(self.spec.max_remeasure):
+            df = self._frame()
+            if df.empty:
+                return
+            todo = unresolved_trials(df[df["mode"].isin(modes) & df["request_id"].isin(by_id)])
+            todo = todo[todo["attempts"] <= self.spec.max_remeasure]
+            if todo.empty:
+                return
+            bar.extend(len(todo))
+            for r in todo.itertuples(index=False):
+                self._measure(engine_of(r.mode), r.mode, by_id[r.request_id], int(r.trial), bar,
+                              attempt=int(r.attempts))
 
     def _sweep_interleaved(self, modes, bar: _Bar):
         """Every engine loaded at once; each unit is measured in every mode back to
         back, so machine drift hits all modes alike."""
         run = self._run
-        todo_modes = [m for m in modes if self._todo(m)]
+        pending = self._pending_remeasures()
+        todo_modes = [m for m in modes if self._todo(m) or pending.get(m)]
         engines = {}
         try:
             for m in todo_modes:
                 engines[m] = self._load(m, bar)
-            for unit in run.units:
-                for t in self._trials:
+            for t in self._trials:
+                for unit in run.units:
                     for m in todo_modes:
-                        if (unit.id, m, t) not in run.done:
+                        if (unit.id, m, t, 0) not in run.done:
                             self._measure(engines[m], m, unit, t, bar)
+            if todo_modes:
+                self._remeasure(engines.__getitem__, todo_modes, bar)
         finally:
             for e in engines.values():
                 e.close()
@@ -471,15 +621,22 @@ class Profiler:
         """One engine at a time (load, warm up, measure, unload), the reference first.
         A backend that applies memory pressure as a ballast taken before the engine
         starts gets one engine per pressure level."""
+        pending = self._pending_remeasures()
         for m in modes:
             by_pressure: dict[float, list] = {}
             for unit, t in self._todo(m):
                 by_pressure.setdefault(self._pressure(unit), []).append((unit, t))
+            # a resumed run also finishes re-measuring what the journal left contended
+            for unit in pending.get(m, []):
+                by_pressure.setdefault(self._pressure(unit), [])
             for pressure, items in by_pressure.items():
                 engine = self._load(m, bar, pressure)
                 try:
                     for unit, t in items:
                         self._measure(engine, m, unit, t, bar)
+                    units = {u.id: u for u, _ in items}
+                    units.update({u.id: u for u in pending.get(m, []) if self._pressure(u) == pressure})
+                    self._remeasure(lambda _m, e=engine: e, [m], bar, units=list(units.values()))
                 finally:  # engines (and vLLM's child processes) never outlive an error
                     engine.close()
                 del engine
@@ -510,25 +667,34 @@ class Profiler:
         self._run.prepared = {u.id: [builder.prepare(r) for r in u.requests] for u in units}
         self._run.primers = {u.id: [builder.prepare(r) for r in u.prime] for u in units}
 
-    def _measure(self, engine, mode, unit, trial, bar: _Bar):
+    def _cpu_clock(self):
+        import time
+
+        from engine.energy import process_tree_cpu_seconds
+        from engine.noise import TrialClock
+
+        return TrialClock(process_tree_cpu_seconds if self.backend.child_processes else time.process_time)
+
+    def _measure(self, engine, mode, unit, trial, bar: _Bar, attempt: int = 0):
         """Time one unit in one mode and journal its row (before the next one starts)."""
         from engine.quality import rouge_l
 
         run = self._run
-        bar.show(f"{mode}: {unit.family}")
+        bar.show(f"{mode}: {unit.family}" + (f" (re-measure {attempt})" if attempt else ""))
         group = run.prepared[unit.id]
         ignore_eos = not any(r.benchmark_suite for r, _ in group)
         if run.primers[unit.id]:
             engine.run(run.primers[unit.id], ignore_eos=ignore_eos)
         sampler = self._memory_sampler()
+        clock = self._cpu_clock()
         run.meter.start()
-        with sampler:
+        with sampler, clock:
             gens = engine.run(group, ignore_eos=ignore_eos)
         energy = run.meter.stop()
         m = Measurement(unit, mode, trial, group, gens, energy, self._peak_mb(engine, sampler),
-                        engine.info)
+                        engine.info, clock=clock, attempt=attempt)
         row = self._row(m)
-        if mode == run.reference and trial == 0:
+        if mode == run.reference and trial == 0 and attempt == 0:
             run.ref_output[unit.id] = m.text
         base = run.ref_output.get(unit.id)
         row["rouge_l_vs_baseline"] = None if base is None else rouge_l(m.text, base)
@@ -568,10 +734,19 @@ class Profiler:
         return torch.cuda.max_memory_allocated() / 2**20
 
     def finish(self, journal: Journal) -> pd.DataFrame:
+        """Rebuild the profile from the journal (contention flags worked out over every
+        unit's trials), validate it and write it; ``noise_`` holds its noise floor."""
         from dataset.io import write_parquet
+        from engine.noise import noise_floor
 
-        df = pd.DataFrame([{k: v for k, v in r.items() if k != "output_text"} for r in journal.rows])
-        df = validate_profile(df, path=self.journal_path)
+        if self._run is None:  # finishing a journal without measuring (tests, tools)
+            self._run = ProfileRun(journal, None, None, [], journal.keys(), {})
+            if "threads" in journal.meta:
+                from engine.noise import ThreadChoice
+
+                self._run.threads = ThreadChoice.from_dict(journal.meta["threads"])
+        df = validate_profile(self._frame(), path=self.journal_path)
+        self.noise_ = noise_floor(df)
         write_parquet(df, self.out, overwrite=True)
         return df
 
@@ -594,5 +769,6 @@ class Profiler:
     def _row(self, m: Measurement) -> dict:
         """The profile row of one measurement (the journal's line; the parquet drops
         ``output_text``). Column order: shape, timing, resources, quality, provenance."""
-        return {**_shape_columns(m), **_timing_columns(m.gens), **_resource_columns(m),
-                **_quality_columns(m), **_provenance_columns(self._run.provenance, m, self._notes(m))}
+        return {**_shape_columns(m), **_timing_columns(m.gens), **_noise_columns(m, self._run.threads),
+                **_resource_columns(m), **_quality_columns(m),
+                **_provenance_columns(self._run.provenance, m, self._notes(m))}

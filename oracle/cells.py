@@ -3,8 +3,10 @@
 A *unit* is what gets a label: a measured request (``request_id``) or, for
 profiles measured per workload cell, the cell (``workload``).
 
-Per metric, per-trial rows win: their mean is used whenever any trial row has the
-metric; otherwise the aggregate rows' means are combined, weighted by
+Per metric, per-trial rows win: their median over the unit's clean trials
+(:func:`engine.noise.clean_trials`: contended trials are left out where a clean
+one exists) is used whenever any trial row has the metric, with the latency's
+coefficient of variation beside it (``latency_cv``); otherwise the aggregate rows' means are combined, weighted by
 ``n_trials``. Aggregates that summarise the same trials as the per-trial rows
 are therefore never double counted, and an aggregate-only metric (ROUGE-L in the
 published sweep) still reaches the oracle.
@@ -20,6 +22,7 @@ import pandas as pd
 from dataset.workloads import get_workload
 from dataset.workloads.spec import condition_of
 from engine.modes import mode_names
+from engine.noise import clean_trials
 
 METRICS = (
     "latency_ms",
@@ -46,10 +49,14 @@ class OracleError(ValueError):
 
 @dataclass
 class Cells:
-    """``metrics``: indexed by (unit, mode); ``units``: one row per unit."""
+    """``metrics``: indexed by (unit, mode); ``units``: one row per unit; ``trials``:
+    the clean per-trial latency and energy per (unit, mode, trial) (a trial's clean
+    attempts collapsed to their median), which the noise-aware oracle compares in
+    pairs; empty for a profile of aggregates only."""
 
     metrics: pd.DataFrame
     units: pd.DataFrame
+    trials: pd.DataFrame | None = None
 
 
 def family_condition(family, benchmark_suite, shape: dict) -> str:
@@ -93,10 +100,13 @@ def summarise(profile: pd.DataFrame, source=None) -> Cells:
             f"({', '.join(multi.iloc[0])}); a unit needs exactly one reference"
         )
 
-    trials = df[~df["is_aggregate"]]
+    trials = clean_trials(df[~df["is_aggregate"]])
     aggs = df[df["is_aggregate"]].copy()
     keys = ["unit", "mode"]
-    trial_mean = trials.groupby(keys)[list(METRICS)].mean()
+    trial_mean = trials.groupby(keys)[list(METRICS)].median()
+    lat = trials.groupby(keys)["latency_ms"]
+    dispersion = pd.DataFrame({"latency_cv": lat.std(ddof=1) / lat.mean(),
+                               "n_clean_trials": lat.count()})
     w = aggs["n_trials"].astype(float).fillna(1.0)
     weighted = aggs[list(METRICS)].mul(w, axis=0)
     mask = aggs[list(METRICS)].notna().astype(float).mul(w, axis=0)
@@ -107,7 +117,7 @@ def summarise(profile: pd.DataFrame, source=None) -> Cells:
     metrics = trial_mean.combine_first(agg_mean) if len(trial_mean) else agg_mean
     metrics = metrics.reindex(columns=list(METRICS))
     n_rows = df.groupby(keys).size().rename("n_rows")
-    metrics = metrics.join(n_rows).sort_index()
+    metrics = metrics.join(n_rows).join(dispersion).sort_index()
 
     first = df.groupby("unit").agg(
         {
@@ -122,4 +132,7 @@ def summarise(profile: pd.DataFrame, source=None) -> Cells:
     first["condition"] = [
         family_condition(r.family, r.benchmark_suite, r._asdict()) for r in first.itertuples()
     ]
-    return Cells(metrics=metrics, units=first)
+    per_trial = (trials.dropna(subset=["trial"])
+                 .groupby(["unit", "mode", "trial"])[["latency_ms", "energy_per_token_j"]]
+                 .median().reset_index())
+    return Cells(metrics=metrics, units=first, trials=per_trial)

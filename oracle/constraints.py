@@ -34,7 +34,12 @@ class Constraints:
     fastest safe mode count as tied (0: only exact ties). ``on_incomplete``
     decides what a missing metric or a unit without reference rows does:
     ``error`` (default) stops with a message, ``skip`` rejects the mode (or skips
-    the unit) and says so in the explanation.
+    the unit) and says so in the explanation. ``missing_quality`` is the study's
+    rule for a mode without quality evidence: ``unsafe`` (default) rejects it,
+    ``pass`` leaves the missing signals unchecked. ``noise_aware`` applies the
+    noise rule of :mod:`oracle.noise_aware` to units measured in two or more trials
+    (a mode replaces a safer one only beyond noise; the energy limit is met by the
+    upper end of the interval), with intervals at ``confidence_level``.
     """
 
     max_energy_ratio: NonNeg = 1.00
@@ -44,6 +49,9 @@ class Constraints:
     max_rouge_vs_reference_drop: NonNeg = 0.02
     latency_tie_rel: NonNeg = 0.0
     on_incomplete: Literal["error", "skip"] = "error"
+    missing_quality: Literal["unsafe", "pass"] = "unsafe"
+    noise_aware: bool = True
+    confidence_level: Annotated[float, Field(gt=0, lt=1)] = 0.95
 
     def to_dict(self) -> dict:
         return asdict(self)

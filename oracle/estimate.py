@@ -17,6 +17,11 @@ Method (documented for users, tested in ``tests/test_oracle_estimate.py``):
 
 A request that coincides with a measured cell gets that cell's values and is
 marked ``measured``; everything else is ``estimated``.
+
+4. With a fitted :class:`oracle.costmodel.CostModel`, each (mode, metric) for
+   which the cost model cross-validated better than this interpolation takes the
+   cost model's estimate instead; ``latency_basis`` records, per (request, mode),
+   where the latency came from (``measured``, ``costmodel`` or ``interpolation``).
 """
 
 from __future__ import annotations
@@ -83,7 +88,49 @@ def _pool(cells: Cells, condition: str, suite) -> tuple[pd.Index, str]:
     return units.index[units["condition"] == "plain"], f"plain cells (no {condition} cells measured)"
 
 
-def estimate(cells: Cells, requests: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _apply_costmodel(est_df: pd.DataFrame, costmodel, req: pd.DataFrame) -> pd.DataFrame:
+    """Overwrite the interpolated (mode, metric)s the cost model validated better on."""
+    from oracle.costmodel import MODELLED
+
+    cm = costmodel.predict(req)
+    est_df = est_df.set_index(["unit", "mode"])
+    est_df["latency_basis"] = "interpolation"
+    cm = cm.reindex(est_df.index)
+    for mode in est_df.index.get_level_values("mode").unique():
+        at = est_df.index.get_level_values("mode") == mode
+        for metric in MODELLED:
+            if not costmodel.prefers(mode, metric):
+                continue
+            vals = cm.loc[at, metric]
+            ok = vals.notna().to_numpy()
+            idx = est_df.index[at][ok]
+            est_df.loc[idx, metric] = vals.to_numpy()[ok]
+            if metric == "latency_ms":
+                est_df.loc[idx, "tokens_per_s"] = cm.loc[idx, "tokens_per_s"]
+                est_df.loc[idx, "latency_basis"] = "costmodel"
+    return est_df.reset_index()
+
+
+def _check_same_shape(req: pd.DataFrame, units: pd.DataFrame, direct: list) -> None:
+    """A request that takes a measured unit's numbers by its id must be that unit: the
+    same prompt and output lengths (a drawn request that only shares an id would
+    silently get another request's measurements)."""
+    if not direct:
+        return
+    r = req.set_index("id").loc[direct]
+    u = units.loc[direct]
+    for col in ("prompt_tokens", "expected_output_tokens"):
+        a, b = r[col].to_numpy(float), u[col].to_numpy(float)
+        bad = np.isfinite(a) & np.isfinite(b) & (np.abs(a - b) > 0.5 + 1e-6 * np.abs(b))
+        if bad.any():
+            rid = direct[int(np.flatnonzero(bad)[0])]
+            raise OracleError(
+                f"request {rid!r} has the id of a measured unit but another shape ({col} "
+                f"{r.loc[rid, col]:g} vs {u.loc[rid, col]:g} measured); give drawn requests "
+                "ids of their own")
+
+
+def estimate(cells: Cells, requests: pd.DataFrame, costmodel=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per-(request, mode) metric estimates and a per-request basis table.
 
     ``requests`` needs the Request fields (``id``, shape columns, ``family``,
@@ -124,7 +171,7 @@ def estimate(cells: Cells, requests: pd.DataFrame) -> tuple[pd.DataFrame, pd.Dat
         for mode in all_modes:
             key = [(u, mode) for u in pool]
             m = metrics.reindex(pd.MultiIndex.from_tuples(key, names=["unit", "mode"]))
-            if m["latency_ms"].isna().all() and m.drop(columns="n_rows").isna().all().all():
+            if m["latency_ms"].isna().all() and m[list(METRICS)].isna().all().all():
                 continue
             est = {}
             for metric in METRICS:
@@ -152,12 +199,29 @@ def estimate(cells: Cells, requests: pd.DataFrame) -> tuple[pd.DataFrame, pd.Dat
             })
     est_df = pd.DataFrame(rows)
     basis_df = pd.DataFrame(basis).set_index("unit")
+    if costmodel is not None:
+        est_df = _apply_costmodel(est_df, costmodel, req)
+        by_cm = est_df[est_df["latency_basis"] == "costmodel"].groupby("unit").size()
+        n_modes = est_df.groupby("unit").size()
+        for rid in basis_df.index:
+            k = int(by_cm.get(rid, 0))
+            if k and basis_df.loc[rid, "label_source"] == "measured":
+                # it coincides with a measured cell, but its numbers are the model's now
+                basis_df.loc[rid, "label_source"] = "estimated"
+            if k:
+                basis_df.loc[rid, "estimate_basis"] += (
+                    f"; cost model for {k}/{int(n_modes[rid])} modes' latency (where it "
+                    "validated better)")
+    else:
+        est_df["latency_basis"] = "interpolation"
     # requests that are themselves measured units take their measurements
     direct = [rid for rid in req["id"] if rid in measured_ids]
+    _check_same_shape(req, units, direct)
     if direct:
         est_df = est_df[~est_df["unit"].isin(direct)]
         measured = metrics.loc[metrics.index.get_level_values("unit").isin(direct)].reset_index()
-        est_df = pd.concat([est_df, measured.drop(columns="n_rows")], ignore_index=True)
+        measured = measured.drop(columns=["n_rows", "latency_cv", "n_clean_trials"])
+        est_df = pd.concat([est_df, measured.assign(latency_basis="measured")], ignore_index=True)
         for rid in direct:
             basis_df.loc[rid, "label_source"] = "measured"
             basis_df.loc[rid, "estimate_basis"] = "measured request"

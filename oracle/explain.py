@@ -48,13 +48,20 @@ def print_explanations(labels: pd.DataFrame, cand: pd.DataFrame, constraints: Co
         f"[bold]Constraints[/bold]: energy/token <= {c.max_energy_ratio:.2f}x ref, peak memory <= "
         f"{c.max_memory_ratio:.2f}x ref, accuracy drop <= {c.max_accuracy_drop_pp} pp, ROUGE-L vs "
         f"reference output >= {c.min_rouge_vs_baseline:.2f}, ROUGE-L vs gold drop <= "
-        f"{c.max_rouge_vs_reference_drop:.2f}"
+        f"{c.max_rouge_vs_reference_drop:.2f}; a mode without quality evidence: "
+        f"{c.missing_quality} (--missing-quality); noise rule: "
+        f"{'on' if c.noise_aware else 'off'} ({c.confidence_level:.0%} intervals over paired trials)"
     )
     for unit in labels.index:
         sub = cand[cand["unit"] == unit]
         src = labels.loc[unit, "label_source"] if "label_source" in labels else "measured"
+        noise = ""
+        if "confidence" in labels and labels.loc[unit, "confidence"] == labels.loc[unit, "confidence"]:
+            noise = (f"; {labels.loc[unit, 'noise_rule']}, speedup "
+                     f"[{labels.loc[unit, 'speedup_low']:.2f}, {labels.loc[unit, 'speedup_high']:.2f}], "
+                     f"confidence {labels.loc[unit, 'confidence']:.2f}")
         out.print(explanation_table(f"{unit} -> {labels.loc[unit, 'label']} ({src}; quality "
-                                    f"signals: {labels.loc[unit, 'quality_signals']})", sub))
+                                    f"signals: {labels.loc[unit, 'quality_signals']}{noise})", sub))
 
 
 def print_labels(labels: pd.DataFrame, skipped: dict, constraints: Constraints,
@@ -73,10 +80,14 @@ def print_labels(labels: pd.DataFrame, skipped: dict, constraints: Constraints,
         out.print("label counts: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     unchecked = labels.index[labels["quality_signals"] == "none"]
     if len(unchecked):
+        verdict = ("so every mode but the reference is unsafe for them (missing-quality rule: "
+                   "unsafe; --missing-quality pass leaves quality unchecked)"
+                   if constraints.missing_quality == "unsafe" else
+                   "and quality was not checked for them (--missing-quality pass)")
         out.print(
-            f"[yellow]warning:[/yellow] {len(unchecked)} unit(s) have no quality signal, so the "
-            "quality constraint could not be checked for them (e.g. per-trial published data "
-            "carries no ROUGE-L: import the sweep's aggregate file too)."
+            f"[yellow]warning:[/yellow] {len(unchecked)} unit(s) have no quality signal, {verdict} "
+            "(e.g. per-trial published data carries no ROUGE-L: import the sweep's aggregate "
+            "file too)."
         )
     for unit, why in skipped.items():
         out.print(f"[yellow]skipped[/yellow] {unit}: {why}")

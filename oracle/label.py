@@ -13,8 +13,17 @@ metrics were estimated):
    mode name in alphabetical order, so the result never depends on row order.
 
 Missing data is never treated as safe: a unit without reference rows or a mode
-missing a metric that the reference has is an :class:`OracleError`, unless
-``on_incomplete="skip"``, which skips the unit or rejects the mode with reason.
+missing a latency, energy or memory figure that the reference has is an
+:class:`OracleError`, unless ``on_incomplete="skip"``, which skips the unit or
+rejects the mode with reason.
+
+Quality follows the study's rule (``missing_quality``): a mode with no quality
+evidence for a unit (no signal that can be compared with the reference: benchmark
+accuracy, ROUGE-L vs gold, ROUGE-L vs the reference-mode output), or lacking a
+signal that the unit has, is **unsafe** by default (``quality_missing`` violation);
+with ``missing_quality="pass"`` the missing signals are simply not checked. The
+label table says which rule applied (``missing_quality``) and which signals were
+checked (``quality_signals``).
 """
 
 from __future__ import annotations
@@ -34,8 +43,11 @@ def _fmt_missing(unit, mode, metrics):
     return f"unit {unit!r}, mode {mode!r}: {', '.join(metrics)} not measured"
 
 
-def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constraints):
-    """Label every unit in ``metrics`` (indexed by unit, mode).
+def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constraints,
+           trials: pd.DataFrame | None = None):
+    """Label every unit in ``metrics`` (indexed by unit, mode). With ``trials`` (the
+    clean per-trial rows, :attr:`Cells.trials`) and ``constraints.noise_aware``, the
+    noise rule of :mod:`oracle.noise_aware` decides between modes within noise.
 
     Returns ``(labels, candidates, skipped)``: one row per labelled unit; one row
     per (unit, mode) with ratios, violations and the verdict; and the units
@@ -51,12 +63,23 @@ def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constrai
 
     r = ref.reindex(cand["unit"])  # each candidate's reference row, positionally aligned
     _add_ratios(cand, r)
+    noisy = trials is not None and c.noise_aware and not trials.empty
+    if noisy:
+        from oracle import noise_aware
+
+        noise_aware.add_intervals(cand, trials, c.confidence_level)
     needs = _needed_signals(cand, r)
     cand["missing"] = _missing_metrics(cand, needs, c)
+    cand["quality_missing"] = _quality_missing(cand, needs)
     _add_verdicts(cand, c)
-    chosen = _choose(cand, c)
+    plain = chosen = _choose(cand, c)
+    noise_info = None
+    if noisy:
+        chosen, noise_info = noise_aware.choose(cand, plain, trials, c.confidence_level)
     cand["chosen"] = cand["mode"] == cand["unit"].map(chosen)
     cand["reason"] = [_reason(row, c) for _, row in cand.iterrows()]
+    if noise_info is not None:
+        _noise_reasons(cand, plain, chosen, noise_info)
     cand["slowdown_vs_label"] = cand["latency_ms"] / cand["unit"].map(_label_latency(cand))
 
     labels = _label_table(cand, chosen, r["latency_ms"].groupby(level=0).first(), reference_of)
@@ -64,6 +87,12 @@ def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constrai
     labels["n_modes"] = cand.groupby("unit").size().reindex(labels.index)
     labels["n_safe"] = cand.groupby("unit")["safe"].sum().reindex(labels.index)
     labels["rejected"] = _rejections(cand, labels.index)
+    labels["missing_quality"] = c.missing_quality
+    if noise_info is not None:
+        labels = labels.join(noise_info)
+        lab = cand[cand["chosen"]].set_index("unit")
+        labels["speedup_low"] = lab["speedup_low"].reindex(labels.index)
+        labels["speedup_high"] = lab["speedup_high"].reindex(labels.index)
     labels.index.name = "unit"
     cand = cand.drop(columns=[c for c in cand.columns if c.startswith("_")], errors="ignore")
     return labels, cand, skipped
@@ -125,8 +154,8 @@ def _missing_metrics(cand, needs: dict, c: Constraints) -> list[str]:
         if row.is_reference:
             missing.append("")
             continue
-        gone = [m for m, need in needs.items() if bool(np.asarray(need)[i])
-                and pd.isna(getattr(row, m))]
+        gone = [m for m, need in needs.items() if m not in QUALITY_SIGNALS
+                and bool(np.asarray(need)[i]) and pd.isna(getattr(row, m))]
         if gone and c.on_incomplete != "skip":
             raise OracleError(
                 _fmt_missing(row.unit, row.mode, gone)
@@ -137,12 +166,37 @@ def _missing_metrics(cand, needs: dict, c: Constraints) -> list[str]:
     return missing
 
 
+def _quality_missing(cand, needs: dict) -> list[str]:
+    """Per candidate, what quality evidence it lacks ("" for none): the unit's signals
+    it has no value for, or "no quality evidence" where nothing can be compared with
+    the reference at all. Judged by the ``missing_quality`` rule in the verdicts."""
+    out = []
+    has = {m: cand[m].notna().to_numpy() for m in QUALITY_SIGNALS}
+    for i, ref in enumerate(cand["is_reference"].to_numpy()):
+        if ref:
+            out.append("")
+            continue
+        lacking = [m for m in QUALITY_SIGNALS if bool(np.asarray(needs[m])[i]) and not has[m][i]]
+        checkable = [m for m in QUALITY_SIGNALS if bool(np.asarray(needs[m])[i]) and has[m][i]]
+        if lacking:
+            out.append(",".join(lacking) + " not measured")
+        elif not checkable:
+            out.append("no quality evidence")
+        else:
+            out.append("")
+    return out
+
+
 def _add_verdicts(cand, c: Constraints):
     """One ``violates_*`` column per constraint, their names in ``violations``, and
     ``safe``. A missing value violates nothing here (``missing`` rejects it); the
     reference is always safe."""
+    # with trials, the interval's upper end must meet the limit (not one lucky median)
+    energy = cand["energy_ratio"]
+    if "energy_ratio_high" in cand:
+        energy = cand["energy_ratio_high"].where(cand["energy_ratio_high"].notna(), energy)
     viol = {
-        "energy": cand["energy_ratio"] > c.max_energy_ratio + EPS,
+        "energy": energy > c.max_energy_ratio + EPS,
         "memory": cand["memory_ratio"] > c.max_memory_ratio + EPS,
         "quality_accuracy": cand["accuracy_delta_pp"] < -c.max_accuracy_drop_pp - EPS,
         "quality_rouge_vs_baseline": (
@@ -151,6 +205,7 @@ def _add_verdicts(cand, c: Constraints):
         "quality_rouge_vs_reference": (
             cand["rouge_vs_reference_delta"] < -c.max_rouge_vs_reference_drop - EPS
         ),
+        "quality_missing": (cand["quality_missing"] != "") & (c.missing_quality == "unsafe"),
     }
     for k, v in viol.items():
         cand[f"violates_{k}"] = v.fillna(False).astype(bool) & ~cand["is_reference"]
@@ -174,6 +229,19 @@ def _choose(cand, c: Constraints) -> pd.Series:
         _lat=safe["latency_ms"] if c.latency_tie_rel == 0 else 0.0,
     ).sort_values(["unit", "_lat", "_e", "_m", "_r", "mode"])
     return safe.groupby("unit", sort=False).head(1).set_index("unit")["mode"]
+
+
+def _noise_reasons(cand, plain: pd.Series, chosen: pd.Series, info: pd.DataFrame):
+    """Where the noise rule changed the pick, the reasons say so."""
+    for i, row in cand.iterrows():
+        u = row["unit"]
+        if u not in info.index or plain.get(u) == chosen.get(u):
+            continue
+        if row["chosen"]:
+            cand.at[i, "reason"] = f"chosen: {info.loc[u, 'noise_rule']}"
+        elif row["mode"] == plain.get(u):
+            cand.at[i, "reason"] = (f"fastest by median, but not beyond noise: {chosen[u]} is "
+                                    "safer and within noise")
 
 
 def _label_latency(cand) -> pd.Series:
@@ -215,8 +283,13 @@ def _reason(row, c: Constraints) -> str:
     if row["missing"]:
         parts.append(f"not measured: {row['missing']}")
     if row["violates_energy"]:
-        parts.append(f"energy/token {row['energy_ratio']:.3f}x > {c.max_energy_ratio:.2f}x "
-                     f"(over by {row['energy_ratio'] - c.max_energy_ratio:.3f})")
+        high = row.get("energy_ratio_high")
+        if high is not None and high == high and row["energy_ratio"] <= c.max_energy_ratio + EPS:
+            parts.append(f"energy/token {row['energy_ratio']:.3f}x, but up to {high:.3f}x within "
+                         f"noise > {c.max_energy_ratio:.2f}x")
+        else:
+            parts.append(f"energy/token {row['energy_ratio']:.3f}x > {c.max_energy_ratio:.2f}x "
+                         f"(over by {row['energy_ratio'] - c.max_energy_ratio:.3f})")
     if row["violates_memory"]:
         parts.append(f"peak memory {row['memory_ratio']:.4f}x > {c.max_memory_ratio:.2f}x "
                      f"(over by {row['memory_ratio'] - c.max_memory_ratio:.4f})")
@@ -227,6 +300,8 @@ def _reason(row, c: Constraints) -> str:
         parts.append(f"ROUGE-L vs reference output {row['rouge_l_vs_baseline']:.3f} < "
                      f"{c.min_rouge_vs_baseline:.2f} "
                      f"(short by {c.min_rouge_vs_baseline - row['rouge_l_vs_baseline']:.3f})")
+    if row["violates_quality_missing"]:
+        parts.append(f"quality: {row['quality_missing']} (missing-quality rule: unsafe)")
     if row["violates_quality_rouge_vs_reference"]:
         parts.append(f"ROUGE-L vs gold {row['rouge_vs_reference_delta']:+.3f} < "
                      f"-{c.max_rouge_vs_reference_drop:.2f} "
@@ -251,21 +326,26 @@ def label_profile(profile: pd.DataFrame, constraints: Constraints | None = None,
     """Label every measured unit of a profile. Returns (labels, candidates, skipped)."""
     constraints = constraints or Constraints()
     cells = summarise(profile, source)
-    labels, cand, skipped = decide(cells.metrics, cells.units["reference_mode"], constraints)
+    labels, cand, skipped = decide(cells.metrics, cells.units["reference_mode"], constraints,
+                                   trials=cells.trials)
     return _with_units(labels, cells), cand, skipped
 
 
 def label_requests(profile: pd.DataFrame, requests: pd.DataFrame,
-                   constraints: Constraints | None = None, source=None):
+                   constraints: Constraints | None = None, source=None, costmodel=None):
     """Label requests (a DataFrame of Request fields) from a profile, estimating
-    metrics at each request's features where it was not measured itself."""
+    metrics at each request's features where it was not measured itself (with a
+    :class:`~oracle.costmodel.CostModel`, from it where it validated better).
+    ``latency_basis`` says where the label's latency came from."""
     constraints = constraints or Constraints()
     cells = summarise(profile, source)
-    est, basis = estimate(cells, requests)
-    labels, cand, skipped = decide(est, basis["reference_mode"], constraints)
+    est, basis = estimate(cells, requests, costmodel=costmodel)
+    labels, cand, skipped = decide(est, basis["reference_mode"], constraints, trials=cells.trials)
     req = requests.set_index("id")
     cols = [c for c in ("workload", "family", "benchmark_suite", "prompt_tokens",
                         "expected_output_tokens", "shared_prefix_tokens",
                         "concurrent_requests", "memory_pressure") if c in req.columns]
     labels = labels.join(req[cols]).join(basis[["condition", "label_source", "estimate_basis"]])
+    chosen = cand[cand["chosen"]].set_index("unit")["latency_basis"]
+    labels["latency_basis"] = chosen.reindex(labels.index)
     return labels, cand, skipped

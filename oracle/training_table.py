@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+import numpy as np
 import pandas as pd
 
 from dataset.errors import InputError
@@ -31,11 +32,41 @@ def frame_hash(df: pd.DataFrame) -> str:
     return hashlib.sha256(h.tobytes()).hexdigest()[:12]
 
 
+def profiled_requests(profile: pd.DataFrame) -> list[Request]:
+    """The profile's own measured requests (per-request units: a request, or a group
+    arriving together, with its mean shape), as requests to put in a training table:
+    their labels come from their own measurements (the median of their clean
+    trials), marked ``measured``."""
+    from oracle.cells import summarise
+
+    rows = profile[~profile["is_aggregate"].astype(bool) & profile["request_id"].notna()]
+    if rows.empty:
+        return []
+    units = summarise(rows).units
+    out = []
+    for uid, u in units.iterrows():
+        if not (np.isfinite(u["prompt_tokens"]) and np.isfinite(u["expected_output_tokens"])):
+            continue
+        suite = u["benchmark_suite"] if isinstance(u["benchmark_suite"], str) and u["benchmark_suite"] else None
+        prompt = int(round(u["prompt_tokens"]))
+        out.append(Request(
+            id=str(uid), prompt_tokens=prompt,
+            expected_output_tokens=max(1, int(round(u["expected_output_tokens"]))),
+            shared_prefix_tokens=min(int(round(u["shared_prefix_tokens"] or 0)), prompt),
+            concurrent_requests=max(1, int(round(u["concurrent_requests"] or 1))),
+            memory_pressure=float(u["memory_pressure"] or 0.0),
+            family=str(u["family"]), workload=str(u["workload"]), benchmark_suite=suite,
+            evaluation_mode=u["evaluation_mode"] if isinstance(u["evaluation_mode"], str) else None))
+    return out
+
+
 def build_training_table(profile: pd.DataFrame, requests: list[Request],
-                         constraints: Constraints | None = None, source=None) -> pd.DataFrame:
+                         constraints: Constraints | None = None, source=None,
+                         costmodel=None) -> pd.DataFrame:
     constraints = constraints or Constraints()
     reqs_df = requests_frame(requests)
-    labels, cand, skipped = label_requests(profile, reqs_df, constraints, source=source)
+    labels, cand, skipped = label_requests(profile, reqs_df, constraints, source=source,
+                                           costmodel=costmodel)
     cand = cand.copy()
     cand["violates_quality"] = cand[[c for c in cand.columns if c.startswith("violates_quality_")]].any(axis=1)
     wide = {}
@@ -45,7 +76,8 @@ def build_training_table(profile: pd.DataFrame, requests: list[Request],
             wide[f"{col}__{mode}"] = piv[mode]
     wide = pd.DataFrame(wide)
     feats = features_frame([r for r in requests if r.id in labels.index], "B", with_context=True)
-    table = feats.join(labels[["label", "label_source", "estimate_basis", "reference_mode", "condition"]])
+    table = feats.join(labels[["label", "label_source", "estimate_basis", "latency_basis",
+                               "reference_mode", "condition"]])
     table = table.join(wide)
     table.index.name = "request_id"
     table = table.reset_index()
@@ -57,6 +89,11 @@ def build_training_table(profile: pd.DataFrame, requests: list[Request],
         "backends": sorted(profile["backend"].dropna().astype(str).unique().tolist())
         if "backend" in profile else [],
         "skipped": skipped,
+        "label_sources": {str(k): int(v) for k, v in table["label_source"].value_counts().items()},
+        "costmodel": None if costmodel is None else {
+            "backend": costmodel.backend,
+            "preferred": sorted({f"{m}:{k}" for (m, _, k) in costmodel.groups
+                                 if costmodel.prefers(m, k)})},
     })
     return table
 

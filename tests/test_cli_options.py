@@ -56,7 +56,8 @@ BACKED = {
     "profile": Backed("engine.profiler:ProfileSpec",
                       renamed={"checkpoints": "--checkpoint"},
                       resolved={"model": "--model", "draft_model": "--draft-model"},
-                      none_means_default={"workloads": "--workloads", "requests": "--requests"}),
+                      none_means_default={"workloads": "--workloads", "requests": "--requests",
+                                          "trials": "--trials"}),
 }
 
 #: (command, field) -> why the command does not expose it
@@ -208,18 +209,18 @@ SET_ALL = {
                "--served-name", "n", "--max-tokens-limit", "64", "--route-budget-us", "1.5",
                "--memory-budget-mb", "2.5", "--one-at-a-time"]],
     "profile": [["profile", "--backend", "vllm", "--device", "cuda", "--modes", "fp16_baseline",
-                 "--workloads", "batch_pressure", "--requests", "2", "--trials", "2", "--seed", "1",
+                 "--workloads", "batch_pressure", "--requests", "2", "--trials", "2", "--max-remeasure", "1", "--seed", "1",
                  "--benchmarks", "b.jsonl", "--benchmark-requests", "3", "--batch-size", "4",
                  "--watts-per-core", "5", "--threads", "2", "--checkpoint", "int8=/ckpt"],
                 ["profile", "--interleave"]],
     "train": [["train", "--routers", "dt", "--feature-set", "B", "--split", "lofo",
                "--test-size", "0.5", "--trials", "2", "--seed", "1", "--unsafe-penalty", "2",
-               "--safety-threshold", "0.5", "--fallback", "reference", "--storage",
+               "--safety-threshold", "0.5", "--fallback", "reference", "--labels", "measured", "--storage",
                "sqlite:///x.db", "--mlruns", "m2", "--preset", "modeswitch-paper"]],
     "score": [["score", "--run", "r1", "--no-compile", "--decisions", "5",
                "--pipeline-decisions", "6", "--live", "--live-requests", "3", "--model", "/m",
                "--draft-model", "/d", "--device", "cuda", "--backend", "vllm", "--mlruns", "m2",
-               "--seed", "1"]],
+               "--seed", "1", "--labels", "measured"]],
 }
 CONSUMER = {"serve": "engine.serving.supported_modes", "profile": "engine.profiler.Profiler",
             "train": "routers.training.trainer.train", "score": "routers.scoring.run.score_routers"}

@@ -64,8 +64,12 @@ def test_unknown_format_and_unknown_workload_are_clear_errors(tmp_path, a100_dir
 
 def test_labels_of_the_published_curated_sweep(a100_dir):
     trials = import_file(a100_dir / "profiles_a100_curated_sweep_trials.csv")
-    labels, cand, _ = label_profile(trials)
-    # per-trial data alone has no quality signal: energy and memory decide
+    # per-trial data alone has no quality signal: by the study's rule nothing but the
+    # reference is shown safe; with --missing-quality pass energy and memory decide
+    labels, _, _ = label_profile(trials)
+    assert set(labels["quality_signals"]) == {"none"}
+    assert (labels["label"] == labels["reference_mode"]).all()
+    labels, cand, _ = label_profile(trials, Constraints(missing_quality="pass"))
     assert set(labels["quality_signals"]) == {"none"}
     assert labels.loc["shared_prefix_chat_v0", "label"] == "prefix_caching"
     assert labels.loc["long_prompt_long_output", "label"] == "gptq_4bit"
@@ -92,6 +96,8 @@ def test_stress_units_without_reference_are_an_error_or_skipped(a100_dir):
     single = import_file(a100_dir / "profiles_a100_stress_single.csv")
     labels, _, skipped = label_profile(single, Constraints(on_incomplete="skip"))
     assert "shared4032_out64" in skipped
+    assert labels.loc["ctx3840_out256", "label"] == "fp16_baseline"  # no quality evidence
+    labels, _, _ = label_profile(single, Constraints(on_incomplete="skip", missing_quality="pass"))
     assert labels.loc["ctx3840_out256", "label"] == "speculative_decoding"
 
 

@@ -45,8 +45,8 @@ def test_thresholds_are_configurable():
 @pytest.mark.parametrize("acc,safe", [(0.785, True), (0.784, False)])
 def test_accuracy_constraint(acc, safe):
     # reference 0.80 -> a drop of 1.5 points is allowed, 1.6 is not
-    labels, cand, _ = label_of([row("w", REF, 100, accuracy=0.80),
-                                row("w", "gptq_4bit", 50, accuracy=acc)])
+    labels, cand, _ = label_of([row("w", REF, 100, accuracy=0.80, rouge_l_vs_baseline=None),
+                                row("w", "gptq_4bit", 50, accuracy=acc, rouge_l_vs_baseline=None)])
     assert (labels.loc["w", "label"] == "gptq_4bit") == safe
     assert labels.loc["w", "quality_signals"] == "accuracy"
 
@@ -67,10 +67,30 @@ def test_rouge_vs_gold_drop_constraint(rr, safe):
     assert (labels.loc["w", "label"] == "int8_quant") == safe
 
 
-def test_quality_signal_absent_for_reference_is_not_checked():
-    labels, _, _ = label_of([row("w", REF, 100), row("w", "gptq_4bit", 50, accuracy=0.1)])
-    assert labels.loc["w", "label"] == "gptq_4bit"
+def test_missing_quality_is_unsafe_by_default_and_passes_only_with_the_flag():
+    # the reference has no accuracy, so gptq's 0.1 compares with nothing: no evidence
+    rows = [row("w", REF, 100, rouge_l_vs_baseline=None),
+            row("w", "gptq_4bit", 50, accuracy=0.1, rouge_l_vs_baseline=None)]
+    labels, cand, _ = label_of(rows)
+    assert labels.loc["w", "label"] == REF
     assert labels.loc["w", "quality_signals"] == "none"
+    assert labels.loc["w", "missing_quality"] == "unsafe"
+    g = cand.loc[("w", "gptq_4bit")]
+    assert g["violates_quality_missing"] and not g["safe"]
+    assert "no quality evidence (missing-quality rule: unsafe)" in g["reason"]
+    labels, cand, _ = label_of(rows, missing_quality="pass")
+    assert labels.loc["w", "label"] == "gptq_4bit"
+    assert labels.loc["w", "missing_quality"] == "pass"
+    assert not cand.loc[("w", "gptq_4bit"), "violates_quality_missing"]
+
+
+def test_a_mode_lacking_a_signal_the_unit_has_is_unsafe_not_an_error():
+    rows = [row("w", REF, 100), row("w", "int8_quant", 60),
+            row("w", "gptq_4bit", 50, rouge_l_vs_baseline=None)]
+    labels, cand, _ = label_of(rows)
+    assert labels.loc["w", "label"] == "int8_quant"
+    assert cand.loc[("w", "gptq_4bit"), "quality_missing"] == "rouge_l_vs_baseline not measured"
+    assert label_of(rows, missing_quality="pass")[0].loc["w", "label"] == "gptq_4bit"
 
 
 def test_ties_break_by_energy_then_memory_then_reference_then_name():
@@ -128,8 +148,10 @@ def test_unknown_mode_is_an_error_naming_the_row():
 
 def test_trials_are_averaged_and_aggregates_fill_only_missing_metrics():
     rows = [
-        row("w", REF, 100, trial=0), row("w", REF, 120, trial=1),
-        row("w", "int8_quant", 70, trial=0), row("w", "int8_quant", 90, trial=1),
+        row("w", REF, 100, trial=0, rouge_l_vs_baseline=None),
+        row("w", REF, 120, trial=1, rouge_l_vs_baseline=None),
+        row("w", "int8_quant", 70, trial=0, rouge_l_vs_baseline=None),
+        row("w", "int8_quant", 90, trial=1, rouge_l_vs_baseline=None),
         # an aggregate of the same trials: its latency must not be counted again,
         # but its ROUGE-L (absent from the trial rows) is used
         {**row("w", "int8_quant", 5000, trial=None, rouge_l_vs_baseline=0.5), "is_aggregate": True, "n_trials": 2},
@@ -168,3 +190,46 @@ def test_per_request_profiles_are_labelled_per_request():
     assert cand.loc[("r1", "int8_quant"), "latency_ms"] == 50
     assert cand.loc[("r2", "int8_quant"), "latency_ms"] == 150
     assert cand.loc[("r2", "int8_quant"), "reason"] == "safe, but not the fastest"
+
+
+def _trials(unit, mode, lats, energies=None):
+    energies = energies or [1.0] * len(lats)
+    return [row(unit, mode, lat, energy=e, trial=t, request_id=unit)
+            for t, (lat, e) in enumerate(zip(lats, energies))]
+
+
+def test_a_label_within_noise_stays_with_the_safer_mode():
+    rows = _trials("u", REF, [100, 104, 98]) + _trials("u", "int8_quant", [97, 105, 99])
+    labels, cand, _ = label_of(rows)
+    assert labels.loc["u", "label"] == REF  # int8 is 1 % faster by median, not beyond noise
+    assert "within noise" in labels.loc["u", "noise_rule"]
+    assert "not beyond noise" in cand.loc[("u", "int8_quant"), "reason"]
+    assert 0 < labels.loc["u", "confidence"] < 1
+    assert label_of(rows, noise_aware=False)[0].loc["u", "label"] == "int8_quant"
+
+
+def test_a_gain_beyond_noise_switches_with_its_margin_and_confidence():
+    rows = _trials("u", REF, [100, 104, 98]) + _trials("u", "int8_quant", [80, 82, 79])
+    labels, cand, _ = label_of(rows)
+    lab = labels.loc["u"]
+    assert lab["label"] == "int8_quant" and lab["noise_rule"] == "fastest, beyond noise"
+    assert lab["confidence"] == 1.0
+    assert 1.0 < lab["speedup_low"] <= lab["speedup"] <= lab["speedup_high"]
+
+
+def test_within_noise_lossless_goes_before_lossy():
+    rows = (_trials("u", REF, [100, 101, 102]) + _trials("u", "prefix_caching", [90, 95, 89])
+            + _trials("u", "int8_quant", [88, 96, 87]))
+    labels, _, _ = label_of(rows)
+    assert labels.loc["u", "label"] == "prefix_caching"  # tied with int8 within noise, lossless
+    assert labels.loc["u", "tied"] == "int8_quant,prefix_caching"
+
+
+def test_energy_within_noise_of_the_limit_is_not_safe():
+    rows = (_trials("u", REF, [100, 100, 100], [1.0, 1.0, 1.0])
+            + _trials("u", "int8_quant", [60, 61, 59], [0.97, 1.03, 0.99]))
+    labels, cand, _ = label_of(rows)
+    g = cand.loc[("u", "int8_quant")]
+    assert g["energy_ratio"] == pytest.approx(0.99) and g["violates_energy"]
+    assert "within noise" in g["reason"] and labels.loc["u", "label"] == REF
+    assert label_of(rows, noise_aware=False)[0].loc["u", "label"] == "int8_quant"

@@ -77,3 +77,22 @@ def test_workloads_vary_inside_a_family_and_are_seeded():
         "short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",
         "long_prompt_long_output", "shared_prefix_chat", "memory_pressure_long_context",
         "batch_pressure"}
+
+
+def test_a_stratified_draw_spans_the_spread_routers_see():
+    """Profiles measure a stratified draw: ten requests cover the central 95 % of what
+    thousands of random draws of the family give, in prompt and in output length."""
+    import numpy as np
+
+    from dataset.workloads import get_workload
+
+    w = get_workload("long_prompt_long_output")
+    prof = w.sample(10, seed=0, stratified=True)
+    seen = w.sample(4000, seed=1)
+    for attr in ("prompt_tokens", "expected_output_tokens"):
+        p = [getattr(r, attr) for r in prof]
+        lo, hi = np.percentile([getattr(r, attr) for r in seen], [2.5, 97.5])
+        assert min(p) <= lo * 1.02 and max(p) >= hi * 0.98
+        assert len(set(p)) == 10  # evenly spread, no two alike
+    # a random draw of ten does not promise that; the stratified one is reproducible
+    assert [r.prompt_tokens for r in w.sample(10, seed=0, stratified=True)] == [r.prompt_tokens for r in prof]

@@ -161,3 +161,29 @@ def test_score_offline_and_live_on_the_tiny_model(tiny_models, tmp_path):
     assert "report/plots/routing_overhead.png" in arts
     with pytest.raises(FileExistsError):
         score_routers(tab, ScoreConfig(mlruns=str(mlruns), decisions=100), tmp_path / "report")
+
+
+def test_an_unmeasured_pick_is_charged_the_reference_cost_and_cannot_win():
+    """The A100 group-split case: a router picking a mode with no numbers for most
+    requests scored 3x the oracle because the missing latencies dropped out of one
+    side of the ratio. Now each such pick is a violation and pays the reference's cost."""
+    t = table(base_rows())
+    ghost = ["ghost_mode", "ghost_mode", "ghost_mode", "fast"]
+    per = score_requests(t, ghost, router="ghost")
+    assert per["violates_unmeasured"].tolist() == [True, True, True, False]
+    assert per["charged"].tolist() == [True, True, True, False]
+    assert per["latency_ms"].tolist() == [10.0, 10.0, 10.0, 2.0]  # the reference's latency
+    assert per["energy_ratio"].tolist() == [1.0, 1.0, 1.0, 0.25]
+    _, overall = aggregate_scores(pd.concat([per, score_requests(
+        t, t["label"].to_numpy(), router="oracle")]))
+    o = overall[overall["weighting"] == "requests"].set_index("router")
+    assert o.loc["ghost", "speedup"] == pytest.approx(38.0 / 32.0)
+    assert o.loc["ghost", "speedup"] < o.loc["oracle", "speedup"] == pytest.approx(38.0 / 17.0)
+    assert o.loc["ghost", "charged_rate"] == pytest.approx(0.75)
+    assert o.loc["ghost", "violation_rate_unmeasured"] == pytest.approx(0.75)
+    # a NaN latency in the table is unmeasured too, not skipped
+    t2 = t.copy()
+    t2.loc[0, "latency_ms__fast"] = np.nan
+    per2 = score_requests(t2, ["fast"] * 4)
+    assert per2["charged"].tolist() == [True, False, False, False]
+    assert np.isfinite(per2["effective_latency_ms"]).all()

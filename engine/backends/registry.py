@@ -27,7 +27,9 @@ class Backend:
     ``child_processes``: the engine computes in child processes, so CPU energy and
     memory are measured over them too. ``memory_ballast``: on CUDA the engine applies
     a request's memory pressure as memory taken before it starts, so each pressure
-    level needs its own engine.
+    level needs its own engine. ``set_threads(n)``: the engines compute on a
+    process-wide CPU thread pool of settable size (torch's), so the profiler can
+    measure which size to profile with (None: nothing to tune).
     """
 
     name: str
@@ -36,6 +38,7 @@ class Backend:
     engine: Callable[[str, EngineSettings], Engine]
     child_processes: bool = False
     memory_ballast: bool = False
+    set_threads: Callable[[int], None] | None = None
 
     def applies_ballast(self, device: str) -> bool:
         return self.memory_ballast and device.startswith("cuda")

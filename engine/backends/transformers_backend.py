@@ -114,6 +114,32 @@ class TransformersEngine:
         return self._cb is not None
 
     # ----------------------------------------------------------------- set-up
+    #: longest context the continuous-batching cache is sized for (a long-context
+    #: checkpoint's own limit, 128k for Llama-3.1, would size it for nothing we send)
+    CB_MAX_CONTEXT = 8192
+
+    def _cb_config(self):
+        """The continuous-batching manager's paged KV cache, sized for ``max_num_seqs``
+        requests of the longest context we serve, sharing blocks between requests only in
+        a prefix-caching mode. Left to itself, transformers sizes it
+        from free memory, on CPU 60 % of the machine's RAM per engine, so two such
+        engines in one process (``profile --interleave``, the server) exhaust the
+        machine as their pages are touched (a 14-engine interleaved profile was killed
+        by the OOM killer at 19.6 GB)."""
+        from transformers import ContinuousBatchingConfig
+
+        page = 256
+        seqs = self.mode.max_num_seqs or 16
+        ctx = min(int(getattr(self.model.config, "max_position_embeddings", 4096) or 4096),
+                  self.CB_MAX_CONTEXT)
+        # transformers shares KV blocks between requests with a common prefix by default:
+        # prefix caching inside continuous batching. That is a mode of its own here, so
+        # a batching mode shares blocks only if it is also a prefix-caching mode (measured
+        # with sharing on, a 1,000-token prompt's TTFT fell from 150 ms on its first run to
+        # 20 ms on every repeat, and repeated trials measured the cache, not the batching)
+        return ContinuousBatchingConfig(page_size=page, num_blocks=-(-seqs * ctx // page) + seqs,
+                                        allow_block_sharing=bool(self.mode.prefix_caching))
+
     def load(self) -> TransformersEngine:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -154,7 +180,8 @@ class TransformersEngine:
             gc = GenerationConfig(do_sample=False, max_new_tokens=64,
                                   eos_token_id=self.tokenizer.eos_token_id,
                                   pad_token_id=self.tokenizer.pad_token_id)
-            self._cb = self.model.init_continuous_batching(generation_config=gc)
+            self._cb = self.model.init_continuous_batching(
+                generation_config=gc, continuous_batching_config=self._cb_config())
             self._cb.start()
             self._dispatcher = threading.Thread(target=self._dispatch, args=(self._cb,),
                                                 name=f"cb-results-{m.name}", daemon=True)
@@ -337,6 +364,13 @@ class TransformersEngine:
         return [done[rid] for rid in rids]
 
 
+def _set_torch_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(int(n))
+
+
 register_backend(Backend(NAME, "Hugging Face transformers on PyTorch (any CPU; CUDA)",
                          capabilities=lambda s: capabilities(s.device),
-                         engine=lambda mode, s: TransformersEngine(mode, s.model_path, s.draft_path, s.device, threads=s.threads)))
+                         engine=lambda mode, s: TransformersEngine(mode, s.model_path, s.draft_path, s.device, threads=s.threads),
+                         set_threads=_set_torch_threads))

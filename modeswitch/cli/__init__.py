@@ -17,7 +17,7 @@ from modeswitch.cli import data, engine, routers  # noqa: F401  (registers the c
 from modeswitch.cli.common import app
 
 #: ``modeswitch --help`` lists commands in pipeline order, whichever module holds them
-_ORDER = ("modes", "workloads", "requests", "import-profiles", "validate", "label", "route",
+_ORDER = ("modes", "workloads", "requests", "import-profiles", "validate", "label", "costmodel", "route",
           "profile", "train", "score", "export", "serve", "model", "dataset")
 
 

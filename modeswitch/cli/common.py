@@ -119,6 +119,8 @@ Split = Literal["random", "group", "lofo"]
 FeatureSet = Literal["A", "B"]
 Fallback = Literal["rule", "reference"]
 Incomplete = Literal["error", "skip"]
+MissingQuality = Literal["unsafe", "pass"]
+Labels = Literal["all", "measured"]
 
 
 def backend_names() -> list[str]:

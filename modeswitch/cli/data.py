@@ -14,7 +14,15 @@ from typing import Annotated
 
 import typer
 
-from modeswitch.cli.common import Incomplete, _split, app, deferred_help, friendly_errors, reading
+from modeswitch.cli.common import (
+    Incomplete,
+    MissingQuality,
+    _split,
+    app,
+    deferred_help,
+    friendly_errors,
+    reading,
+)
 from modeswitch.display import console, frame_table
 
 CONSTRAINTS = "oracle.constraints:Constraints"
@@ -189,7 +197,10 @@ def label_cmd(
     max_rouge_vs_reference_drop: Annotated[float | None, typer.Option(help="ROUGE-L vs gold drop allowed [{max_rouge_vs_reference_drop}].")] = None,
     latency_tie_rel: Annotated[float | None, typer.Option(help="Latencies within this relative gap tie [{latency_tie_rel}].")] = None,
     incomplete: Annotated[Incomplete | None, typer.Option(help="What a missing reference row or metric does: error (stop) or skip [{on_incomplete}].")] = None,
+    missing_quality: Annotated[MissingQuality | None, typer.Option(help="A mode with no quality evidence: unsafe (the study's rule) or pass (unchecked) [{missing_quality}].")] = None,
+    noise_aware: Annotated[bool | None, typer.Option("--noise-aware/--no-noise-aware", help="Measured units with 2+ trials: a mode replaces a safer one only beyond noise, limits met by the interval [{noise_aware}].")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace existing output files.")] = False,
+    costmodel: Annotated[str, typer.Option(help="Cost model for estimated requests: a file from `modeswitch costmodel fit`, 'auto' (fit and validate on the profile now) or 'none' (interpolation only). Used per (mode, metric) only where it validated better.")] = "auto",
 ):
     """Label each unit (or request) with the fastest mode that meets every constraint."""
     from dataset.io import write_parquet
@@ -202,7 +213,8 @@ def label_cmd(
         config, max_energy_ratio=max_energy_ratio, max_memory_ratio=max_memory_ratio,
         max_accuracy_drop_pp=max_accuracy_drop_pp, min_rouge_vs_baseline=min_rouge_vs_baseline,
         max_rouge_vs_reference_drop=max_rouge_vs_reference_drop,
-        latency_tie_rel=latency_tie_rel, on_incomplete=incomplete,
+        latency_tie_rel=latency_tie_rel, on_incomplete=incomplete, missing_quality=missing_quality,
+        noise_aware=noise_aware,
     )
     paths = _split(profiles)
     source = ", ".join(paths)
@@ -211,7 +223,8 @@ def label_cmd(
     if requests is not None:
         with reading(requests):
             reqs = requests_frame(read_requests(requests))
-        labels, cand, skipped = label_requests(profile, reqs, c, source=source)
+        cm = _costmodel(costmodel, profile, source)
+        labels, cand, skipped = label_requests(profile, reqs, c, source=source, costmodel=cm)
     else:
         labels, cand, skipped = label_profile(profile, c, source=source)
     if output is not None:
@@ -273,12 +286,18 @@ def dataset_build_cmd(
     workloads: Annotated[list[str] | None, typer.Option(help="Workloads to draw from (default: the profile's families that are registered).")] = None,
     benchmarks: Annotated[list[str] | None, typer.Option(help="Benchmark JSONL files to add prompts from.")] = None,
     benchmark_requests: Annotated[int, typer.Option(help="Prompts per benchmark file.")] = 50,
+    profiled: Annotated[bool, typer.Option(help="Also add the profile's own measured requests, labelled from their own trials ('measured').")] = True,
     seed: Annotated[int, typer.Option(help="Population seed.")] = 0,
     config: Annotated[Path | None, typer.Option(help="TOML constraint thresholds.")] = None,
     incomplete: Annotated[Incomplete | None, typer.Option(help="What a missing reference row or metric does: error (stop) or skip [{on_incomplete}].")] = None,
+    missing_quality: Annotated[MissingQuality | None, typer.Option(help="A mode with no quality evidence: unsafe (the study's rule) or pass (unchecked) [{missing_quality}].")] = None,
+    noise_aware: Annotated[bool | None, typer.Option("--noise-aware/--no-noise-aware", help="Measured units with 2+ trials: a mode replaces a safer one only beyond noise, limits met by the interval [{noise_aware}].")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing output file.")] = False,
+    costmodel: Annotated[str, typer.Option(help="Cost model for estimated requests: a file from `modeswitch costmodel fit`, 'auto' (fit and validate on the profile now) or 'none' (interpolation only). Used per (mode, metric) only where it validated better.")] = "auto",
 ):
     """Draw requests, compute features, label them with the oracle, attach per-mode costs."""
+    import dataclasses
+
     from dataset.benchmarks import read_benchmark
     from dataset.errors import InputError
     from dataset.io import write_parquet
@@ -286,7 +305,8 @@ def dataset_build_cmd(
     from dataset.workloads import get_workload, list_workloads
     from oracle.training_table import build_training_table
 
-    c = _constraints(config, on_incomplete=incomplete)
+    c = _constraints(config, on_incomplete=incomplete, missing_quality=missing_quality,
+                     noise_aware=noise_aware)
     paths = _split(profiles)
     with reading(", ".join(paths)):
         profile = read_profiles(paths)
@@ -295,13 +315,168 @@ def dataset_build_cmd(
     if not names:
         raise InputError("no registered workload families in the profile; pass --workloads")
     per = max(1, requests // len(names))
-    reqs = [r for i, n in enumerate(names) for r in get_workload(n).sample(per, seed=seed * 100 + i)]
+    # drawn ids are namespaced: a profile's own requests come from the same generators
+    reqs = [dataclasses.replace(r, id=f"draw-{r.id}") for i, n in enumerate(names)
+            for r in get_workload(n).sample(per, seed=seed * 100 + i)]
     for f in _split(benchmarks):
         reqs += read_benchmark(f, benchmark_requests, seed=seed)
-    table = build_training_table(profile, reqs, c, source=", ".join(paths))
+    if profiled:
+        from oracle.training_table import profiled_requests
+
+        drawn = {r.id for r in reqs}
+        reqs += [r for r in profiled_requests(profile) if r.id not in drawn
+                 and (not _split(workloads) or r.family in names)]
+    cm = _costmodel(costmodel, profile, ", ".join(paths))
+    table = build_training_table(profile, reqs, c, source=", ".join(paths), costmodel=cm)
     write_parquet(table, output, overwrite=overwrite)
     counts = table["label"].value_counts()
     console.print(f"wrote {len(table)} requests x {table.shape[1]} columns to {output}")
     console.print("labels: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     console.print("label source: " + ", ".join(
         f"{k} {v}" for k, v in table["label_source"].value_counts().items()))
+    console.print("label latency from: " + ", ".join(
+        f"{k} {v}" for k, v in table["latency_basis"].value_counts().items()))
+
+
+def _costmodel(choice: str, profile, source):
+    """The cost model ``--costmodel`` names: a saved one, one fitted now, or none."""
+    from oracle.costmodel import CostModel, enough_requests, fit_validated
+
+    if choice == "none":
+        return None
+    if choice != "auto":
+        with reading(choice):
+            return CostModel.load(choice)
+    why = enough_requests(profile)
+    if why:
+        console.print(f"cost model: not fitted ({why}); estimates are interpolated")
+        return None
+    cm = fit_validated(profile, source=source)
+    better = sorted({f"{m}:{k}" for (m, _, k) in cm.groups if cm.prefers(m, k)})
+    console.print(f"cost model: fitted and validated on the profile; used for {len(better)} "
+                  "(mode, metric) pairs where it validated better than the interpolation")
+    return cm
+
+
+# ---------------------------------------------------------------- costmodel
+costmodel_app = typer.Typer(help="Per-mode cost models fitted from measured requests, validated against the interpolation.",
+                            no_args_is_help=True)
+app.add_typer(costmodel_app, name="costmodel")
+
+
+def _validation_view(table):
+    """Wide view of a validation table: per mode, MAPE (and share within 10 %) of the
+    cost model and the interpolation, per metric."""
+    short = {"latency_ms": "latency", "ttft_ms": "TTFT", "energy_per_token_j": "energy/tok",
+             "peak_memory_mb": "memory"}
+    out = {}
+    for metric, g in table.groupby("metric", sort=False):
+        g = g.set_index("mode")
+        name = short.get(metric, metric)
+        out[f"{name} cm"] = g["mape_costmodel"]
+        out[f"{name} interp"] = g["mape_interpolation"]
+        out[f"{name} cm<=10%"] = g["within10_costmodel"]
+    import pandas as pd
+
+    view = pd.DataFrame(out)
+    order = [c for m in ("latency", "TTFT", "energy/tok", "memory")
+             for c in (f"{m} cm", f"{m} interp", f"{m} cm<=10%") if c in view]
+    view = view[order]
+    view.index.name = "mode"
+    return view
+
+
+def _print_validation(table, k: int):
+    view = _validation_view(table)
+    console.print(frame_table(view, title=f"{k}-fold cross-validation grouped by request: MAPE of the "
+                              "cost model (cm) and the Delaunay interpolation (interp) on the same "
+                              "folds; cm<=10%: share of held-out requests within 10 %"))
+    for metric, limit in (("latency_ms", 0.10), ("ttft_ms", 0.15)):
+        g = table[table["metric"] == metric]
+        ok = (g["mape_costmodel"] <= limit).sum()
+        worst = g.loc[g["mape_costmodel"].idxmax()] if len(g) else None
+        line = f"{metric}: cost-model MAPE <= {limit:.0%} for {ok}/{len(g)} modes"
+        if worst is not None:
+            line += (f" (worst {worst['mode']} {worst['mape_costmodel']:.1%}; interpolation "
+                     f"median over modes {g['mape_interpolation'].median():.1%})")
+        console.print(line)
+
+
+@costmodel_app.command("validate")
+@friendly_errors
+def costmodel_validate_cmd(
+    profiles: Annotated[list[str], typer.Option("--profiles", "-p", help="Profile parquet file(s) with measured requests.")],
+    folds: Annotated[int, typer.Option(help="Cross-validation folds (grouped by request, stratified by family).")] = 5,
+    seed: Annotated[int, typer.Option(help="Fold shuffling seed.")] = 0,
+    misfit: Annotated[float, typer.Option(help="Training MAPE above which a monotone boosted model is tried.")] = 0.10,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the validation table (CSV) here; per-request predictions beside it.")] = None,
+):
+    """K-fold error of the cost model per metric and mode, next to the interpolation."""
+    from dataset.io import atomic_path
+    from dataset.profile_schema import read_profiles
+    from oracle.costmodel import validate
+
+    paths = _split(profiles)
+    with reading(", ".join(paths)):
+        profile = read_profiles(paths)
+    with console.status("cross-validating") as status:
+        table, preds = validate(profile, k=folds, seed=seed, misfit=misfit,
+                                progress=lambda i, n: status.update(f"cross-validating: fold {i}/{n}"))
+    _print_validation(table, folds)
+    if output is not None:
+        with atomic_path(output) as tmp:
+            table.to_csv(tmp, index=False)
+        pred_path = output.with_name(output.stem + ".predictions.csv")
+        with atomic_path(pred_path) as tmp:
+            preds.to_csv(tmp, index=False)
+        console.print(f"wrote {output} and {pred_path}")
+
+
+@costmodel_app.command("fit")
+@friendly_errors
+def costmodel_fit_cmd(
+    profiles: Annotated[list[str], typer.Option("--profiles", "-p", help="Profile parquet file(s) with measured requests.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Cost model file to write (JSON; its validation table beside it as CSV).")],
+    folds: Annotated[int, typer.Option(help="Cross-validation folds (grouped by request, stratified by family).")] = 5,
+    seed: Annotated[int, typer.Option(help="Fold shuffling seed.")] = 0,
+    misfit: Annotated[float, typer.Option(help="Training MAPE above which a monotone boosted model is tried.")] = 0.10,
+    mlruns: Annotated[Path, typer.Option(help="MLflow store folder (SQLite backend inside).")] = Path("mlruns"),
+    track: Annotated[bool, typer.Option(help="Log the fit, its validation and the file to MLflow (experiment 'costmodel').")] = True,
+):
+    """Fit the per-mode cost model on every measured request, with its validation table."""
+    from dataset.profile_schema import read_profiles
+    from oracle.costmodel import fit_validated
+    from oracle.training_table import frame_hash
+
+    paths = _split(profiles)
+    with reading(", ".join(paths)):
+        profile = read_profiles(paths)
+    with console.status("cross-validating, then fitting") as status:
+        cm = fit_validated(profile, k=folds, seed=seed, misfit=misfit, source=", ".join(paths),
+                           progress=lambda i, n: status.update(f"cross-validating: fold {i}/{n}"))
+    cm.save(output)
+    _print_validation(cm.validation, folds)
+    forms = {}
+    for g in cm.groups.values():
+        forms[g.form] = forms.get(g.form, 0) + 1
+    console.print(f"wrote {output} ({len(cm.groups)} (mode, condition, metric) models: "
+                  + ", ".join(f"{k} {v}" for k, v in forms.items()) + ")")
+    if track:
+        import mlflow
+
+        from routers.training.tracking import setup
+
+        setup(mlruns, "costmodel")
+        with mlflow.start_run(run_name=f"costmodel-{cm.backend}") as run:
+            mlflow.log_params({"profiles": ", ".join(paths), "profile_hash": frame_hash(profile),
+                               "backend": cm.backend, "folds": folds, "seed": seed,
+                               "misfit": misfit, "models": len(cm.groups)})
+            v = cm.validation
+            for r in v.itertuples(index=False):
+                for col in ("mape_costmodel", "mape_interpolation", "within10_costmodel"):
+                    val = getattr(r, col)
+                    if val == val:  # not NaN
+                        mlflow.log_metric(f"{col}.{r.metric}.{r.mode}", float(val))
+            mlflow.log_artifact(str(output))
+            mlflow.log_artifact(str(output.with_suffix(".validation.csv")))
+        console.print(f"logged to MLflow run {run.info.run_id} (experiment 'costmodel', {mlruns})")

@@ -79,14 +79,15 @@ def profile_cmd(
     modes: Annotated[list[str] | None, typer.Option(help="Modes to measure (default: every supported one).")] = None,
     workloads: Annotated[list[str] | None, typer.Option(help="Workloads [the study's families: {workloads}].")] = None,
     requests: Annotated[int | None, typer.Option(help="Requests (or request groups) per workload [{requests}; quick: 1].")] = None,
-    trials: Annotated[int, typer.Option(help="Trials per (request, mode).")] = 1,
+    trials: Annotated[int | None, typer.Option(help="Interleaved trials per (request, mode) [{trials}; quick: 1].")] = None,
+    max_remeasure: Annotated[int, typer.Option(help="Re-measurements of a contended trial before its flag is kept.")] = 2,
     benchmarks: Annotated[list[str] | None, typer.Option(help="Benchmark JSONL files to draw prompts from.")] = None,
     benchmark_requests: Annotated[int, typer.Option(help="Prompts per benchmark file.")] = 2,
     batch_size: Annotated[int | None, typer.Option(help="Requests per group in concurrent workloads (default: the workload's own).")] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     seed: Annotated[int, typer.Option(help="Request population seed.")] = 0,
     quick: Annotated[bool, typer.Option(help="One request per workload, one trial: a fast full sweep.")] = False,
-    threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's choice).")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads (default: chosen by a short measurement at the start).")] = None,
     watts_per_core: Annotated[float, typer.Option(help="CPU energy estimate, where no power meter is read: watts per busy core.")] = 4.0,
     cache_dir: Annotated[Path | None, typer.Option(help="Model cache folder.")] = None,
     interleave: Annotated[bool, typer.Option(help="Keep all engines loaded; measure each request in every mode back to back.")] = False,
@@ -107,8 +108,9 @@ def profile_cmd(
         checkpoints[key] = path
     if backend == "vllm" and interleave:
         raise InputError("--interleave keeps every engine loaded; the vLLM backend runs one engine at a time")
-    if requests is None and quick:
-        requests = 1
+    if quick:
+        requests = 1 if requests is None else requests
+        trials = 1 if trials is None else trials
     with Progress(console=console) as progress:
         target, draft, card = resolve_models(model, draft_model, cache_dir, progress, console.print)
     if card:
@@ -116,20 +118,28 @@ def profile_cmd(
                       f"eval loss {card['target_eval_loss']}; draft acceptance "
                       f"{card['draft_acceptance_rate']:.2f})")
     # options left at None take the spec's own defaults
-    defaults = {"workloads": _split(workloads) or None, "requests": requests}
+    defaults = {"workloads": _split(workloads) or None, "requests": requests, "trials": trials}
     spec = ProfileSpec(
         model=str(target), draft_model=str(draft) if draft else None, backend=backend,
-        device=device, modes=_split(modes) or None, trials=trials, seed=seed,
+        device=device, modes=_split(modes) or None, max_remeasure=max_remeasure, seed=seed,
         benchmarks=_split(benchmarks), benchmark_requests=benchmark_requests,
         batch_size=batch_size, watts_per_core=watts_per_core, threads=threads,
         interleave=interleave, checkpoints=checkpoints,
         **{k: v for k, v in defaults.items() if v is not None},
     )
-    df = Profiler(spec, target, draft, output, console=console).run()
-    summary = df.groupby(["mode", "family"])["latency_ms"].mean().unstack("family")
+    profiler = Profiler(spec, target, draft, output, console=console)
+    df = profiler.run()
+    from engine.noise import clean_trials
+
+    summary = clean_trials(df).groupby(["mode", "family"])["latency_ms"].median().unstack("family")
     speed = (summary.loc["fp16_baseline"] / summary).round(2)
     speed.columns = [_short(c) for c in speed.columns]
     console.print(frame_table(speed, title="speedup vs the reference (reference latency / mode latency; >1 is faster)"))
+    noise = profiler.noise_.copy()
+    noise.index = [_short(c) for c in noise.index]
+    console.print(frame_table(noise.round(3), title="noise floor per family (latency CV over a unit's "
+                              "clean trials; contended: share of trials flagged; persisting: still "
+                              "flagged after re-measuring)"))
     console.print(f"wrote {len(df)} rows ({df['mode'].nunique()} modes x "
                   f"{df['family'].nunique()} workload families) to {output}")
 

@@ -17,6 +17,7 @@ import typer
 from modeswitch.cli.common import (
     Fallback,
     FeatureSet,
+    Labels,
     Split,
     _split,
     app,
@@ -50,6 +51,7 @@ def train_cmd(
     unsafe_penalty: Annotated[float, typer.Option(help="Objective penalty per unsafe pick.")] = 1.0,
     safety_threshold: Annotated[float | None, typer.Option(help="Only predict modes whose P(safe) >= this.")] = None,
     fallback: Annotated[Fallback, typer.Option(help="What decides when no mode looks safe.")] = "rule",
+    labels: Annotated[Labels, typer.Option(help="Train and score on all rows, or only on labels from the requests' own measurements.")] = "all",
     storage: Annotated[str | None, typer.Option(help="Optuna storage URL (default: optuna.db in --mlruns).")] = None,
     mlruns: Annotated[Path, typer.Option(help="MLflow/Optuna store folder.")] = Path("mlruns"),
     preset: Annotated[str | None, typer.Option(help="modeswitch-paper: the study's setup (split, test size, seed, feature set).")] = None,
@@ -71,7 +73,7 @@ def train_cmd(
     cfg = TrainConfig(feature_set=feature_set, split=split, test_size=test_size, trials=trials,
                       seed=seed, unsafe_penalty=unsafe_penalty, safety_threshold=safety_threshold,
                       fallback=fallback, storage=storage, mlruns=str(mlruns), preset=preset,
-                      **families)
+                      labels=labels, **families)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeRemainingColumn(), console=console) as progress:
         res = train(table, cfg, progress)
@@ -102,6 +104,7 @@ def score_cmd(
     pipeline_decisions: Annotated[int, typer.Option(help="Single decisions timed per scikit-learn pipeline (slower; at most --decisions).")] = 300,
     mlruns: Annotated[Path, typer.Option(help="MLflow store folder.")] = Path("mlruns"),
     seed: Annotated[int, typer.Option(help="Live stream seed.")] = 0,
+    labels: Annotated[Labels, typer.Option(help="Score on all rows, or only measured labels (as the routers were trained with `train --labels`).")] = "all",
 ):
     """Score trained routers against the rule baseline: overhead, violations, speedup, energy, quality."""
     from datetime import datetime
@@ -115,7 +118,7 @@ def score_cmd(
     cfg = ScoreConfig(mlruns=str(mlruns), run_ids=_split(run), compiled=compile_routers,
                       decisions=decisions, pipeline_decisions=pipeline_decisions, live=live,
                       live_requests=live_requests, model=model, draft_model=draft_model,
-                      device=device, backend=backend, seed=seed, name=out.name)
+                      device=device, backend=backend, seed=seed, name=out.name, labels=labels)
     training = _read_table(data)
     with console.status("scoring") as status:
         res = score_routers(training, cfg, out, progress=lambda m: status.update(m))

@@ -39,6 +39,8 @@ class ScoreConfig:
     backend: str = "transformers"
     seed: int = 0
     name: str | None = None
+    #: score on all rows or only measured labels (as the routers were trained: `train --labels`)
+    labels: str = "all"
 
 
 @dataclass
@@ -133,7 +135,9 @@ def score_routers(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=Non
         if progress:
             progress(msg)
 
-    table = table.reset_index(drop=True)
+    from routers.training.trainer import select_labels
+
+    table = select_labels(table, cfg.labels)
     meta = table_meta(table)
     modes = meta["modes"]
     say("loading trained routers from MLflow")

@@ -56,6 +56,9 @@ class TrainConfig:
     preset: str | None = None
     safety_threshold: float | None = None
     fallback: str = "rule"
+    #: train and score on every row ("all") or only on labels from the requests' own
+    #: measurements ("measured"), not estimated ones
+    labels: str = "all"
 
     def apply_preset(self) -> TrainConfig:
         if self.preset is None:
@@ -232,16 +235,36 @@ def train(table: pd.DataFrame, cfg: TrainConfig, progress=None) -> pd.DataFrame:
     return pd.DataFrame(results)
 
 
+def select_labels(table: pd.DataFrame, labels: str = "all") -> pd.DataFrame:
+    """The rows to train and score on: all, or only those labelled from the request's
+    own measurements (``labels="measured"``). Training and scoring call it alike, so
+    both see the same table (and its hash)."""
+    if labels == "all":
+        return table.reset_index(drop=True)
+    if labels != "measured":
+        raise InputError(f"--labels {labels!r}: choose all or measured")
+    if "label_source" not in table or not (table["label_source"] == "measured").any():
+        raise InputError("--labels measured: the table has no measured labels (build it with "
+                         "`dataset build --profiled` from a profile with per-request rows)")
+    out = table[table["label_source"] == "measured"].reset_index(drop=True)
+    out.attrs = table.attrs
+    return out
+
+
+#: training-table columns that describe a label, not the request
+NOT_FEATURES = ("label", "label_source", "estimate_basis", "latency_basis", "reference_mode",
+                "condition", "request_id")
+
+
 def _training_data(table: pd.DataFrame, cfg: TrainConfig) -> TrainingData:
     meta = table_meta(table)
-    table = table.reset_index(drop=True)
+    table = select_labels(table, cfg.labels)
     table, y, safe, modes = _xy(table)
     folds = split_indices(table, cfg.split, cfg.test_size, cfg.seed)
     for tr, te in folds:
         if cfg.split != "random":
             assert not set(table["family"].iloc[tr]) & set(table["family"].iloc[te])
-    feature_cols = [c for c in table.columns if "__" not in c and c not in (
-        "label", "label_source", "estimate_basis", "reference_mode", "condition", "request_id")]
+    feature_cols = [c for c in table.columns if "__" not in c and c not in NOT_FEATURES]
     return TrainingData(table, y, safe, modes, meta, frame_hash(table), folds, feature_cols)
 
 
