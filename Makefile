@@ -44,7 +44,7 @@ demo: $(STAMP)
 	$(BIN)/modeswitch dataset build --profiles $(RUN_DIR)/profiles.parquet --requests 700 \
 		-o $(RUN_DIR)/train.parquet
 	$(BIN)/modeswitch train --data $(RUN_DIR)/train.parquet --trials 5 --split random
-	$(BIN)/modeswitch score --data $(RUN_DIR)/train.parquet --live --live-requests 6 \
+	$(BIN)/modeswitch score --data $(RUN_DIR)/train.parquet --live --live-requests 7 --live-trials 2 \
 		--decisions 20000 -o $(RUN_DIR)/score
 	$(BIN)/modeswitch export --best oracle_match
 	@echo "starting the server on 127.0.0.1:$(PORT) with models:/modeswitch-router@champion"

@@ -52,7 +52,8 @@ BACKED = {
     "train": Backed("routers.training.trainer:TrainConfig",
                     none_means_default={"routers": "--routers"}),
     "score": Backed("routers.scoring.run:ScoreConfig",
-                    renamed={"run_ids": "--run", "compiled": "--compile"}),
+                    renamed={"run_ids": "--run", "compiled": "--compile"},
+                    none_means_default={"live_requests": "--live-requests"}),
     "profile": Backed("engine.profiler:ProfileSpec",
                       renamed={"checkpoints": "--checkpoint"},
                       resolved={"model": "--model", "draft_model": "--draft-model"},
@@ -218,7 +219,7 @@ SET_ALL = {
                "--safety-threshold", "0.5", "--fallback", "reference", "--labels", "measured", "--storage",
                "sqlite:///x.db", "--mlruns", "m2", "--preset", "modeswitch-paper"]],
     "score": [["score", "--run", "r1", "--no-compile", "--decisions", "5",
-               "--pipeline-decisions", "6", "--live", "--live-requests", "3", "--model", "/m",
+               "--pipeline-decisions", "6", "--live", "--live-requests", "3", "--live-trials", "2", "--model", "/m",
                "--draft-model", "/d", "--device", "cuda", "--backend", "vllm", "--mlruns", "m2",
                "--seed", "1", "--labels", "measured"]],
 }

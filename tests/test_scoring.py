@@ -141,7 +141,7 @@ def test_score_offline_and_live_on_the_tiny_model(tiny_models, tmp_path):
     mlruns = tmp_path / "mlruns"
     # measured labels may come out as one class on so small a profile: tree routers take that
     train(tab, TrainConfig(routers=["dt", "rf"], trials=2, split="random", mlruns=str(mlruns)))
-    res = score_routers(tab, ScoreConfig(mlruns=str(mlruns), decisions=500, live=True, live_requests=3,
+    res = score_routers(tab, ScoreConfig(mlruns=str(mlruns), decisions=500, live=True, live_requests=3, live_trials=2,
                                  model=str(target)), tmp_path / "report")
     head = res["headline"]
     assert {"rule", "reference", "dt", "rf", "oracle"} <= set(head.index)
@@ -149,9 +149,12 @@ def test_score_offline_and_live_on_the_tiny_model(tiny_models, tmp_path):
     live = res["live_summary"].set_index("router")
     assert {"rule", "dt", "rf", "oracle", "reference"} <= set(live.index)
     assert live.loc["reference", "speedup"] == pytest.approx(1.0, rel=0.05)  # overhead only
+    assert (live["speedup_low"] <= live["speedup_high"]).all()
+    assert (res["live_per"]["trials"] == 2).all()
     assert np.isfinite(res["live_figures"]["estimate_mape_pct"])
     files = {p.name for p in (tmp_path / "report").rglob("*")}
-    assert {"README.md", "headline.csv", "live_summary.csv", "routing_overhead.png", "pareto.png",
+    assert {"README.md", "headline.csv", "live_summary.csv", "live_per_family.csv",
+            "routing_overhead.png", "pareto.png",
             "violations.png", "per_family_speedup.png", "confusion_dt.png"} <= files
     import mlflow
 
@@ -187,3 +190,57 @@ def test_an_unmeasured_pick_is_charged_the_reference_cost_and_cannot_win():
     per2 = score_requests(t2, ["fast"] * 4)
     assert per2["charged"].tolist() == [True, False, False, False]
     assert np.isfinite(per2["effective_latency_ms"]).all()
+
+
+def test_live_trials_give_medians_intervals_and_violation_causes():
+    from dataset.requests import Request
+    from oracle.constraints import Constraints
+    from routers.scoring.live import score_live, summarise_live
+
+    stream = [Request(id=f"{f}{i}", prompt_tokens=10, expected_output_tokens=4, family=f)
+              for f in "ab" for i in range(4)]
+    rows = []
+    for r in stream:
+        for t in range(3):
+            rows.append({"request_id": r.id, "mode": "fp16_baseline", "trial": t, "latency_ms": 100.0 + t,
+                         "energy_per_token_j": 1.0, "rouge_l_vs_baseline": 1.0})
+            # fast: 2x faster; energy 1.02x on a's requests in every trial (beyond noise),
+            # on b's 0.97 / 1.04 / 1.01 (median over the limit, but within noise)
+            e = [1.02] * 3 if r.family == "a" else [0.97, 1.04, 1.01]
+            rows.append({"request_id": r.id, "mode": "fast", "trial": t, "latency_ms": 50.0 + t,
+                         "energy_per_token_j": e[t], "rouge_l_vs_baseline": 1.0})
+    runs = pd.DataFrame(rows)
+    table = pd.DataFrame({"request_id": [r.id for r in stream],
+                          "label_source": ["measured"] * 2 + ["estimated"] * 6,
+                          "safe__fast": [True] * 8})
+    per, est, _ = score_live(runs, stream, {"r": ["fast"] * 8}, {"r": 0.0}, Constraints(), table)
+    assert per["latency_ms"].tolist() == [51.0] * 8 and (per["trials"] == 3).all()
+    assert per["violates_energy"].all()
+    assert per["cause"].tolist() == ["measurement_wrong"] * 2 + ["estimate_wrong"] * 2 + ["within_noise"] * 4
+    assert (~per["violates_any_beyond_noise"][4:]).all()
+    s = summarise_live(per).set_index("router").loc["r"]
+    assert s["speedup"] == pytest.approx(101 / 51)
+    assert s["speedup_low"] <= s["speedup"] <= s["speedup_high"]
+    assert s["violation_rate_any"] == 1.0 and s["violation_rate_beyond_noise"] == pytest.approx(0.5)
+    assert s["violations_within_noise"] == 4 and s["violations_estimate_wrong"] == 2
+    fam = summarise_live(per, by_family=True).set_index("family")
+    assert fam.loc["b", "violation_rate_beyond_noise"] == 0.0
+    assert len(est) == 16  # one row per (request, mode), medians over trials
+
+
+def test_offline_headline_carries_family_weighted_intervals():
+    from routers.scoring.offline import offline_intervals
+    from routers.scoring.report import headline_table
+
+    rows = base_rows()
+    rows[1]["latency_ms__fast"] = 8.0  # family a's requests now differ: 2x, 1.25x, 2x
+    t = table(rows)
+    per = score_offline(t, {"fast": FixedModeRouter("fast").fit(), "ref": FixedModeRouter().fit()})
+    _, overall = aggregate_scores(per)
+    iv = offline_intervals(per, n_boot=500)
+    head = headline_table(overall, {}, intervals=iv)
+    f = head.loc["fast"]
+    assert f["speedup_low"] <= f["speedup"] <= f["speedup_high"] and f["speedup_low"] < f["speedup_high"]
+    assert head.loc["ref", "speedup_low"] == head.loc["ref", "speedup_high"] == pytest.approx(1.0)
+    cols = list(head.columns)
+    assert cols.index("speedup_low") == cols.index("speedup") + 1

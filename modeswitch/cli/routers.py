@@ -87,14 +87,15 @@ def train_cmd(
 
 
 # -------------------------------------------------------------------- score
-@app.command("score", cls=deferred_help(backends=backend_names))
+@app.command("score", cls=deferred_help("routers.scoring.run:ScoreConfig", backends=backend_names))
 @friendly_errors
 def score_cmd(
     data: Annotated[Path, typer.Option(help="Training table the routers were trained on.")],
     output: Annotated[Path | None, typer.Option("-o", "--output", help="New report folder [reports/score-<time>].")] = None,
     run: Annotated[list[str] | None, typer.Option(help="Training run id(s) to score (default: latest per family).")] = None,
     live: Annotated[bool, typer.Option(help="Also run a held-out stream through the real engine.")] = False,
-    live_requests: Annotated[int, typer.Option(help="Requests in the live stream.")] = 12,
+    live_requests: Annotated[int | None, typer.Option(help="Requests in the live stream [{live_requests}: 6 per held-out family].")] = None,
+    live_trials: Annotated[int, typer.Option(help="Interleaved trials per (request, mode) live; medians and intervals over them.")] = 3,
     backend: Annotated[str, typer.Option(parser=backend_name, metavar="<{backends}>", help="Engine backend for --live.")] = "transformers",
     model: Annotated[str, typer.Option(help="Engine model for --live: 'tiny' or a checkpoint folder.")] = "tiny",
     draft_model: Annotated[str | None, typer.Option(help="Draft checkpoint for --live.")] = None,
@@ -117,7 +118,7 @@ def score_cmd(
         raise FileExistsError(f"{out} already holds a report; choose a new folder")
     cfg = ScoreConfig(mlruns=str(mlruns), run_ids=_split(run), compiled=compile_routers,
                       decisions=decisions, pipeline_decisions=pipeline_decisions, live=live,
-                      live_requests=live_requests, model=model, draft_model=draft_model,
+                      live_requests=live_requests, live_trials=live_trials, model=model, draft_model=draft_model,
                       device=device, backend=backend, seed=seed, name=out.name, labels=labels)
     training = _read_table(data)
     with console.status("scoring") as status:
@@ -131,15 +132,25 @@ def score_cmd(
             "oracle_match": "oracle match", "latency_capture": "capture lat",
             "energy_capture": "capture energy"}
     table = head[[c for c in cols if c in head.columns]].rename(columns=cols)
+    if "speedup_low" in head:
+        at = list(table.columns).index("speedup") + 1
+        table.insert(at, "speedup 95% CI", [f"[{a:.2f}, {b:.2f}]" for a, b in
+                                            zip(head["speedup_low"], head["speedup_high"])])
     if res["live_summary"] is not None:
         ls = res["live_summary"].set_index("router")
         table["live speedup"] = ls["speedup"].reindex(table.index)
+        if "speedup_low" in ls:
+            table["live speedup 95% CI"] = [f"[{a:.2f}, {b:.2f}]" if a == a else "-" for a, b in zip(
+                ls["speedup_low"].reindex(table.index), ls["speedup_high"].reindex(table.index))]
         table["live energy"] = ls["energy_ratio"].reindex(table.index)
         table["live viol qual"] = ls["violation_rate_quality"].reindex(table.index)
+        if "violation_rate_beyond_noise" in ls:
+            table["live viol beyond noise"] = ls["violation_rate_beyond_noise"].reindex(table.index)
     console.print(frame_table(table, title=f"routers vs the rule baseline — held-out requests, "
                                            f"equal family weights ({out})"))
     if res["live_summary"] is not None:
-        console.print(f"live: {cfg.live_requests} requests; profile-estimate latency error "
+        console.print(f"live: {res['live_per']['request_id'].nunique()} requests x {cfg.live_trials} trials; "
+                      "profile-estimate latency error "
                       f"(mean absolute %): {fmt(res['live_figures']['estimate_mape_pct'], 1)}")
     console.print(f"report: {out}/README.md; MLflow scoring run {res['mlflow_run_id']} (`make ui`)")
 

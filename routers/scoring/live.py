@@ -21,6 +21,18 @@ not observable); the offline table has it.
 Profile-estimate error: for every (request, mode) run, the table's latency
 (measured or interpolated from profiles) against the live one, as absolute %
 error, so users see how far the oracle's estimates can be trusted.
+
+Trials and intervals: every request runs ``trials`` times in every mode it needs,
+trial-major and mode-interleaved (trial t of all modes back to back). Per (request,
+mode) the median of its trials counts; the energy ratio carries its paired
+bootstrap interval over trials. Aggregates carry 95 % bootstrap intervals over
+requests, resampled within each family (the family-weighted figures stay family
+weighted in every resample). A live violation has a cause:
+
+* ``within_noise``: the energy ratio's interval reaches the limit (not beyond noise);
+* ``known_unsafe``: the table already marked the pick unsafe for this request;
+* ``measurement_wrong``: the table called it safe from this request's own measurement;
+* ``estimate_wrong``: the table called it safe from an estimate.
 """
 
 from __future__ import annotations
@@ -59,9 +71,10 @@ def _group(req: Request) -> list[Request]:
 
 def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path, draft_path=None,
              device: str = "cpu", reference: str | None = None, progress=None,
-             watts_per_core: float = 4.0, backend: str = "transformers") -> pd.DataFrame:
-    """Run each request in the reference mode and every chosen mode on ``backend`` (any
-    registered one); one row per (request, mode)."""
+             watts_per_core: float = 4.0, backend: str = "transformers",
+             trials: int = 1) -> pd.DataFrame:
+    """Run each request ``trials`` times in the reference mode and every chosen mode on
+    ``backend`` (any registered one); one row per (request, mode, trial)."""
     from engine.backends.base import EngineSettings
     from engine.backends.registry import get_backend
     from engine.energy import make_meter
@@ -91,9 +104,10 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
                 if req.shared_prefix_tokens else []
             modes = [reference] + sorted({d[i] for d in decisions.values()} - {reference})
             ref_text = None
-            for m in modes:
+            for t, m in [(t, m) for t in range(trials) for m in modes]:
                 if progress:
-                    progress(f"live: request {i + 1}/{len(stream)} ({req.family}) on {m}")
+                    progress(f"live: request {i + 1}/{len(stream)} ({req.family}) on {m}, "
+                             f"trial {t + 1}/{trials}")
                 eng = engines[m]
                 ignore_eos = not req.benchmark_suite
                 if prime:
@@ -102,11 +116,11 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
                 gens = eng.run(group, ignore_eos=ignore_eos)
                 energy = meter.stop()
                 text = "\n".join(g.text for g in gens)
-                if m == reference:
+                if m == reference and t == 0:
                     ref_text = text
                 tokens = sum(g.output_tokens for g in gens)
                 rows.append({
-                    "request_id": req.id, "family": req.family, "mode": m,
+                    "request_id": req.id, "family": req.family, "mode": m, "trial": t,
                     "latency_ms": max(g.latency_ms for g in gens),
                     "ttft_ms": float(np.nanmean([g.ttft_ms for g in gens])),
                     "output_tokens": tokens, "energy_j": energy.joules,
@@ -120,12 +134,46 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
             e.close()
 
 
+CAUSES = ("within_noise", "known_unsafe", "measurement_wrong", "estimate_wrong")
+
+
+def _collapse(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """Per (request, mode): the median over trials (ROUGE-L: deterministic, the first),
+    and the per-trial latency and energy, for paired intervals."""
+    r = runs.copy()
+    if "trial" not in r:
+        r["trial"] = 0
+    med = r.groupby(["request_id", "mode"]).agg(
+        latency_ms=("latency_ms", "median"), energy_per_token_j=("energy_per_token_j", "median"),
+        rouge_l_vs_baseline=("rouge_l_vs_baseline", "first"), trials=("trial", "size"))
+    per_trial = {k: g.set_index("trial")[["latency_ms", "energy_per_token_j"]]
+                 for k, g in r.groupby(["request_id", "mode"])}
+    return med, per_trial
+
+
+def _cause(violates: bool, within_noise: bool, table_row, pick: str) -> str:
+    if not violates:
+        return ""
+    if within_noise:
+        return "within_noise"
+    if table_row is None:
+        return "estimate_wrong"
+    safe = table_row.get(f"safe__{pick}")
+    if safe is not None and safe == safe and not bool(safe):
+        return "known_unsafe"
+    return "measurement_wrong" if table_row.get("label_source") == "measured" else "estimate_wrong"
+
+
 def score_live(runs: pd.DataFrame, stream: list[Request], decisions: dict[str, list[str]],
                overhead_us: dict[str, float], constraints, table: pd.DataFrame | None = None,
                reference: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """(per-request live scores per router, per (request, mode) estimate errors, summary figures)."""
+    from oracle.uncertainty import paired_ratio
+
     reference = reference or reference_mode().name
-    idx = runs.set_index(["request_id", "mode"])
+    idx, per_trial = _collapse(runs)
+    trows = table.set_index("request_id") if table is not None else None
+    limit = constraints.max_energy_ratio
     rows = []
     for name, picks in decisions.items():
         oh = float(overhead_us.get(name, 0.0))
@@ -133,21 +181,36 @@ def score_live(runs: pd.DataFrame, stream: list[Request], decisions: dict[str, l
             got, ref = idx.loc[(req.id, pick)], idx.loc[(req.id, reference)]
             e_ratio = got["energy_per_token_j"] / ref["energy_per_token_j"]
             rouge = got["rouge_l_vs_baseline"]
+            a, b = per_trial[(req.id, pick)], per_trial[(req.id, reference)]
+            common = a.index.intersection(b.index)
+            ci = paired_ratio(a.loc[common, "energy_per_token_j"], b.loc[common, "energy_per_token_j"])
+            e_lo, e_hi = (ci.low, ci.high) if len(common) >= 2 else (e_ratio, e_ratio)
+            v_q = bool(rouge < constraints.min_rouge_vs_baseline - 1e-9)
+            v_e = bool(e_ratio > limit + 1e-9)
+            noise_e = v_e and e_lo <= limit + 1e-9
+            trow = trows.loc[req.id].to_dict() if trows is not None and req.id in trows.index else None
+            cause_q = _cause(v_q, False, trow, pick)
+            cause_e = _cause(v_e, noise_e, trow, pick)
             rows.append({
                 "router": name, "request_id": req.id, "family": req.family, "pick": pick,
-                "overhead_us": oh, "latency_ms": got["latency_ms"],
+                "overhead_us": oh, "latency_ms": got["latency_ms"], "trials": int(got["trials"]),
                 "effective_latency_ms": got["latency_ms"] + oh / 1000,
                 "reference_latency_ms": ref["latency_ms"],
                 "speedup": ref["latency_ms"] / (got["latency_ms"] + oh / 1000),
-                "energy_ratio": e_ratio, "rouge_delta": rouge - 1.0,
-                "violates_quality": bool(rouge < constraints.min_rouge_vs_baseline - 1e-9),
-                "violates_energy": bool(e_ratio > constraints.max_energy_ratio + 1e-9),
+                "energy_ratio": e_ratio, "energy_ratio_low": e_lo, "energy_ratio_high": e_hi,
+                "rouge_delta": rouge - 1.0,
+                "violates_quality": v_q, "violates_energy": v_e,
+                "violates_any": v_q or v_e,
+                # beyond noise: what a rerun would show again
+                "violates_any_beyond_noise": v_q or (v_e and not noise_e),
+                "cause": cause_q or cause_e,
             })
     per = pd.DataFrame(rows)
     est = None
     if table is not None:
         t = table.set_index("request_id")
-        e = runs.copy()
+        e = idx.reset_index()
+        e["family"] = e["request_id"].map({r.id: r.family for r in stream})
         e["estimated_latency_ms"] = [
             t.at[r, f"latency_ms__{m}"] if f"latency_ms__{m}" in t.columns and r in t.index else np.nan
             for r, m in zip(e["request_id"], e["mode"])]
@@ -157,15 +220,37 @@ def score_live(runs: pd.DataFrame, stream: list[Request], decisions: dict[str, l
     return per, est, summary
 
 
-def summarise_live(per: pd.DataFrame) -> pd.DataFrame:
-    """Per router, equal family weights: speedup (ratio of summed latencies), energy,
-    quality, violation rates."""
+def _family_figures(g: pd.DataFrame) -> dict:
+    return {
+        "speedup": g["reference_latency_ms"].sum() / g["effective_latency_ms"].sum(),
+        "energy_ratio": g["energy_ratio"].mean(), "rouge_delta": g["rouge_delta"].mean(),
+        "violation_rate_quality": g["violates_quality"].mean(),
+        "violation_rate_energy": g["violates_energy"].mean(),
+        "violation_rate_any": g["violates_any"].mean(),
+        "violation_rate_beyond_noise": g["violates_any_beyond_noise"].mean(),
+    }
+
+
+INTERVAL_FIGURES = ("speedup", "energy_ratio", "violation_rate_any", "violation_rate_beyond_noise")
+
+
+def summarise_live(per: pd.DataFrame, by_family: bool = False, n_boot: int = 1000,
+                   seed: int = 0) -> pd.DataFrame:
+    """Per router (and per family with ``by_family``), family weighted: speedup (ratio of
+    summed latencies), energy, quality, violation rates (all, and beyond noise), the
+    violations by cause, and 95 % bootstrap intervals (``*_low``/``*_high``) over
+    requests resampled within each family."""
+    from routers.scoring.intervals import family_bootstrap, family_weighted
+
+    keys = ["router", "family"] if by_family else ["router"]
     out = []
-    for name, g in per.groupby("router", sort=False):
-        fam = g.groupby("family").apply(lambda f: pd.Series({
-            "speedup": f["reference_latency_ms"].sum() / f["effective_latency_ms"].sum(),
-            "energy_ratio": f["energy_ratio"].mean(), "rouge_delta": f["rouge_delta"].mean(),
-            "violation_rate_quality": f["violates_quality"].mean(),
-            "violation_rate_energy": f["violates_energy"].mean()}), include_groups=False)
-        out.append({"router": name, "requests": len(g), **fam.mean().to_dict()})
+    for key, g in per.groupby(keys, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        rec = dict(zip(keys, key))
+        rec["requests"] = len(g)
+        rec.update(family_weighted(g, _family_figures))
+        rec.update(family_bootstrap(g, _family_figures, INTERVAL_FIGURES, n_boot, seed))
+        for c in CAUSES:
+            rec[f"violations_{c}"] = int((g["cause"] == c).sum())
+        out.append(rec)
     return pd.DataFrame(out)

@@ -194,3 +194,22 @@ def score_offline(table: pd.DataFrame, routers: dict, overhead_us: dict | None =
         picks, fell = predictions(router, table)
         parts.append(score_requests(table, picks, fell, float(overhead_us.get(name, 0.0)), name))
     return pd.concat(parts, ignore_index=True)
+
+
+#: offline figures that get a bootstrap interval in the headline
+INTERVAL_FIGURES = ("speedup", "energy_ratio", "violation_rate_any")
+
+
+def _interval_figures(g: pd.DataFrame) -> dict:
+    a = _aggregate(g)
+    return {k: a[k] for k in INTERVAL_FIGURES}
+
+
+def offline_intervals(per_request: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Per router, 95 % bootstrap intervals of the family-weighted speedup, energy ratio
+    and violation rate (requests resampled within each family)."""
+    from routers.scoring.intervals import family_bootstrap
+
+    rows = [{"router": r, **family_bootstrap(g, _interval_figures, INTERVAL_FIGURES, n_boot, seed)}
+            for r, g in per_request.groupby("router", sort=False)]
+    return pd.DataFrame(rows).set_index("router")

@@ -17,16 +17,28 @@ import pandas as pd
 STUDY_OVERHEAD_US = {"rule (study)": 9.6, "dt/lr (study)": 4500.0, "rf (study)": 50000.0}
 
 HEADLINE = ["overhead_p50_us", "overhead_p99_us", "violation_rate_quality", "violation_rate_energy",
-            "violation_rate_memory", "violation_rate_unmeasured", "speedup", "energy_ratio",
+            "violation_rate_memory", "violation_rate_unmeasured", "violation_rate_any", "speedup",
+            "energy_ratio",
             "rouge_delta", "accuracy_delta_pp", "oracle_match", "latency_capture", "energy_capture",
             "mean_regret", "fallback_rate"]
 
 
-def headline_table(overall: pd.DataFrame, overhead: dict, weighting: str = "families") -> pd.DataFrame:
+def headline_table(overall: pd.DataFrame, overhead: dict, weighting: str = "families",
+                   intervals: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per router: the headline figures (equal family weights), with the 95 % bootstrap
+    interval next to speedup, energy ratio and violation rate where ``intervals`` has them."""
     t = overall[overall["weighting"] == weighting].set_index("router").copy()
     t["overhead_p50_us"] = [overhead[r].p50_us if r in overhead else np.nan for r in t.index]
     t["overhead_p99_us"] = [overhead[r].p99_us if r in overhead else np.nan for r in t.index]
-    return t[[c for c in HEADLINE if c in t.columns]]
+    cols = [c for c in HEADLINE if c in t.columns]
+    if intervals is not None:
+        t = t.join(intervals)
+        out = []
+        for c in cols:
+            out.append(c)
+            out += [f"{c}_low", f"{c}_high"] if f"{c}_low" in t else []
+        cols = out
+    return t[cols]
 
 
 def _pyplot():
@@ -168,10 +180,17 @@ def _confusion_plot(router, picks):
 
 
 def _live_plot(live):
+    """Live speedup and energy ratio per router with their 95 % bootstrap intervals."""
     fig, ax = _fig()
-    live.set_index("router")[["speedup", "energy_ratio"]].plot.bar(ax=ax)
+    df = live.set_index("router")
+    cols = ["speedup", "energy_ratio"]
+    err = None
+    if all(f"{c}_low" in df for c in cols):
+        err = [[(df[c] - df[f"{c}_low"]).clip(lower=0).to_numpy(),
+                (df[f"{c}_high"] - df[c]).clip(lower=0).to_numpy()] for c in cols]
+    df[cols].plot.bar(ax=ax, yerr=err, capsize=3)
     _reference_line(ax)
-    ax.set_title("live: speedup and energy ratio vs reference")
+    ax.set_title("live: speedup and energy ratio vs reference (95 % bootstrap intervals)")
     return fig
 
 
@@ -191,7 +210,8 @@ def _md_table(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
 
 
 def write_report(out: Path, *, per_request, per_family, overall, overhead: dict, context: dict,
-                 live_per=None, live_summary=None, estimate=None, live_figures=None) -> list[Path]:
+                 live_per=None, live_summary=None, estimate=None, live_figures=None,
+                 live_family=None, intervals=None) -> list[Path]:
     """Write the report folder (which must not exist yet); returns the files written."""
     from dataset.io import atomic_path
 
@@ -207,7 +227,7 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
             df.to_csv(tmp, **kw)
         files.append(p)
 
-    head = headline_table(overall, overhead)
+    head = headline_table(overall, overhead, intervals=intervals)
     csv(per_request, "per_request.csv", index=False)
     csv(per_family, "per_family.csv", index=False)
     csv(overall, "overall.csv", index=False)
@@ -216,6 +236,8 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
     if live_per is not None:
         csv(live_per, "live_per_request.csv", index=False)
         csv(live_summary, "live_summary.csv", index=False)
+        if live_family is not None:
+            csv(live_family, "live_per_family.csv", index=False)
     if estimate is not None:
         csv(estimate, "live_estimate_error.csv", index=False)
     files += plots(out, per_request, per_family, overall, overhead, live_summary)

@@ -23,6 +23,9 @@ from routers.reference import FixedModeRouter, OracleRouter
 from routers.rule_baseline import RuleBaselineRouter
 from routers.scoring.offline import requests_from_table
 
+#: live requests per family by default (the study's issue: at least six)
+LIVE_PER_FAMILY = 6
+
 
 @dataclass
 class ScoreConfig:
@@ -32,7 +35,10 @@ class ScoreConfig:
     decisions: int = 20_000
     pipeline_decisions: int = 300
     live: bool = False
-    live_requests: int = 12
+    #: live stream size; None: ``LIVE_PER_FAMILY`` requests per family of the held-out part
+    live_requests: int | None = None
+    #: interleaved trials per (request, mode) live; medians and intervals over them
+    live_trials: int = 3
     model: str = "tiny"
     draft_model: str | None = None
     device: str = "cpu"
@@ -163,32 +169,41 @@ def score_routers(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=Non
         "decision_path": "compiled" if cfg.compiled else "pipeline (--no-compile)",
         "router_runs": ", ".join(f"{t.name}={t.run_id}" for t in trained),
     }
-    live_per = live_summary = estimate = None
+    live_per = live_summary = live_family = estimate = None
     live_figures = {}
     if cfg.live:
         from engine.models.resolve import resolve_models
         from oracle.constraints import Constraints
         from routers.scoring.live import run_live, score_live, stratified, summarise_live
 
-        stream = stratified(requests, cfg.live_requests, cfg.seed)
+        n_live = cfg.live_requests or LIVE_PER_FAMILY * len({r.family for r in requests})
+        stream = stratified(requests, n_live, cfg.seed)
         decisions = {name: [str(fn(r)) for r in stream] for name, (fn, _, _) in functions.items()}
         # the profile oracle's pick, run live
         decisions["oracle"] = [with_oracle["oracle"].route(r) for r in stream]
         target, draft, _ = resolve_models(cfg.model, cfg.draft_model, None, None, lambda *a: None)
-        runs = run_live(stream, decisions, target, draft, cfg.device, progress=say, backend=cfg.backend)
+        runs = run_live(stream, decisions, target, draft, cfg.device, progress=say, backend=cfg.backend,
+                        trials=cfg.live_trials)
         live_per, estimate, live_figures = score_live(
             runs, stream, decisions, {k: v.p50_us for k, v in overhead.items()},
             Constraints(**{k: v for k, v in meta["constraints"].items()}), test)
         live_summary = summarise_live(live_per)
+        live_family = summarise_live(live_per, by_family=True)
         context["live_requests"] = len(stream)
+        context["live_trials"] = cfg.live_trials
         context["live_model"] = str(target)
+    from routers.scoring.offline import offline_intervals
+
     say("writing the report")
+    intervals = offline_intervals(per_request)
     report.write_report(out, per_request=per_request, per_family=per_family, overall=overall,
                         overhead=overhead, context=context, live_per=live_per,
-                        live_summary=live_summary, estimate=estimate, live_figures=live_figures)
-    head = report.headline_table(overall, overhead)
+                        live_summary=live_summary, estimate=estimate, live_figures=live_figures,
+                        live_family=live_family, intervals=intervals)
+    head = report.headline_table(overall, overhead, intervals=intervals)
     run_id = report.log_to_mlflow(out, Path(cfg.mlruns), head, context,
                                   {t.name: t.run_id for t in trained}, live_summary)
     return {"headline": head, "overall": overall, "per_family": per_family, "overhead": overhead,
-            "live_summary": live_summary, "live_figures": live_figures, "estimate": estimate,
+            "live_summary": live_summary, "live_family": live_family, "live_per": live_per, "live_figures": live_figures,
+            "estimate": estimate,
             "mlflow_run_id": run_id, "trained": trained}
