@@ -152,6 +152,8 @@ def test_score_offline_and_live_on_the_tiny_model(tiny_models, tmp_path):
     assert (live["speedup_low"] <= live["speedup_high"]).all()
     assert (res["live_per"]["trials"] == 2).all()
     assert np.isfinite(res["live_figures"]["estimate_mape_pct"])
+    readme = (tmp_path / "report" / "README.md").read_text()
+    assert "## Findings (computed from the tables below)" in readme and "Live, " in readme
     files = {p.name for p in (tmp_path / "report").rglob("*")}
     assert {"README.md", "headline.csv", "live_summary.csv", "live_per_family.csv",
             "routing_overhead.png", "pareto.png",
@@ -244,3 +246,33 @@ def test_offline_headline_carries_family_weighted_intervals():
     assert head.loc["ref", "speedup_low"] == head.loc["ref", "speedup_high"] == pytest.approx(1.0)
     cols = list(head.columns)
     assert cols.index("speedup_low") == cols.index("speedup") + 1
+
+
+def test_findings_are_computed_from_the_tables():
+    from routers.scoring.findings import findings
+
+    def r(speedup, lo, hi, viol, vlo, vhi, p50=0.5):
+        return {"speedup": speedup, "speedup_low": lo, "speedup_high": hi,
+                "violation_rate_any": viol, "violation_rate_any_low": vlo,
+                "violation_rate_any_high": vhi, "oracle_match": 0.8, "latency_capture": 0.9,
+                "overhead_p50_us": p50, "overhead_p99_us": 2 * p50}
+
+    head = pd.DataFrame({
+        "rule": r(1.3, 1.2, 1.4, 0.5, 0.4, 0.6), "oracle": r(1.8, 1.7, 1.9, 0, 0, 0),
+        "fastbutunsafe": r(2.0, 1.9, 2.1, 0.3, 0.25, 0.35), "safe": r(1.5, 1.45, 1.55, 0.02, 0.0, 0.05),
+        "alsosafe": r(1.4, 1.35, 1.45, 0.04, 0.01, 0.07)}).T
+    text = findings(head)
+    assert "among those as safe as the safest (safe, alsosafe of 3" in text[0]
+    assert "is safe: speedup 1.50x [1.45, 1.55]" in text[0]
+    assert "does not overlap" in text[1]  # 1.45-1.55 vs the oracle's 1.7-1.9
+    assert "9,000-100,000x" in text[2]  # 4.5 ms and 50 ms over 0.5 us, two significant figures
+    live = pd.DataFrame({"safe": {"speedup": 1.4, "speedup_low": 1.3, "speedup_high": 1.6,
+                                  "violation_rate_beyond_noise": 0.05, "violation_rate_any": 0.1},
+                         "oracle": {"speedup": 1.5, "speedup_low": 1.4, "speedup_high": 1.7,
+                                    "violation_rate_beyond_noise": 0.0, "violation_rate_any": 0.0},
+                         "rule": {"speedup": 1.2, "speedup_low": 1.1, "speedup_high": 1.3,
+                                  "violation_rate_beyond_noise": 0.4, "violation_rate_any": 0.5}}).T
+    live.index.name = "router"
+    text = findings(head, live.reset_index())
+    assert "the intervals overlap" in text[3] and "on 5.0% and 0.0%" in text[3]
+    assert "rule baseline runs at 1.20x [1.10, 1.30], violating on 50.0%" in text[4]

@@ -255,6 +255,10 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
                _md_table(live_summary.set_index("router")), ""]
         if live_figures:
             md += [f"- {k}: {v}" for k, v in live_figures.items()] + [""]
+    from routers.scoring.findings import findings
+
+    md[2:2] = ["## Findings (computed from the tables below)", "",
+               *findings(head, live_summary), ""]
     md += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in files if p.suffix == ".png"]
     p = out / "README.md"
     with atomic_path(p) as tmp:
