@@ -411,6 +411,10 @@ def validate(profile: pd.DataFrame, k: int = 5, seed: int = 0, misfit: float = 0
     from oracle.estimate import estimate
 
     rows = request_rows(profile)
+    if rows.empty:
+        raise OracleError("the profile has no measured per-request rows (request_id) to "
+                          "cross-validate on: published cell aggregates describe cells, not "
+                          "requests; profile requests with `modeswitch profile`")
     folds = list(grouped_folds(rows, k, seed))
     preds = []
     for i, (train_ids, test_ids) in enumerate(folds):
