@@ -145,6 +145,13 @@ def process_tree_cpu_seconds() -> float:
     return total
 
 
+def cpu_seconds_clock(include_children: bool = False):
+    """The CPU-seconds clock for an engine: this process's, or with its live children
+    (an engine that computes in child processes). The CPU energy estimate and the
+    profiler's per-trial CPU time read the same one."""
+    return process_tree_cpu_seconds if include_children else time.process_time
+
+
 def make_meter(device: str = "cpu", device_index: int = 0, nvml=None,
                watts_per_core: float = DEFAULT_WATTS_PER_CORE, include_children: bool = False):
     """The best meter for ``device``: NVML counter, NVML polling, else the CPU estimate
@@ -167,6 +174,4 @@ def make_meter(device: str = "cpu", device_index: int = 0, nvml=None,
                     return NvmlCounter(nvml, handle)
                 except Exception:
                     return NvmlPowerPoll(nvml, handle)
-    if include_children:
-        return CpuTimeEstimate(watts_per_core, clock=process_tree_cpu_seconds)
-    return CpuTimeEstimate(watts_per_core)
+    return CpuTimeEstimate(watts_per_core, clock=cpu_seconds_clock(include_children))

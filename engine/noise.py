@@ -88,9 +88,10 @@ class ContentionRule:
       process took CPU time from the engine's threads); or
     * the rest of the machine kept more than ``max_other_load`` cores busy during
       it (:attr:`TrialClock.other_load`): on a small machine a neighbour slows a
-      single-threaded engine through shared caches and memory bandwidth by 20-40 %
-      without taking CPU time from it (measured here: a batch unit's trials 2.0 s
-      quiet, 2.9 s beside a test run, both at CPU share 1.0); or
+      single-threaded engine through shared caches and memory bandwidth without
+      taking CPU time from it (measured here: the same batch units ran 1.9-2.2 s in
+      one pass and 2.9-4.1 s in the pass a test run shared the machine with, at CPU
+      share 1.0); or
     * its wall time is more than ``max_wall_ratio`` x the median wall time of all
       that (unit, mode)'s trials (a slowdown neither clock showed: on this 2-core VM
       whole passes over a family ran 15-25 % slower for tens of seconds at CPU share
@@ -179,9 +180,7 @@ def noise_floor(df: pd.DataFrame) -> pd.DataFrame:
     rows = df[~df["is_aggregate"].astype(bool)] if "is_aggregate" in df else df
     out = []
     for fam, g in rows.groupby("family", sort=True):
-        clean = clean_trials(g)
-        if "contended" in clean:
-            clean = clean[~_flagged(clean["contended"])]
+        clean = g[~_flagged(g["contended"])] if "contended" in g else g
         by = clean.groupby(TRIAL_GROUP)["latency_ms"]
         cv = (by.std(ddof=1) / by.mean())[by.size() >= 2]
         flags = _flagged(g["contended"]) if "contended" in g else pd.Series(False, index=g.index)

@@ -544,12 +544,13 @@ class Profiler:
         self._say(f"threads: {run.threads.threads}" + (f" (measured: {table})" if table else
                                                         f" ({run.threads.rule})"))
 
-    def _frame(self) -> pd.DataFrame:
-        """The journal's rows as a table, with the contention flag worked out."""
+    def _frame(self, modes=None) -> pd.DataFrame:
+        """The journal's rows (of ``modes``, or all) as a table, with the contention flag
+        worked out (it compares a unit's trials within one mode, so a subset is exact)."""
         from engine.noise import flag_contended
 
         df = pd.DataFrame([{k: v for k, v in r.items() if k != "output_text"}
-                           for r in self._run.journal.rows])
+                           for r in self._run.journal.rows if modes is None or r["mode"] in modes])
         if df.empty:
             return df
         if "attempt" not in df:
@@ -559,17 +560,23 @@ class Profiler:
         df["contended"] = flag_contended(df, expected_share=threads.clean_share if threads else None)
         return df
 
-    def _pending_remeasures(self) -> dict[str, list]:
-        """mode -> units with trials the journal holds only contended attempts of (and
-        attempts left): what an interrupted run, or one judged by a stricter rule, has
-        still to re-measure."""
+    def _to_remeasure(self, modes=None, units=None) -> pd.DataFrame:
+        """(request_id, mode, trial, attempts) of trials the journal holds only contended
+        attempts of and that have attempts left, within ``modes`` and ``units``."""
         from engine.noise import unresolved_trials
 
-        df = self._frame()
+        df = self._frame(modes)
         if df.empty or not self.spec.max_remeasure:
-            return {}
+            return pd.DataFrame(columns=["request_id", "mode", "trial", "attempts"])
+        if units is not None:
+            df = df[df["request_id"].isin(units)]
         left = unresolved_trials(df)
-        left = left[left["attempts"] <= self.spec.max_remeasure]
+        return left[left["attempts"] <= self.spec.max_remeasure]
+
+    def _pending_remeasures(self) -> dict[str, list]:
+        """mode -> units with trials still to re-measure: what an interrupted run, or one
+        judged by a stricter rule, has left."""
+        left = self._to_remeasure()
         by_id = {u.id: u for u in self._run.units}
         out: dict[str, list] = {}
         for (mode, rid), _ in left.groupby(["mode", "request_id"]):
@@ -580,15 +587,9 @@ class Profiler:
     def _remeasure(self, engine_of, modes, bar: _Bar, units=None):
         """Measure contended trials again (a new attempt each) until each has a clean
         attempt or ``max_remeasure`` more; ``engine_of(mode)`` gives a loaded engine."""
-        from engine.noise import unresolved_trials
-
         by_id = {u.id: u for u in (units if units is not None else self._run.units)}
         for _ in range(self.spec.max_remeasure):
-            df = self._frame()
-            if df.empty:
-                return
-            todo = unresolved_trials(df[df["mode"].isin(modes) & df["request_id"].isin(by_id)])
-            todo = todo[todo["attempts"] <= self.spec.max_remeasure]
+            todo = self._to_remeasure(modes, by_id)
             if todo.empty:
                 return
             bar.extend(len(todo))
@@ -668,12 +669,10 @@ class Profiler:
         self._run.primers = {u.id: [builder.prepare(r) for r in u.prime] for u in units}
 
     def _cpu_clock(self):
-        import time
-
-        from engine.energy import process_tree_cpu_seconds
+        from engine.energy import cpu_seconds_clock
         from engine.noise import TrialClock
 
-        return TrialClock(process_tree_cpu_seconds if self.backend.child_processes else time.process_time)
+        return TrialClock(cpu_seconds_clock(self.backend.child_processes))
 
     def _measure(self, engine, mode, unit, trial, bar: _Bar, attempt: int = 0):
         """Time one unit in one mode and journal its row (before the next one starts)."""

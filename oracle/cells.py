@@ -59,6 +59,18 @@ class Cells:
     trials: pd.DataFrame | None = None
 
 
+def request_rows(profile: pd.DataFrame) -> pd.DataFrame:
+    """The measured per-request rows of a profile (aggregates summarise cells, not
+    requests): what a cost model is fitted on and what becomes a measured label."""
+    return profile[~profile["is_aggregate"].astype(bool) & profile["request_id"].notna()]
+
+
+def quality_key(frame: pd.DataFrame) -> pd.Series:
+    """What quality is pooled over: the benchmark suite, else the family."""
+    suite = frame["benchmark_suite"]
+    return suite.where(suite.notna() & (suite != ""), frame["family"]).astype(str)
+
+
 def family_condition(family, benchmark_suite, shape: dict) -> str:
     if isinstance(benchmark_suite, str) and benchmark_suite:
         return "benchmark"

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from oracle.cells import Cells, OracleError, family_condition, summarise
+from oracle.cells import Cells, OracleError, family_condition, quality_key, request_rows, summarise
 
 #: metrics the model predicts from the request's shape (quality is looked up)
 MODELLED = ("latency_ms", "ttft_ms", "energy_per_token_j", "peak_memory_mb")
@@ -65,9 +65,8 @@ def design(shape: pd.DataFrame, mode: str, metric: str) -> np.ndarray:
     concurrent_requests); token counts in thousands to keep the fit well scaled."""
     P = shape["prompt_tokens"].to_numpy(float) / 1e3
     E = shape["expected_output_tokens"].to_numpy(float) / 1e3
-    S = shape["shared_prefix_tokens"].fillna(0).to_numpy(float) / 1e3
     C = shape["concurrent_requests"].fillna(1).to_numpy(float)
-    Pu = np.maximum(P - S, 1e-3) if _prefix_cached(mode) else P
+    Pu = _uncached(shape, mode) / 1e3
     one = np.ones_like(P)
     decode = E * (P + E / 2)
     if metric == "ttft_ms":
@@ -78,17 +77,29 @@ def design(shape: pd.DataFrame, mode: str, metric: str) -> np.ndarray:
     return np.column_stack([one, C * Pu, C * Pu**2, C * E, C * decode])
 
 
+def _uncached(shape: pd.DataFrame, mode: str) -> np.ndarray:
+    """Prompt tokens the mode has to prefill: a prefix-caching mode re-uses the shared prefix."""
+    P = shape["prompt_tokens"].to_numpy(float)
+    if not _prefix_cached(mode):
+        return P
+    return np.maximum(P - shape["shared_prefix_tokens"].fillna(0).to_numpy(float), 1.0)
+
+
+def _output_tokens(shape: pd.DataFrame) -> np.ndarray:
+    """Tokens a unit generates in all: per request times the requests arriving together."""
+    return (shape["expected_output_tokens"].to_numpy(float)
+            * shape["concurrent_requests"].fillna(1).to_numpy(float))
+
+
 def _target(metrics: pd.DataFrame, shape: pd.DataFrame, metric: str) -> np.ndarray:
     if metric == "energy_per_token_j":  # fitted as joules: the terms are additive there
-        tokens = shape["expected_output_tokens"].to_numpy(float) * shape["concurrent_requests"].fillna(1).to_numpy(float)
-        return metrics["energy_per_token_j"].to_numpy(float) * tokens
+        return metrics["energy_per_token_j"].to_numpy(float) * _output_tokens(shape)
     return metrics[metric].to_numpy(float)
 
 
 def _from_target(pred: np.ndarray, shape: pd.DataFrame, metric: str) -> np.ndarray:
     if metric == "energy_per_token_j":
-        tokens = shape["expected_output_tokens"].to_numpy(float) * shape["concurrent_requests"].fillna(1).to_numpy(float)
-        return pred / np.maximum(tokens, 1)
+        return pred / np.maximum(_output_tokens(shape), 1)
     return pred
 
 
@@ -117,14 +128,11 @@ def _mape(pred, y) -> float:
     return float(np.mean(np.abs(pred[ok] - y[ok]) / np.abs(y[ok]))) if ok.any() else math.nan
 
 
-GBM_FEATURES = ("prompt_tokens", "expected_output_tokens", "uncached_tokens", "concurrent_requests")
-
-
 def _gbm_frame(shape: pd.DataFrame, mode: str) -> np.ndarray:
-    S = shape["shared_prefix_tokens"].fillna(0).to_numpy(float) if _prefix_cached(mode) else 0.0
-    P = shape["prompt_tokens"].to_numpy(float)
-    return np.column_stack([P, shape["expected_output_tokens"].to_numpy(float),
-                            np.maximum(P - S, 1), shape["concurrent_requests"].fillna(1).to_numpy(float)])
+    """The boosted model's inputs: prompt, output and uncached tokens, concurrency."""
+    return np.column_stack([shape["prompt_tokens"].to_numpy(float),
+                            shape["expected_output_tokens"].to_numpy(float), _uncached(shape, mode),
+                            shape["concurrent_requests"].fillna(1).to_numpy(float)])
 
 
 def _fit_gbm(Z: np.ndarray, y: np.ndarray, seed: int = 0):
@@ -214,7 +222,7 @@ class CostModel:
             min_requests: int = 6, source=None) -> CostModel:
         """Fit from a profile's measured per-request rows (aggregates are left out:
         they summarise cells, not requests)."""
-        rows = profile[~profile["is_aggregate"].astype(bool) & profile["request_id"].notna()]
+        rows = request_rows(profile)
         if rows.empty:
             raise OracleError(f"{source or 'profile'}: no measured per-request rows to fit a cost model on")
         backends = rows["backend"].dropna().unique()
@@ -254,8 +262,7 @@ class CostModel:
                 for metric in MODELLED:
                     gm = self.groups.get((mode, group, metric))
                     est[metric] = gm.predict(g) if gm is not None else np.nan
-                tokens = g["expected_output_tokens"].to_numpy(float) * g["concurrent_requests"].fillna(1).to_numpy(float)
-                est["tokens_per_s"] = tokens / (est["latency_ms"].to_numpy() / 1000)
+                est["tokens_per_s"] = _output_tokens(g) / (est["latency_ms"].to_numpy() / 1000)
                 q = self._quality_for(mode, g)
                 for c in QUALITY:
                     est[c] = q[c]
@@ -266,8 +273,7 @@ class CostModel:
         return pd.concat(out, ignore_index=True)[cols].set_index(["unit", "mode"]).sort_index()
 
     def _quality_for(self, mode: str, g: pd.DataFrame) -> dict:
-        key = g["benchmark_suite"].where(g["benchmark_suite"].notna() & (g["benchmark_suite"] != ""),
-                                         g["family"]).astype(str)
+        key = quality_key(g)
         q = self.quality
         out = {}
         for c in QUALITY:
@@ -345,9 +351,7 @@ def _json(o):
 def _quality_table(cells: Cells, units: pd.DataFrame) -> pd.DataFrame:
     """Mean quality per (mode, family or benchmark suite), with the request count."""
     m = cells.metrics.reset_index()
-    key = units["benchmark_suite"].where(units["benchmark_suite"].notna()
-                                         & (units["benchmark_suite"] != ""), units["family"])
-    m["key"] = m["unit"].map(key.astype(str))
+    m["key"] = m["unit"].map(quality_key(units))
     agg = m.groupby(["mode", "key"])[list(QUALITY)].mean()
     agg["n"] = m.groupby(["mode", "key"])["unit"].nunique()
     return agg.reset_index()
@@ -367,11 +371,6 @@ def _with_condition(requests: pd.DataFrame) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------- validation
-def request_rows(profile: pd.DataFrame) -> pd.DataFrame:
-    """The measured per-request rows a cost model is fitted and validated on."""
-    return profile[~profile["is_aggregate"].astype(bool) & profile["request_id"].notna()]
-
-
 def grouped_folds(rows: pd.DataFrame, k: int = 5, seed: int = 0):
     """K folds of request ids, stratified by family: every trial of a request falls in
     the same fold. Yields ``(train_ids, test_ids)``."""

@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from oracle.uncertainty import DEFAULT_BOOT, paired_ratio
+from oracle.uncertainty import DEFAULT_BOOT, paired_ratio, resamples
 
 
 def safety_rank(mode: str, reference: str) -> int:
@@ -65,14 +65,8 @@ def _pair(trials, unit, a, b, metric="latency_ms"):
 def _p_below_one(num, den, seed: int, n_boot: int = 1000) -> float:
     """Share of paired-bootstrap resamples whose median ratio num/den is below 1."""
     ok = np.isfinite(num) & np.isfinite(den) & (den > 0)
-    r = num[ok] / den[ok]
-    if len(r) == 0:
-        return np.nan
-    if len(r) == 1:
-        return float(r[0] < 1)
-    rng = np.random.default_rng(seed)
-    meds = np.median(r[rng.integers(0, len(r), size=(n_boot, len(r)))], axis=1)
-    return float(np.mean(meds < 1))
+    meds = resamples(num[ok] / den[ok], "median", n_boot, seed)
+    return float(np.mean(meds < 1)) if len(meds) else np.nan
 
 
 def add_intervals(cand: pd.DataFrame, trials: pd.DataFrame, level: float, seed: int = 0) -> None:

@@ -37,9 +37,9 @@ def profiled_requests(profile: pd.DataFrame) -> list[Request]:
     arriving together, with its mean shape), as requests to put in a training table:
     their labels come from their own measurements (the median of their clean
     trials), marked ``measured``."""
-    from oracle.cells import summarise
+    from oracle.cells import request_rows, summarise
 
-    rows = profile[~profile["is_aggregate"].astype(bool) & profile["request_id"].notna()]
+    rows = request_rows(profile)
     if rows.empty:
         return []
     units = summarise(rows).units

@@ -49,20 +49,28 @@ def _stat(name):
     raise ValueError(f"statistic {name!r}: choose mean or median")
 
 
+def resamples(values, statistic: str = "mean", n_boot: int = DEFAULT_BOOT,
+              seed: int = 0) -> np.ndarray:
+    """``statistic`` of ``n_boot`` resamples (with replacement) of the finite ``values``."""
+    x = np.asarray(values, float)
+    x = x[np.isfinite(x)]
+    if len(x) == 0:
+        return np.array([])
+    rng = np.random.default_rng(seed)
+    return _stat(statistic)(x[rng.integers(0, len(x), size=(n_boot, len(x)))], axis=1)
+
+
 def bootstrap(values, statistic: str = "mean", n_boot: int = DEFAULT_BOOT,
               level: float = DEFAULT_LEVEL, seed: int = 0) -> Interval:
     """Percentile bootstrap interval of ``statistic`` of ``values`` (NaNs dropped)."""
     x = np.asarray(values, float)
     x = x[np.isfinite(x)]
-    f = _stat(statistic)
     if len(x) == 0:
         return Interval(np.nan, np.nan, np.nan, 0, level)
-    est = float(f(x, axis=None))
+    est = float(_stat(statistic)(x, axis=None))
     if len(x) == 1:
         return Interval(est, est, est, 1, level)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(x), size=(n_boot, len(x)))
-    boots = f(x[idx], axis=1)
+    boots = resamples(x, statistic, n_boot, seed)
     lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
     return Interval(est, float(lo), float(hi), len(x), level)
 

@@ -135,8 +135,8 @@ class TransformersEngine:
         # transformers shares KV blocks between requests with a common prefix by default:
         # prefix caching inside continuous batching. That is a mode of its own here, so
         # a batching mode shares blocks only if it is also a prefix-caching mode (measured
-        # with sharing on, a 1,000-token prompt's TTFT fell from 150 ms on its first run to
-        # 20 ms on every repeat, and repeated trials measured the cache, not the batching)
+        # with sharing on, a 991-token prompt's TTFT was 153 ms on its first run and 36-42 ms
+        # on the repeats, so repeated trials measured the cache, not the batching)
         return ContinuousBatchingConfig(page_size=page, num_blocks=-(-seqs * ctx // page) + seqs,
                                         allow_block_sharing=bool(self.mode.prefix_caching))
 
