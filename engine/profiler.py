@@ -85,9 +85,19 @@ class ProfileSpec:
     interleave: bool = False
     #: vLLM backend: pre-quantized checkpoints of the quantized modes (int8, gptq_4bit, awq_4bit)
     checkpoints: dict = field(default_factory=dict)
+    #: per-request conditions (:class:`dataset.workloads.conditions.ConditionDraw` as a
+    #: dict); None: every family's own fixed condition
+    conditions: dict | None = None
+    #: every family's prompt, output and prefix lengths times this
+    length_scale: float = 1.0
 
     def identity(self) -> str:
         d = asdict(self)
+        # fields added later enter the identity only when set, so journals written
+        # before they existed still resume
+        for key, default in (("conditions", None), ("length_scale", 1.0)):
+            if d[key] == default:
+                del d[key]
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -104,10 +114,14 @@ class Unit:
 
 
 def build_units(spec: ProfileSpec) -> list[Unit]:
+    from dataset.workloads.conditions import scaled
+
     units = []
     for i, name in enumerate(spec.workloads):
-        w = get_workload(name)
-        if w.concurrent_requests > 1:
+        w = scaled(get_workload(name), spec.length_scale)
+        if spec.conditions is not None:
+            units += _drawn_units(spec, w, i)
+        elif w.concurrent_requests > 1:
             n_conc = spec.batch_size or w.concurrent_requests
             for u in range(spec.requests):
                 reqs = w.sample(n_conc, seed=spec.seed * 1000 + i * 100 + u)
@@ -125,6 +139,26 @@ def build_units(spec: ProfileSpec) -> list[Unit]:
     for path in spec.benchmarks:
         for r in read_benchmark(path, spec.benchmark_requests, seed=spec.seed):
             units.append(Unit(r.id, r.family, [r]))
+    return units
+
+
+def _drawn_units(spec: ProfileSpec, w, i: int) -> list[Unit]:
+    """Units of family ``w`` under per-request drawn conditions: lengths stratified over
+    the family's spread, each unit its own concurrency (a group of that many requests),
+    shared prefix (primed first by an untimed request with the same prefix) and
+    memory pressure."""
+    from dataset.workloads.conditions import ConditionDraw, draw_units
+
+    draw = ConditionDraw.from_dict(spec.conditions)
+    units = []
+    for du in draw_units(w, spec.requests, draw, seed=spec.seed * 1000 + i, stratified=True):
+        r = du.request
+        prime = []
+        if r.shared_prefix_tokens:
+            prime = [dataclasses.replace(
+                r, id=f"{r.id}-prime", prompt_tokens=r.shared_prefix_tokens + 8,
+                expected_output_tokens=1, concurrent_requests=1)]
+        units.append(Unit(r.id, w.name, du.group, prime=prime))
     return units
 
 

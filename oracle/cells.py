@@ -72,17 +72,19 @@ def quality_key(frame: pd.DataFrame) -> pd.Series:
 
 
 def family_condition(family, benchmark_suite, shape: dict) -> str:
+    """The condition a unit is estimated (and cost-modelled) under: a benchmark's, else
+    the one its own numbers imply (conditions may be drawn per request, across
+    families), else, where a number is missing (a published cell), its family's."""
     if isinstance(benchmark_suite, str) and benchmark_suite:
         return "benchmark"
-    if isinstance(family, str):
+    nums = [shape.get(k) for k in ("shared_prefix_tokens", "memory_pressure", "concurrent_requests")]
+    known = all(v is not None and np.isfinite(float(v)) for v in nums)
+    if not known and isinstance(family, str):
         try:
             return get_workload(family).condition
         except KeyError:
             pass
-    return condition_of(
-        shape.get("shared_prefix_tokens"), shape.get("memory_pressure"),
-        shape.get("concurrent_requests"),
-    )
+    return condition_of(*nums)
 
 
 def check_modes(profile: pd.DataFrame, source=None) -> None:

@@ -309,15 +309,15 @@ class CostModel:
             "validation": None if self.validation is None else self.validation.to_dict(orient="records"),
         }
 
-    def save(self, path) -> Path:
+    def save(self, path, overwrite: bool = False) -> Path:
         """Write atomically as JSON (its validation table inside, and beside it as CSV)."""
         from dataset.io import atomic_path
 
         path = Path(path)
-        with atomic_path(path) as tmp:
+        with atomic_path(path, overwrite=overwrite) as tmp:
             Path(tmp).write_text(json.dumps(self.to_dict(), indent=1, default=_json))
         if self.validation is not None:
-            with atomic_path(path.with_suffix(".validation.csv")) as tmp:
+            with atomic_path(path.with_suffix(".validation.csv"), overwrite=overwrite) as tmp:
                 self.validation.to_csv(tmp, index=False)
         return path
 

@@ -85,7 +85,13 @@ def _pool(cells: Cells, condition: str, suite) -> tuple[pd.Index, str]:
     same = units.index[units["condition"] == condition]
     if len(same):
         return same, f"{condition} cells"
-    return units.index[units["condition"] == "plain"], f"plain cells (no {condition} cells measured)"
+    plain = units.index[units["condition"] == "plain"]
+    if len(plain):
+        return plain, f"plain cells (no {condition} cells measured)"
+    # conditions drawn per request can leave a condition (even plain) unmeasured in a
+    # small profile or a cross-validation fold: the nearest cells of any condition
+    anything = units.index[units["condition"] != "benchmark"]
+    return anything, f"cells of every condition (no {condition} or plain cells measured)"
 
 
 def _apply_costmodel(est_df: pd.DataFrame, costmodel, req: pd.DataFrame) -> pd.DataFrame:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataset.registry import Registry, discover_package
 from dataset.workloads.spec import CONDITIONS, WorkloadSpec
 
-WORKLOADS: Registry[WorkloadSpec] = Registry("workload", discover_package(__name__, skip=("spec",)))
+WORKLOADS: Registry[WorkloadSpec] = Registry("workload", discover_package(__name__, skip=("spec", "conditions")))
 
 
 def register_workload(spec: WorkloadSpec) -> WorkloadSpec:

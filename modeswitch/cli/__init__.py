@@ -13,12 +13,12 @@ traceback, and ``--debug`` shows it for input errors too.
 
 from __future__ import annotations
 
-from modeswitch.cli import data, engine, routers  # noqa: F401  (registers the commands)
+from modeswitch.cli import data, engine, routers, study  # noqa: F401  (registers the commands)
 from modeswitch.cli.common import app
 
 #: ``modeswitch --help`` lists commands in pipeline order, whichever module holds them
 _ORDER = ("modes", "workloads", "requests", "import-profiles", "validate", "label", "costmodel", "route",
-          "profile", "train", "score", "export", "serve", "model", "dataset")
+          "profile", "train", "score", "export", "serve", "study", "model", "dataset")
 
 
 def _position(info) -> int:

@@ -92,6 +92,8 @@ def profile_cmd(
     cache_dir: Annotated[Path | None, typer.Option(help="Model cache folder.")] = None,
     interleave: Annotated[bool, typer.Option(help="Keep all engines loaded; measure each request in every mode back to back.")] = False,
     checkpoint: Annotated[list[str] | None, typer.Option(help="vLLM: pre-quantized checkpoint per mode, KEY=PATH with KEY int8, gptq_4bit or awq_4bit.")] = None,
+    conditions: Annotated[Path | None, typer.Option(help="TOML file whose [conditions] table draws each request's concurrency, shared prefix and memory pressure across families (default: each family's own fixed condition).")] = None,
+    length_scale: Annotated[float, typer.Option(help="Every family's prompt, output and prefix lengths times this.")] = 1.0,
 ):
     """Measure modes on workloads and write a validated, resumable profile table."""
     from rich.progress import Progress
@@ -124,7 +126,8 @@ def profile_cmd(
         device=device, modes=_split(modes) or None, max_remeasure=max_remeasure, seed=seed,
         benchmarks=_split(benchmarks), benchmark_requests=benchmark_requests,
         batch_size=batch_size, watts_per_core=watts_per_core, threads=threads,
-        interleave=interleave, checkpoints=checkpoints,
+        interleave=interleave, checkpoints=checkpoints, length_scale=length_scale,
+        conditions=_conditions(conditions),
         **{k: v for k, v in defaults.items() if v is not None},
     )
     profiler = Profiler(spec, target, draft, output, console=console)
@@ -142,6 +145,27 @@ def profile_cmd(
                               "flagged after re-measuring)"))
     console.print(f"wrote {len(df)} rows ({df['mode'].nunique()} modes x "
                   f"{df['family'].nunique()} workload families) to {output}")
+
+
+def _conditions(path: Path | None) -> dict | None:
+    """The [conditions] table of a TOML file, checked (None: no file)."""
+    if path is None:
+        return None
+    import tomllib
+
+    from dataset.errors import InputFileError
+    from dataset.workloads.conditions import ConditionDraw
+
+    try:
+        table = tomllib.loads(path.read_text()).get("conditions")
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise InputFileError(path, None, None, str(exc)) from None
+    if table is None:
+        raise InputFileError(path, None, "conditions", "no [conditions] table")
+    try:
+        return ConditionDraw.from_dict(table).to_dict()
+    except (TypeError, ValueError) as exc:
+        raise InputFileError(path, None, "conditions", str(exc)) from None
 
 
 # -------------------------------------------------------------------- serve

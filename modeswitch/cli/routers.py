@@ -94,7 +94,8 @@ def score_cmd(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="New report folder [reports/score-<time>].")] = None,
     run: Annotated[list[str] | None, typer.Option(help="Training run id(s) to score (default: latest per family).")] = None,
     live: Annotated[bool, typer.Option(help="Also run a held-out stream through the real engine.")] = False,
-    live_requests: Annotated[int | None, typer.Option(help="Requests in the live stream [{live_requests}: 6 per held-out family].")] = None,
+    live_requests: Annotated[int | None, typer.Option(help="Requests in the live stream [{live_requests}: --live-per-family per held-out family].")] = None,
+    live_per_family: Annotated[int, typer.Option(help="Live requests per held-out family, when --live-requests is not given.")] = 6,
     live_trials: Annotated[int, typer.Option(help="Interleaved trials per (request, mode) live; medians and intervals over them.")] = 3,
     backend: Annotated[str, typer.Option(parser=backend_name, metavar="<{backends}>", help="Engine backend for --live.")] = "transformers",
     model: Annotated[str, typer.Option(help="Engine model for --live: 'tiny' or a checkpoint folder.")] = "tiny",
@@ -118,7 +119,7 @@ def score_cmd(
         raise FileExistsError(f"{out} already holds a report; choose a new folder")
     cfg = ScoreConfig(mlruns=str(mlruns), run_ids=_split(run), compiled=compile_routers,
                       decisions=decisions, pipeline_decisions=pipeline_decisions, live=live,
-                      live_requests=live_requests, live_trials=live_trials, model=model, draft_model=draft_model,
+                      live_requests=live_requests, live_per_family=live_per_family, live_trials=live_trials, model=model, draft_model=draft_model,
                       device=device, backend=backend, seed=seed, name=out.name, labels=labels)
     training = _read_table(data)
     with console.status("scoring") as status:

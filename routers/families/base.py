@@ -107,6 +107,13 @@ class LearnedRouter(RouterMixin, ClassifierMixin, BaseEstimator):
             if len(np.unique(y[sample_weight > 0])) < 2 <= len(np.unique(y)):
                 raise ValueError("after dropping zero-weight samples only one class is left")
         self.pipeline_ = self._pipeline(X)
+        if len(np.unique(y)) < 2:
+            # one label in the training part (a small table, or a fold where one mode
+            # wins everywhere): the router is that constant, as a tree would learn;
+            # logistic regression and LightGBM refuse a single class
+            from sklearn.dummy import DummyClassifier
+
+            self.pipeline_.steps[-1] = ("clf", DummyClassifier(strategy="most_frequent"))
         params = {} if sample_weight is None else {"clf__sample_weight": sample_weight}
         self.pipeline_.fit(X, y, **params)
         self.classes_ = self.pipeline_.classes_

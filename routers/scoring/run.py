@@ -22,6 +22,7 @@ from oracle.training_table import frame_hash, table_meta
 from routers.reference import FixedModeRouter, OracleRouter
 from routers.rule_baseline import RuleBaselineRouter
 from routers.scoring.offline import requests_from_table
+from routers.training.splits import split_indices
 
 #: live requests per family by default (the study's issue: at least six)
 LIVE_PER_FAMILY = 6
@@ -37,6 +38,8 @@ class ScoreConfig:
     live: bool = False
     #: live stream size; None: ``LIVE_PER_FAMILY`` requests per family of the held-out part
     live_requests: int | None = None
+    #: live requests per held-out family when ``live_requests`` is None
+    live_per_family: int = LIVE_PER_FAMILY
     #: interleaved trials per (request, mode) live; medians and intervals over them
     live_trials: int = 3
     model: str = "tiny"
@@ -59,6 +62,9 @@ class TrainedRouter:
     test_size: float
     seed: int
     feature_set: str
+    #: trained with regret weights (a refit per fold needs them too)
+    regret_weights: bool = False
+    unsafe_penalty: float = 1.0
 
 
 def find_runs(table: pd.DataFrame, mlruns: str, run_ids=()) -> list[dict]:
@@ -96,7 +102,9 @@ def find_runs(table: pd.DataFrame, mlruns: str, run_ids=()) -> list[dict]:
         out.append({"run_id": r.info.run_id, "family": tags["router_family"],
                     "split": tags.get("split", "group"), "feature_set": tags.get("feature_set", "A"),
                     "test_size": float(params.get("test_size", 0.25)), "seed": int(params.get("seed", 42)),
-                    "model_uri": tags.get("model_uri")})
+                    "model_uri": tags.get("model_uri"),
+                    "regret_weights": params.get("regret_weights", "False") == "True",
+                    "unsafe_penalty": float(tags.get("unsafe_penalty", 1.0))})
     return out
 
 
@@ -115,20 +123,75 @@ def load_routers(table, mlruns, run_ids=()) -> list[TrainedRouter]:
             uri = f"models:/{models[0].model_id}"
         est = mlflow.sklearn.load_model(uri)
         out.append(TrainedRouter(r["family"], r["run_id"], uri, est, r["split"], r["test_size"],
-                                 r["seed"], r["feature_set"]))
+                                 r["seed"], r["feature_set"], r["regret_weights"], r["unsafe_penalty"]))
     return out
 
 
 def held_out_rows(table: pd.DataFrame, trained: list[TrainedRouter]) -> np.ndarray:
-    """The test rows of the first fold of the routers' split (which must agree)."""
-    from routers.training.splits import split_indices
+    """The test rows of the routers' split (which must agree): the first fold's, or,
+    leaving one family out, every row (each is held out by its family's fold)."""
+    split, test_size, seed = _split_of(trained)
+    folds = split_indices(table, split, test_size, seed)
+    if split == "lofo":
+        return np.sort(np.concatenate([te for _, te in folds]))
+    return np.sort(folds[0][1])
 
+
+def _split_of(trained: list[TrainedRouter]) -> tuple:
     keys = {(t.split, t.test_size, t.seed) for t in trained}
     if len(keys) > 1:
         raise InputError("the routers to score were trained with different splits "
                          f"({sorted(keys)}); name runs of one split with --run")
-    split, test_size, seed = keys.pop()
-    return np.sort(split_indices(table, split, test_size, seed)[0][1])
+    return next(iter(keys))
+
+
+class HeldOutFamilyRouter:
+    """Evaluation only (leave one family out): a request of family F is routed by the
+    router refitted without F, so every held-out family is scored by a model that
+    never saw it. The MLflow run's own model is the first fold's; its routing
+    overhead stands for all folds (same family, same hyperparameters)."""
+
+    def __init__(self, by_family: dict):
+        self.by_family = by_family
+
+    def _for(self, family):
+        try:
+            return self.by_family[str(family)]
+        except KeyError:
+            raise InputError(f"no leave-one-family-out fold holds family {family!r} out") from None
+
+    def predict_with_fallback(self, X) -> tuple[np.ndarray, np.ndarray]:
+        fam = X["family"].astype(str).to_numpy()
+        picks = np.empty(len(X), dtype=object)
+        fell = np.zeros(len(X), dtype=bool)
+        for f in np.unique(fam):
+            m = fam == f
+            p, fb = self._for(f).predict_with_fallback(X[m])
+            picks[m], fell[m] = p, fb
+        return picks, fell
+
+    def predict(self, X) -> np.ndarray:
+        return self.predict_with_fallback(X)[0]
+
+    def route(self, request) -> str:
+        return self._for(request.family).route(request)
+
+
+def held_out_family_routers(table: pd.DataFrame, trained: list[TrainedRouter]) -> dict:
+    """Per trained router, a :class:`HeldOutFamilyRouter` refitted on every
+    leave-one-family-out fold."""
+    from routers.training.trainer import refit
+
+    split, test_size, seed = _split_of(trained)
+    folds = split_indices(table, split, test_size, seed)
+    out = {}
+    for t in trained:
+        by_family = {}
+        for tr, te in folds:
+            fam = str(table["family"].iloc[te[0]])
+            by_family[fam] = refit(t.estimator, table, tr, t.regret_weights, t.unsafe_penalty)
+        out[t.name] = HeldOutFamilyRouter(by_family)
+    return out
 
 
 def score_routers(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=None) -> dict:
@@ -158,7 +221,11 @@ def score_routers(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=Non
     overhead = oh.measure(routers, requests, cfg.decisions, cfg.pipeline_decisions, cfg.compiled,
                           progress=say, functions=functions)
     say("offline scoring")
-    with_oracle = {**routers, "oracle": OracleRouter().fit(test)}
+    scored = dict(routers)
+    if trained[0].split == "lofo":
+        say("refitting every router on each leave-one-family-out fold")
+        scored.update(held_out_family_routers(table, trained))
+    with_oracle = {**scored, "oracle": OracleRouter().fit(test)}
     per_request = score_offline(test, with_oracle, {k: v.p50_us for k, v in overhead.items()})
     per_family, overall = aggregate_scores(per_request)
     context = {
@@ -176,9 +243,12 @@ def score_routers(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=Non
         from oracle.constraints import Constraints
         from routers.scoring.live import run_live, score_live, stratified, summarise_live
 
-        n_live = cfg.live_requests or LIVE_PER_FAMILY * len({r.family for r in requests})
+        n_live = cfg.live_requests or cfg.live_per_family * len({r.family for r in requests})
         stream = stratified(requests, n_live, cfg.seed)
         decisions = {name: [str(fn(r)) for r in stream] for name, (fn, _, _) in functions.items()}
+        for name, router in scored.items():  # leave-one-family-out: each family's own fold
+            if isinstance(router, HeldOutFamilyRouter):
+                decisions[name] = [str(router.route(r)) for r in stream]
         # the profile oracle's pick, run live
         decisions["oracle"] = [with_oracle["oracle"].route(r) for r in stream]
         target, draft, _ = resolve_models(cfg.model, cfg.draft_model, None, None, lambda *a: None)

@@ -86,6 +86,22 @@ def _fit(family, params, cfg: TrainConfig, table, y, safe, modes, idx, use_weigh
     return est.fit(sub, y[idx], sample_weight=w, safe=safe.iloc[idx] if cfg.safety_threshold else None)
 
 
+def refit(est, table: pd.DataFrame, rows, use_weights: bool = False,
+          unsafe_penalty: float = UNSAFE_PENALTY):
+    """A fresh clone of the fitted router ``est`` (same hyperparameters) fitted on
+    ``rows`` of the training table, as training fitted it: with the regret weights
+    if it was tuned with them, with the safety labels if it has a safety threshold.
+    Scoring uses it to refit a leave-one-family-out router per fold."""
+    from sklearn.base import clone
+
+    table, y, safe, modes = _xy(table)
+    rows = np.asarray(rows)
+    sub = table.iloc[rows]
+    w = regret_weights(sub, modes, unsafe_penalty) if use_weights else None
+    guarded = getattr(est, "safety_threshold", None) is not None
+    return clone(est).fit(sub, y[rows], sample_weight=w, safe=safe.iloc[rows] if guarded else None)
+
+
 def tune(family, cfg: TrainConfig, table, y, safe, modes, train_idx, study_name, callbacks=()):
     """Optuna search over the family's space; returns the study."""
     import optuna

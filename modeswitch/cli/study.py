@@ -1,0 +1,45 @@
+"""``modeswitch study run``: profile, cost model, labels, training table, routers on every
+split, offline and live scores and one report, from one ``study.toml``; resumable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from modeswitch.cli.common import _split, app, friendly_errors, reading
+from modeswitch.display import console
+
+study_app = typer.Typer(help="The study end to end, from one TOML file; resumable.", no_args_is_help=True)
+app.add_typer(study_app, name="study")
+
+
+@study_app.command("run")
+@friendly_errors
+def study_run_cmd(
+    config: Annotated[Path, typer.Option(help="Study settings (TOML: [study] [model] [profile] [conditions] [dataset] [constraints] [train] [score]).")] = Path("study.toml"),
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Study folder (overrides [study] output).")] = None,
+    only: Annotated[list[str] | None, typer.Option(help="Run only these steps (e.g. profile, train, score:random); the others must be done.")] = None,
+):
+    """Run (or resume) the study: every step not finished yet, each step's time printed."""
+    from modeswitch.study import Study, StudyConfig
+
+    with reading(config):
+        cfg = StudyConfig.from_toml(config)
+    if output is not None:
+        cfg = cfg.replace(output=str(output))
+    study = Study(cfg, console=console)
+    console.print(f"study {cfg.name} in {study.out} (settings {cfg.identity()}); steps: "
+                  + ", ".join(study.steps()))
+    study.run(_split(only) or None)
+    if study.done("report"):
+        console.print(f"report: {study.out}/README.md")
+        table = study.out / "opening_table.csv"
+        if table.exists():
+            import pandas as pd
+
+            from modeswitch.display import frame_table
+
+            df = pd.read_csv(table).set_index("router")
+            console.print(frame_table(df, title="opening table (offline and live, 95 % intervals)"))

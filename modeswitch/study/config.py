@@ -1,0 +1,156 @@
+"""The study's settings: one typed dataclass, filled from ``study.toml``.
+
+Why one dataclass: like a mode's ``ModeConfig``, the study's settings have one
+source for Python and for the file; the TOML groups them in tables
+(``[study] [profile] [conditions] [dataset] [constraints] [train] [score]``) and
+:meth:`StudyConfig.from_toml` maps each table's keys onto the fields, naming the
+file, table and key of anything it refuses. The defaults are the CPU study
+``make study`` runs on two cores within an hour.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dataset.errors import InputFileError
+
+DEFAULT_FAMILIES = (
+    "short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",
+    "long_prompt_long_output", "shared_prefix_chat", "memory_pressure_long_context",
+    "batch_pressure",
+)
+
+#: TOML table -> the fields it sets (a field belongs to exactly one table)
+TABLES = {
+    "study": ("name", "output", "seed", "mlruns"),
+    "model": ("model", "draft_model", "backend", "device"),
+    "profile": ("families", "modes", "requests_per_family", "trials", "max_remeasure",
+                "length_scale", "interleave", "threads"),
+    "dataset": ("drawn_requests",),
+    "train": ("splits", "routers", "tuning_trials", "feature_set", "labels", "test_size"),
+    "score": ("live", "live_per_family", "live_trials", "decisions"),
+}
+#: tables holding a mapping handed on as it is (checked by their own owners)
+MAPPINGS = ("conditions", "constraints")
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Everything ``modeswitch study run`` does, and with what."""
+
+    name: str = "cpu-study"
+    #: the study's folder: every step's outputs, its state and the report
+    output: str = "runs/study"
+    seed: int = 0
+    mlruns: str = "mlruns"
+    model: str = "tiny"
+    draft_model: str | None = None
+    backend: str = "transformers"
+    device: str = "cpu"
+    families: tuple[str, ...] = DEFAULT_FAMILIES
+    #: None: every mode the backend supports
+    modes: tuple[str, ...] | None = None
+    requests_per_family: int = 20
+    trials: int = 2
+    max_remeasure: int = 2
+    length_scale: float = 0.25
+    interleave: bool = True
+    threads: int | None = None
+    #: per-request conditions (:class:`dataset.workloads.conditions.ConditionDraw` fields)
+    conditions: dict = field(default_factory=dict)
+    #: requests drawn beside the profiled ones, labelled from estimates (0: measured only)
+    drawn_requests: int = 700
+    #: :class:`oracle.Constraints` fields; empty: the defaults
+    constraints: dict = field(default_factory=dict)
+    splits: tuple[str, ...] = ("random", "group", "lofo")
+    #: None: every registered learned family
+    routers: tuple[str, ...] | None = None
+    tuning_trials: int = 10
+    feature_set: str = "A"
+    labels: str = "all"
+    test_size: float = 0.25
+    live: bool = True
+    live_per_family: int = 6
+    live_trials: int = 2
+    decisions: int = 20_000
+
+    def __post_init__(self):
+        from routers.training.splits import SPLITS
+
+        bad = [s for s in self.splits if s not in SPLITS]
+        if bad:
+            raise ValueError(f"train.splits: unknown split(s) {', '.join(bad)}; choose from {', '.join(SPLITS)}")
+        for name in ("requests_per_family", "trials", "live_trials", "tuning_trials"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be at least 1")
+        if self.length_scale <= 0:
+            raise ValueError("profile.length_scale: must be > 0")
+
+    # ------------------------------------------------------------- the file
+    @classmethod
+    def from_toml(cls, path) -> StudyConfig:
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise InputFileError(path, None, None, str(exc)) from None
+        flat: dict = {}
+        for table, value in data.items():
+            if table in MAPPINGS:
+                flat[table] = dict(value)
+                continue
+            if table not in TABLES:
+                raise InputFileError(path, None, table, f"unknown table; known: "
+                                     f"{', '.join([*TABLES, *MAPPINGS])}")
+            for key, v in value.items():
+                if key not in TABLES[table]:
+                    raise InputFileError(path, None, f"{table}.{key}", "unknown key; known: "
+                                         + ", ".join(TABLES[table]))
+                flat[key] = tuple(v) if isinstance(v, list) else v
+        return cls.from_dict(flat, path)
+
+    @classmethod
+    def from_dict(cls, flat: dict, path=None) -> StudyConfig:
+        from pydantic import TypeAdapter, ValidationError
+
+        try:
+            cfg = TypeAdapter(cls).validate_python(flat)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise InputFileError(path, None, ".".join(map(str, err["loc"])), err["msg"]) from None
+        except ValueError as exc:
+            raise InputFileError(path, None, None, str(exc)) from None
+        cfg.condition_draw()  # the owners check their own tables now, not an hour in
+        cfg.constraint_set()
+        return cfg
+
+    def replace(self, **changes) -> StudyConfig:
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------- what it builds
+    def condition_draw(self):
+        from dataset.workloads.conditions import ConditionDraw
+
+        try:
+            return ConditionDraw.from_dict(self.conditions)
+        except (TypeError, ValueError) as exc:
+            raise InputFileError(None, None, "conditions", str(exc)) from None
+
+    def constraint_set(self):
+        from oracle import Constraints
+
+        return Constraints().replace(**self.constraints) if self.constraints else Constraints()
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(dataclasses.asdict(self), default=list))
+
+    def identity(self) -> str:
+        """What a resumed run must agree on: every setting but where it is written."""
+        d = self.to_dict()
+        d.pop("output")
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

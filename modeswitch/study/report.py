@@ -1,0 +1,130 @@
+"""The study folder's README: the opening table, computed findings, the study's own
+facts (label sources, cost-model error, live estimate error, noise), step timings,
+and one MLflow run (experiment ``modeswitch-study``) holding the same table."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from modeswitch.study.table import figures, findings, opening_table
+
+#: the issue's targets, checked in the report against the measured figures
+TARGET_ORACLE_LIVE_VIOLATIONS = 0.05
+TARGET_LIVE_ESTIMATE_ERROR_PCT = 15.0
+
+
+def _md(df: pd.DataFrame) -> str:
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(map(str, cols)) + " |", "|" + "---|" * len(cols)]
+    for row in df.itertuples(index=False):
+        lines.append("| " + " | ".join("-" if (isinstance(v, float) and not math.isfinite(v))
+                                       else (f"{v:.3g}" if isinstance(v, float) else str(v))
+                                       for v in row) + " |")
+    return "\n".join(lines)
+
+
+def _write(path: Path, text: str):
+    """Atomic; replaces only what an interrupted report step of the same study left."""
+    from dataset.io import atomic_path
+
+    with atomic_path(path, overwrite=True) as tmp:
+        Path(tmp).write_text(text)
+
+
+def _csv(path: Path, df: pd.DataFrame):
+    from dataset.io import atomic_path
+
+    with atomic_path(path, overwrite=True) as tmp:
+        df.to_csv(tmp, index=False)
+
+
+def targets(study, fig: pd.DataFrame) -> list[str]:
+    """The issue's two live targets, per split, against what was measured."""
+    lines = []
+    for split in study.cfg.splits:
+        o = fig[(fig["split"] == split) & (fig["router"] == "oracle")]
+        v = float(o["live_violation_rate_any"].iloc[0]) if len(o) and "live_violation_rate_any" in o else math.nan
+        vb = (float(o["live_violation_rate_beyond_noise"].iloc[0])
+              if len(o) and "live_violation_rate_beyond_noise" in o else math.nan)
+        err = study.outputs(f"score:{split}").get("live_estimate_mape_pct")
+        err = math.nan if err is None else float(err)
+        ok_v = "met" if v <= TARGET_ORACLE_LIVE_VIOLATIONS else "not met"
+        ok_e = "met" if err <= TARGET_LIVE_ESTIMATE_ERROR_PCT else "not met"
+        lines.append(f"- {split}: the oracle's live picks violate a constraint on {v:.0%} of requests "
+                     f"({vb:.0%} beyond noise; target <= {TARGET_ORACLE_LIVE_VIOLATIONS:.0%}: {ok_v}); "
+                     f"the table's latency against live medians is off by {err:.1f} % on average "
+                     f"(target <= {TARGET_LIVE_ESTIMATE_ERROR_PCT:.0f} %: {ok_e})")
+    return lines
+
+
+def write_study_report(study) -> dict:
+    cfg, out = study.cfg, study.out
+    reports = {s: Path(study.outputs(f"score:{s}")["report"]) for s in cfg.splits}
+    fig = figures(reports)
+    table = opening_table(fig)
+    _csv(out / "figures.csv", fig)
+    _csv(out / "opening_table.csv", table)
+    steps = pd.DataFrame([{"step": k, "seconds": v["seconds"], "finished": v["finished"]}
+                          for k, v in study.state["steps"].items()])
+    _csv(out / "step_timings.csv", steps)
+
+    ds, cm, prof = study.outputs("dataset"), study.outputs("costmodel"), study.outputs("profile")
+    lat = pd.Series(cm["latency_mape"])
+    md = [f"# Study {cfg.name}", "",
+          "Every figure below is read from the split reports linked at the end; speedup and energy "
+          "are vs the reference mode, family-weighted, with 95 % bootstrap intervals (requests "
+          "resampled within families); violations: share of held-out requests whose pick breaks a "
+          "constraint (an unmeasured pick counts); oracle capture: share of the oracle's latency "
+          "gain the router keeps; overhead: one decision from a raw request, p50 / p99.", "",
+          "## Opening table", "", _md(table), "",
+          "## Findings (computed from the table)", "", *[f"- {x}" for x in findings(fig, reports)], "",
+          "## Against the issue's live targets", "", *targets(study, fig), "",
+          "## The study's data", "",
+          f"- profile: {prof['units']} units x {prof['modes']} modes, {prof['rows']} rows "
+          f"({cfg.trials} interleaved trials each, contended share {prof['contended_share']:.1%}); "
+          f"{cfg.requests_per_family} requests per family, lengths x {cfg.length_scale}, conditions drawn "
+          f"per request: {json.dumps(cfg.condition_draw().to_dict())}",
+          "- noise floor (median latency CV over a unit's clean trials) per family: "
+          + ", ".join(f"{k} {v:.1%}" if math.isfinite(v) else f"{k} - (one trial)"
+                      for k, v in prof["noise_floor_median_cv"].items()),
+          f"- training table: {ds['n']} requests; label source "
+          + ", ".join(f"{k} {v}" for k, v in ds["label_source"].items())
+          + "; labels " + ", ".join(f"{k} {v}" for k, v in ds["labels"].items()),
+          f"- cost model latency MAPE (5-fold, grouped by request): median {lat.median():.1%}, "
+          f"worst {lat.idxmax()} {lat.max():.1%}",
+          "", "## Step timings", "", _md(steps.assign(minutes=(steps["seconds"] / 60).round(1))), "",
+          f"Total: {steps['seconds'].sum() / 60:.1f} min.", "",
+          "## Split reports", "", *[f"- {s}: [{p}]({p.relative_to(out) if p.is_relative_to(out) else p}/README.md)"
+                                    for s, p in reports.items()], ""]
+    _write(out / "README.md", "\n".join(md) + "\n")
+    run_id = _log(study, fig, table, steps)
+    return {"readme": str(out / "README.md"), "mlflow_run_id": run_id}
+
+
+def _log(study, fig: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFrame) -> str:
+    import mlflow
+
+    from routers.training.tracking import git_commit, setup
+
+    cfg = study.cfg
+    setup(Path(cfg.mlruns), "modeswitch-study")
+    with mlflow.start_run(run_name=cfg.name) as run:
+        flat = {k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in cfg.to_dict().items()}
+        mlflow.log_params({k: str(v)[:500] for k, v in flat.items()})
+        mlflow.set_tags({"git_commit": git_commit(), "study_identity": cfg.identity(),
+                         **{f"score_run.{s}": study.outputs(f"score:{s}")["mlflow_run_id"]
+                            for s in cfg.splits}})
+        for r in fig.to_dict(orient="records"):
+            mlflow.log_metrics({f"{r['split']}.{r['router']}.{k}": float(v) for k, v in r.items()
+                                if k not in ("split", "router") and isinstance(v, (int, float))
+                                and math.isfinite(v)})
+        mlflow.log_metrics({f"step_seconds.{s.replace(':', '.')}": float(x)
+                            for s, x in zip(steps["step"], steps["seconds"])})
+        mlflow.log_table(data=table, artifact_file="opening_table.json")
+        for name in ("README.md", "opening_table.csv", "figures.csv", "step_timings.csv"):
+            mlflow.log_artifact(str(study.out / name))
+        return run.info.run_id

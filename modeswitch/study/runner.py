@@ -1,0 +1,286 @@
+"""``modeswitch study run``: the whole CPU study, step by step, resumable.
+
+Steps, each writing into the study folder: ``model`` (build or find the model),
+``profile`` (every mode on every family, per-request drawn conditions, ``k``
+interleaved trials; its own journal resumes a half-done sweep), ``costmodel`` (fit
+and cross-validate), ``labels`` (the profiled requests, from their own trials),
+``dataset`` (profiled requests labelled ``measured`` plus drawn ones labelled from
+estimates), ``train:<split>`` and ``score:<split>`` for every split, and
+``report`` (the opening table across splits, findings, MLflow).
+
+Resumable: ``study_state.json`` records each finished step with its seconds and
+outputs (written atomically after the step). A rerun with the same settings skips
+finished steps and continues the interrupted one where it can (the profile's
+journal; Optuna studies with their finished trials); a half-written score report
+is moved aside (``.incomplete-<time>``), never overwritten; the other files a step
+writes are replaced only while that step is unfinished (they can only be a
+same-settings attempt's leftovers). A rerun with other settings into the same
+folder is refused. Every step prints the time it took, and
+the report lists them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from dataset.errors import InputError
+from modeswitch.study.config import StudyConfig
+
+STATE = "study_state.json"
+
+
+@dataclass
+class StepRecord:
+    name: str
+    seconds: float
+    finished: str
+    outputs: dict
+
+
+class Study:
+    """One study folder: its config, its state, its steps."""
+
+    def __init__(self, cfg: StudyConfig, console=None, log: Callable[[str], None] | None = None):
+        self.cfg = cfg
+        self.out = Path(cfg.output)
+        self.console = console
+        self.log = log or (self._print if console is not None else print)
+        self.state = self._load_state()
+
+    def _print(self, msg: str):
+        from rich.markup import escape
+
+        self.console.print(escape(msg))
+
+    # ------------------------------------------------------------- state
+    def _load_state(self) -> dict:
+        path = self.out / STATE
+        if not path.exists():
+            return {"identity": self.cfg.identity(), "config": self.cfg.to_dict(), "steps": {}}
+        state = json.loads(path.read_text())
+        if state.get("identity") != self.cfg.identity():
+            raise InputError(f"{self.out} holds a study with other settings ({path}); give a new "
+                             "[study] output folder to start another (results are never overwritten)")
+        return state
+
+    def _save_state(self):
+        from dataset.io import atomic_path
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        with atomic_path(self.out / STATE, overwrite=True) as tmp:
+            Path(tmp).write_text(json.dumps(self.state, indent=1, default=str))
+
+    def done(self, step: str) -> bool:
+        return step in self.state["steps"]
+
+    def outputs(self, step: str) -> dict:
+        return self.state["steps"][step]["outputs"]
+
+    def steps(self) -> list[str]:
+        s = ["model", "profile", "costmodel", "labels", "dataset"]
+        s += [f"train:{x}" for x in self.cfg.splits]
+        s += [f"score:{x}" for x in self.cfg.splits]
+        return s + ["report"]
+
+    # --------------------------------------------------------------- run
+    def run(self, only: list[str] | None = None) -> dict:
+        """Run every step not finished yet (or only those named); returns the state."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._save_state()
+        for step in self.steps():
+            if only and step not in only and step.split(":")[0] not in only:
+                continue
+            if self.done(step):
+                rec = self.state["steps"][step]
+                self.log(f"[{step}] done before ({rec['seconds']:.0f} s); skipped")
+                continue
+            self.log(f"[{step}] starting")
+            t0 = time.perf_counter()
+            kind, _, arg = step.partition(":")
+            outputs = getattr(self, f"_step_{kind}")(*([arg] if arg else []))
+            seconds = time.perf_counter() - t0
+            self.state["steps"][step] = {"seconds": round(seconds, 1), "outputs": outputs,
+                                         "finished": datetime.now(UTC).isoformat(timespec="seconds")}
+            self._save_state()
+            self.log(f"[{step}] finished in {seconds:.0f} s")
+        total = sum(s["seconds"] for s in self.state["steps"].values())
+        self.log(f"study steps took {total / 60:.1f} min in all (this run and earlier ones)")
+        return self.state
+
+    # ------------------------------------------------------------- steps
+    def _models(self):
+        from engine.models.resolve import resolve_models
+
+        return resolve_models(self.cfg.model, self.cfg.draft_model, None, None, lambda *a: None)
+
+    def _step_model(self) -> dict:
+        from engine.models.resolve import resolve_models
+
+        target, draft, card = resolve_models(self.cfg.model, self.cfg.draft_model, None, None, self.log)
+        return {"target": str(target), "draft": str(draft) if draft else None,
+                "params": (card or {}).get("target_params")}
+
+    def profile_spec(self, target, draft):
+        from engine.profiler import ProfileSpec
+
+        c = self.cfg
+        return ProfileSpec(
+            model=str(target), draft_model=str(draft) if draft else None, backend=c.backend,
+            device=c.device, modes=list(c.modes) if c.modes else None, workloads=list(c.families),
+            requests=c.requests_per_family, trials=c.trials, max_remeasure=c.max_remeasure,
+            seed=c.seed, threads=c.threads, interleave=c.interleave,
+            conditions=c.condition_draw().to_dict(), length_scale=c.length_scale)
+
+    def _step_profile(self) -> dict:
+        from engine.profiler import Profiler
+
+        target, draft, _ = self._models()
+        path = self.out / "profile.parquet"
+        profiler = Profiler(self.profile_spec(target, draft), target, draft, path, console=self.console)
+        df = profiler.run()
+        noise = profiler.noise_
+        return {"profile": str(path), "rows": len(df), "units": int(df["request_id"].nunique()),
+                "modes": int(df["mode"].nunique()),
+                "contended_share": float(df["contended"].mean()) if "contended" in df else None,
+                "noise_floor_median_cv": {str(k): float(v) for k, v in noise["median_cv"].items()}
+                if noise is not None and "median_cv" in noise else {}}
+
+    def _profile(self):
+        from dataset.profile_schema import read_profile
+
+        return read_profile(self.out / "profile.parquet")
+
+    def _step_costmodel(self) -> dict:
+        from oracle.costmodel import enough_requests, fit_validated
+
+        profile = self._profile()
+        why = enough_requests(profile)
+        if why:
+            raise InputError(f"cost model: cannot fit on the study's profile ({why}); raise "
+                             "[profile] requests_per_family")
+        cm = fit_validated(profile, seed=self.cfg.seed, source=str(self.out / "profile.parquet"))
+        path = cm.save(self.out / "costmodel.json", overwrite=True)
+        v = cm.validation
+        lat = v[v["metric"] == "latency_ms"].set_index("mode")["mape_costmodel"]
+        ttft = v[v["metric"] == "ttft_ms"].set_index("mode")["mape_costmodel"]
+        self.log(f"cost model: latency MAPE median {lat.median():.1%} (worst {lat.idxmax()} "
+                 f"{lat.max():.1%}); TTFT median {ttft.median():.1%}")
+        return {"costmodel": str(path), "latency_mape": {k: float(x) for k, x in lat.items()},
+                "ttft_mape": {k: float(x) for k, x in ttft.items()}}
+
+    def _costmodel(self):
+        from oracle.costmodel import CostModel
+
+        return CostModel.load(self.out / "costmodel.json")
+
+    def _step_labels(self) -> dict:
+        from dataset.io import write_parquet
+        from oracle import label_profile
+
+        labels, cand, skipped = label_profile(self._profile(), self.cfg.constraint_set(),
+                                              source=str(self.out / "profile.parquet"))
+        path = self.out / "labels.parquet"
+        write_parquet(labels.reset_index(), path, overwrite=True)
+        write_parquet(cand, self.out / "labels.candidates.parquet", overwrite=True)
+        counts = labels["label"].value_counts()
+        self.log("measured labels: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+        return {"labels": str(path), "n": len(labels), "skipped": len(skipped),
+                "counts": {str(k): int(v) for k, v in counts.items()}}
+
+    def drawn_requests(self) -> list:
+        """The requests labelled from estimates: the profile's families at the same scale
+        and condition draw, ids namespaced apart from the profiled ones."""
+        import dataclasses
+
+        from dataset.workloads import get_workload
+        from dataset.workloads.conditions import draw_units, scaled
+
+        c = self.cfg
+        if c.drawn_requests <= 0:
+            return []
+        per = max(1, c.drawn_requests // len(c.families))
+        draw = c.condition_draw()
+        out = []
+        for i, name in enumerate(c.families):
+            w = scaled(get_workload(name), c.length_scale)
+            for du in draw_units(w, per, draw, seed=10_000 + c.seed * 100 + i, with_companions=False):
+                out.append(dataclasses.replace(du.request, id=f"draw-{du.request.id}"))
+        return out
+
+    def _step_dataset(self) -> dict:
+        from dataset.io import write_parquet
+        from oracle.training_table import build_training_table, profiled_requests
+
+        profile = self._profile()
+        reqs = self.drawn_requests() + profiled_requests(profile)
+        table = build_training_table(profile, reqs, self.cfg.constraint_set(),
+                                     source=str(self.out / "profile.parquet"), costmodel=self._costmodel())
+        path = self.out / "train.parquet"
+        write_parquet(table, path, overwrite=True)
+        src = table["label_source"].value_counts()
+        self.log(f"training table: {len(table)} requests; label source "
+                 + ", ".join(f"{k} {v}" for k, v in src.items()))
+        return {"table": str(path), "n": len(table),
+                "label_source": {str(k): int(v) for k, v in src.items()},
+                "labels": {str(k): int(v) for k, v in table["label"].value_counts().items()}}
+
+    def _table(self):
+        import pandas as pd
+
+        return pd.read_parquet(self.out / "train.parquet")
+
+    def _step_train(self, split: str) -> dict:
+        from routers.training.trainer import TrainConfig, train
+
+        c = self.cfg
+        families = {"routers": list(c.routers)} if c.routers else {}
+        cfg = TrainConfig(feature_set=c.feature_set, split=split, test_size=c.test_size,
+                          trials=c.tuning_trials, seed=42 + c.seed, mlruns=c.mlruns, labels=c.labels,
+                          **families)
+        if self.console is None:
+            res = train(self._table(), cfg, None)
+        else:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TimeRemainingColumn(), console=self.console, transient=True) as bar:
+                res = train(self._table(), cfg, bar)
+        return {"runs": {r.router: r.run_id for r in res.itertuples()},
+                "test_oracle_match": {r.router: float(r.test_oracle_match) for r in res.itertuples()}}
+
+    def _step_score(self, split: str) -> dict:
+        from routers.scoring.run import ScoreConfig, score_routers
+
+        c = self.cfg
+        out = self.out / f"score-{split}"
+        if out.exists() and any(out.iterdir()):  # an interrupted earlier attempt
+            aside = out.with_name(f"{out.name}.incomplete-{datetime.now():%Y%m%d-%H%M%S}")
+            out.rename(aside)
+            self.log(f"moved the unfinished report {out} aside to {aside}")
+        runs = list(self.outputs(f"train:{split}")["runs"].values())
+        table = self._table()
+        cfg = ScoreConfig(mlruns=c.mlruns, run_ids=runs, decisions=c.decisions, live=c.live,
+                          live_per_family=c.live_per_family,
+                          live_trials=c.live_trials, model=c.model, draft_model=c.draft_model,
+                          device=c.device, backend=c.backend, seed=c.seed, name=f"{c.name}-{split}",
+                          labels=c.labels)
+        res = score_routers(table, cfg, out, progress=self.log if self.console is None else None)
+        return {"report": str(out), "mlflow_run_id": res["mlflow_run_id"],
+                "live_requests": None if res["live_per"] is None else int(res["live_per"]["request_id"].nunique()),
+                "live_estimate_mape_pct": res["live_figures"].get("estimate_mape_pct")}
+
+    def _step_report(self) -> dict:
+        from modeswitch.study.report import write_study_report
+
+        return write_study_report(self)

@@ -1,0 +1,141 @@
+"""The study end to end on a tiny config (two families, two modes, one trial), through
+the CLI as `make study` runs it; then resumed, and refused with other settings."""
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from dataset.errors import InputFileError
+from modeswitch.cli import app
+from modeswitch.study import StudyConfig
+
+TINY = """
+[study]
+name = "tiny-study"
+output = "{out}"
+mlruns = "{mlruns}"
+
+[model]
+model = "{model}"
+draft_model = "{draft}"
+
+[profile]
+families = ["short_prompt_short_output", "batch_pressure"]
+modes = ["fp16_baseline", "continuous_batching"]
+requests_per_family = 6
+trials = 1
+length_scale = 0.25
+threads = 1
+
+[conditions]
+concurrency = [1, 2]
+concurrency_weights = [0.5, 0.5]
+
+[dataset]
+drawn_requests = 40
+
+[train]
+routers = ["dt", "lr"]
+tuning_trials = 1
+
+[score]
+live_per_family = 2
+live_trials = 1
+decisions = 300
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_study(tiny_models, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("study")
+    cfg = tmp / "study.toml"
+    cfg.write_text(TINY.format(out=tmp / "run", mlruns=tmp / "mlruns", model=tiny_models.target,
+                               draft=tiny_models.draft))
+    res = CliRunner().invoke(app, ["study", "run", "--config", str(cfg)])
+    assert res.exit_code == 0, res.output
+    return tmp, cfg, res.output
+
+
+def test_the_tiny_study_runs_every_step_and_writes_one_report(tiny_study):
+    tmp, _, output = tiny_study
+    run = tmp / "run"
+    state = json.loads((run / "study_state.json").read_text())
+    steps = ["model", "profile", "costmodel", "labels", "dataset", "train:random", "train:group",
+             "train:lofo", "score:random", "score:group", "score:lofo", "report"]
+    assert list(state["steps"]) == steps
+    assert all(s["seconds"] >= 0 for s in state["steps"].values())
+    for step in steps:  # every step's time is printed
+        assert f"[{step}] finished in" in output
+    table = pd.read_csv(run / "opening_table.csv")
+    assert list(table["split"].unique()) == ["random", "group", "lofo"]
+    for split, g in table.groupby("split"):
+        assert {"rule", "dt", "lr", "oracle"} <= set(g["router"]), split
+    # offline and live, with intervals
+    assert table["speedup"].str.contains(r"\[").all()
+    assert table["live speedup"].str.contains(r"\[").any()
+    readme = (run / "README.md").read_text()
+    assert "## Opening table" in readme and "## Findings" in readme and "## Step timings" in readme
+    assert "training table:" in readme and "measured" in readme
+    # the profile's conditions vary inside a family (the study's flaw, fixed)
+    prof = pd.read_parquet(run / "profile.parquet")
+    assert prof.groupby("family")["concurrent_requests"].nunique().max() > 1 or \
+        prof.groupby("family")["shared_prefix_tokens"].nunique().max() > 1
+
+
+def test_leave_one_family_out_scores_every_family(tiny_study):
+    tmp, _, _ = tiny_study
+    per = pd.read_csv(tmp / "run" / "score-lofo" / "per_request.csv")
+    dt = per[per["router"] == "dt"]
+    assert set(dt["family"]) == {"short_prompt_short_output", "batch_pressure"}
+
+
+def test_the_study_is_logged_to_mlflow(tiny_study):
+    import mlflow
+
+    tmp, _, _ = tiny_study
+    mlflow.set_tracking_uri(f"sqlite:///{tmp / 'mlruns' / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["modeswitch-study"], output_format="list")
+    assert len(runs) == 1
+    metrics = runs[0].data.metrics
+    assert any(k.startswith("lofo.oracle.live_speedup") for k in metrics)
+    assert "step_seconds.profile" in metrics
+
+
+def test_a_rerun_resumes_and_other_settings_are_refused(tiny_study):
+    tmp, cfg, _ = tiny_study
+    res = CliRunner().invoke(app, ["study", "run", "--config", str(cfg)])
+    assert res.exit_code == 0, res.output
+    assert res.output.count("done before") == 12 and "starting" not in res.output
+    other = tmp / "other.toml"
+    other.write_text(cfg.read_text().replace("tuning_trials = 1", "tuning_trials = 2"))
+    res = CliRunner().invoke(app, ["study", "run", "--config", str(other)])
+    assert res.exit_code == 2 and "holds a study with other settings" in res.output
+
+
+@pytest.mark.parametrize("text, where", [
+    ("[profile]\nrequests = 3\n", "profile.requests"),
+    ("[stuff]\na = 1\n", "stuff"),
+    ("[profile]\ntrials = 0\n", "trials"),
+    ("[train]\nsplits = ['random', 'kfold']\n", "kfold"),
+    ("[conditions]\nmemory_pressure = [2.0]\n", "conditions"),
+    ("[constraints]\nmax_energy_ratio = -1\n", "max_energy_ratio"),
+])
+def test_a_bad_study_file_names_the_key(tmp_path, text, where):
+    p = tmp_path / "s.toml"
+    p.write_text(text)
+    with pytest.raises((InputFileError, ValueError), match=where):
+        StudyConfig.from_toml(p)
+
+
+def test_the_shipped_study_file_is_valid():
+    from tests.conftest import REPO
+
+    cfg = StudyConfig.from_toml(REPO / "study.toml")
+    from dataset.workloads.conditions import ConditionDraw
+
+    # the file states the defaults
+    assert cfg.replace(conditions={}) == StudyConfig(families=cfg.families)
+    assert cfg.condition_draw() == ConditionDraw()
+    assert cfg.requests_per_family >= 20 and cfg.splits == ("random", "group", "lofo")
