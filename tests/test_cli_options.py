@@ -218,7 +218,7 @@ SET_ALL = {
     "train": [["train", "--routers", "dt", "--feature-set", "B", "--split", "lofo",
                "--test-size", "0.5", "--trials", "2", "--seed", "1", "--unsafe-penalty", "2",
                "--safety-threshold", "0.5", "--fallback", "reference", "--labels", "measured", "--storage",
-               "sqlite:///x.db", "--mlruns", "m2", "--preset", "modeswitch-paper"]],
+               "sqlite:///x.db", "--target-violation-rate", "0.05", "--mlruns", "m2", "--preset", "modeswitch-paper"]],
     "score": [["score", "--run", "r1", "--no-compile", "--decisions", "5",
                "--pipeline-decisions", "6", "--live", "--live-requests", "3", "--live-per-family", "4", "--live-trials", "2", "--model", "/m",
                "--draft-model", "/d", "--device", "cuda", "--backend", "vllm", "--mlruns", "m2",

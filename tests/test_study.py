@@ -108,6 +108,10 @@ def test_a_rerun_resumes_and_other_settings_are_refused(tiny_study):
     res = CliRunner().invoke(app, ["study", "run", "--config", str(cfg)])
     assert res.exit_code == 0, res.output
     assert res.output.count("done before") == 12 and "starting" not in res.output
+    res = CliRunner().invoke(app, ["study", "run", "--config", str(cfg), "--redo", "report"])
+    assert res.exit_code == 0 and "[report] finished in" in res.output and res.output.count("done before") == 11
+    res = CliRunner().invoke(app, ["study", "run", "--config", str(cfg), "--redo", "nope"])
+    assert res.exit_code == 2 and "no such step" in res.output
     other = tmp / "other.toml"
     other.write_text(cfg.read_text().replace("tuning_trials = 1", "tuning_trials = 2"))
     res = CliRunner().invoke(app, ["study", "run", "--config", str(other)])

@@ -52,6 +52,7 @@ def train_cmd(
     safety_threshold: Annotated[float | None, typer.Option(help="Only predict modes whose P(safe) >= this.")] = None,
     fallback: Annotated[Fallback, typer.Option(help="What decides when no mode looks safe.")] = "rule",
     labels: Annotated[Labels, typer.Option(help="Train and score on all rows, or only on labels from the requests' own measurements.")] = "all",
+    target_violation_rate: Annotated[float, typer.Option(help="Routers with a certifiable threshold (cost-predicting): violation rate on new requests at most this, with 90 % confidence (Learn then Test on held-out training rows); 0: the tuned threshold.")] = 0.01,
     storage: Annotated[str | None, typer.Option(help="Optuna storage URL (default: optuna.db in --mlruns).")] = None,
     mlruns: Annotated[Path, typer.Option(help="MLflow/Optuna store folder.")] = Path("mlruns"),
     preset: Annotated[str | None, typer.Option(help="modeswitch-paper: the study's setup (split, test size, seed, feature set).")] = None,
@@ -73,7 +74,7 @@ def train_cmd(
     cfg = TrainConfig(feature_set=feature_set, split=split, test_size=test_size, trials=trials,
                       seed=seed, unsafe_penalty=unsafe_penalty, safety_threshold=safety_threshold,
                       fallback=fallback, storage=storage, mlruns=str(mlruns), preset=preset,
-                      labels=labels, **families)
+                      labels=labels, target_violation_rate=target_violation_rate, **families)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeRemainingColumn(), console=console) as progress:
         res = train(table, cfg, progress)

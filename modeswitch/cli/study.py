@@ -21,6 +21,7 @@ def study_run_cmd(
     config: Annotated[Path, typer.Option(help="Study settings (TOML: [study] [model] [profile] [conditions] [dataset] [constraints] [train] [score]).")] = Path("study.toml"),
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Study folder (overrides [study] output).")] = None,
     only: Annotated[list[str] | None, typer.Option(help="Run only these steps (e.g. profile, train, score:random); the others must be done.")] = None,
+    redo: Annotated[list[str] | None, typer.Option(help="Run these finished steps again (e.g. report after a change to it); a score report is moved aside, not overwritten.")] = None,
 ):
     """Run (or resume) the study: every step not finished yet, each step's time printed."""
     from modeswitch.study import Study, StudyConfig
@@ -32,6 +33,8 @@ def study_run_cmd(
     study = Study(cfg, console=console)
     console.print(f"study {cfg.name} in {study.out} (settings {cfg.identity()}); steps: "
                   + ", ".join(study.steps()))
+    for step in _split(redo):
+        study.forget(step)
     study.run(_split(only) or None)
     if study.done("report"):
         console.print(f"report: {study.out}/README.md")

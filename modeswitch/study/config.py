@@ -32,9 +32,12 @@ TABLES = {
     "profile": ("families", "modes", "requests_per_family", "trials", "max_remeasure",
                 "length_scale", "interleave", "threads"),
     "dataset": ("drawn_requests",),
-    "train": ("splits", "routers", "tuning_trials", "feature_set", "labels", "test_size"),
+    "train": ("splits", "routers", "tuning_trials", "feature_set", "labels", "test_size",
+              "target_violation_rate"),
     "score": ("live", "live_per_family", "live_trials", "decisions"),
 }
+#: fields added after studies had begun, left out of the identity at their default
+LATER_FIELDS = {"target_violation_rate": 0.01}
 #: tables holding a mapping handed on as it is (checked by their own owners)
 MAPPINGS = ("conditions", "constraints")
 
@@ -74,6 +77,8 @@ class StudyConfig:
     feature_set: str = "A"
     labels: str = "all"
     test_size: float = 0.25
+    #: certified violation-rate target of the routers that take one (cost-predicting)
+    target_violation_rate: float = 0.01
     live: bool = True
     live_per_family: int = 6
     live_trials: int = 2
@@ -153,4 +158,7 @@ class StudyConfig:
         """What a resumed run must agree on: every setting but where it is written."""
         d = self.to_dict()
         d.pop("output")
+        for key, default in LATER_FIELDS.items():  # fields added later: only when set,
+            if d.get(key) == default:            # so a study begun before them resumes
+                d.pop(key)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from modeswitch.study.table import figures, findings, opening_table
+from modeswitch.study.table import figures, findings, generalisation_table, opening_table
 
 #: the issue's targets, checked in the report against the measured figures
 TARGET_ORACLE_LIVE_VIOLATIONS = 0.05
@@ -68,6 +68,8 @@ def write_study_report(study) -> dict:
     table = opening_table(fig)
     _csv(out / "figures.csv", fig)
     _csv(out / "opening_table.csv", table)
+    general = generalisation_table(fig)
+    _csv(out / "generalisation_table.csv", general)
     steps = pd.DataFrame([{"step": k, "seconds": v["seconds"], "finished": v["finished"]}
                           for k, v in study.state["steps"].items()])
     _csv(out / "step_timings.csv", steps)
@@ -83,6 +85,12 @@ def write_study_report(study) -> dict:
           "## Opening table", "", _md(table), "",
           "## Findings (computed from the table)", "", *[f"- {x}" for x in findings(fig, reports)], "",
           "## Against the issue's live targets", "", *targets(study, fig), "",
+          "## Inside the training data's ranges, and certified targets", "",
+          "Held-out requests whose every feature lies inside the range its training part "
+          "spans (the others are extrapolated: see each split report's "
+          "`extrapolation_ranges.csv`); the target is the violation rate a router's "
+          "threshold was certified for (Learn then Test, 90 % confidence).", "",
+          _md(general), "",
           "## The study's data", "",
           f"- profile: {prof['units']} units x {prof['modes']} modes, {prof['rows']} rows "
           f"({cfg.trials} interleaved trials each, contended share {prof['contended_share']:.1%}); "
@@ -125,6 +133,7 @@ def _log(study, fig: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFrame) -> 
         mlflow.log_metrics({f"step_seconds.{s.replace(':', '.')}": float(x)
                             for s, x in zip(steps["step"], steps["seconds"])})
         mlflow.log_table(data=table, artifact_file="opening_table.json")
-        for name in ("README.md", "opening_table.csv", "figures.csv", "step_timings.csv"):
+        for name in ("README.md", "opening_table.csv", "generalisation_table.csv", "figures.csv",
+                     "step_timings.csv"):
             mlflow.log_artifact(str(study.out / name))
         return run.info.run_id

@@ -78,6 +78,16 @@ class Study:
     def done(self, step: str) -> bool:
         return step in self.state["steps"]
 
+    def forget(self, step: str):
+        """Mark a finished step (or every ``kind:*`` step for ``kind``) as not done, so the
+        next run does it again."""
+        names = [s for s in self.steps() if s == step or s.split(":")[0] == step]
+        if not names:
+            raise InputError(f"--redo {step!r}: no such step; steps: {', '.join(self.steps())}")
+        for s in names:
+            self.state["steps"].pop(s, None)
+        self._save_state()
+
     def outputs(self, step: str) -> dict:
         return self.state["steps"][step]["outputs"]
 
@@ -241,7 +251,7 @@ class Study:
         families = {"routers": list(c.routers)} if c.routers else {}
         cfg = TrainConfig(feature_set=c.feature_set, split=split, test_size=c.test_size,
                           trials=c.tuning_trials, seed=42 + c.seed, mlruns=c.mlruns, labels=c.labels,
-                          **families)
+                          target_violation_rate=c.target_violation_rate, **families)
         if self.console is None:
             res = train(self._table(), cfg, None)
         else:

@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 
 #: the routers the table shows, in this order (the reference is the 1.00x everyone is divided by)
-ROWS = ("rule", "dt", "rf", "lr", "lgbm", "oracle")
-LEARNED = ("dt", "rf", "lr", "lgbm")
+ROWS = ("rule", "dt", "rf", "lr", "lgbm", "cost_linear", "cost_lgbm", "oracle")
+LEARNED = ("dt", "rf", "lr", "lgbm", "cost_linear", "cost_lgbm")
 
 
 def _read(path: Path, index="router") -> pd.DataFrame | None:
@@ -49,6 +49,8 @@ def split_figures(report: Path, split: str) -> pd.DataFrame:
     if head is None:
         raise FileNotFoundError(f"{report}/headline.csv is missing: the split {split!r} was not scored")
     live = _read(report / "live_summary.csv")
+    risk = _read(report / "risk_control.csv")
+    inside = _read(report / "headline_inside.csv")
     rows = []
     for r in ROWS:
         if r not in head.index:
@@ -57,6 +59,10 @@ def split_figures(report: Path, split: str) -> pd.DataFrame:
         rec = {"split": split, "router": r, **{f"offline_{k}": v for k, v in h.items()}}
         if live is not None and r in live.index:
             rec.update({f"live_{k}": v for k, v in live.loc[r].to_dict().items()})
+        if risk is not None and r in risk.index:
+            rec.update({f"risk_{k}": v for k, v in risk.loc[r].to_dict().items()})
+        if inside is not None and r in inside.index:
+            rec.update({f"inside_{k}": v for k, v in inside.loc[r].to_dict().items()})
         rows.append(rec)
     return pd.DataFrame(rows)
 
@@ -91,6 +97,35 @@ def opening_table(fig: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def _num(v, fmt="{:.2f}") -> str:
+    return fmt.format(v) if isinstance(v, (int, float)) and math.isfinite(v) else "-"
+
+
+def generalisation_table(fig: pd.DataFrame) -> pd.DataFrame:
+    """Per (split, router): on the held-out requests inside the training part's
+    feature ranges, oracle capture, violation rate and speedup; next to it the
+    certified target (where the router has one) and the rate reached held out."""
+    out = []
+    for row in fig.to_dict(orient="records"):
+        ins = _strip(row, "inside_")
+        risk = _strip(row, "risk_")
+        if not (isinstance(risk.get("target"), (int, float)) and math.isfinite(risk["target"])):
+            risk = {}  # the router has no certified threshold
+        certified = risk.get("certified")
+        out.append({
+            "split": row["split"], "router": row["router"],
+            "inside: oracle capture": _num(ins.get("latency_capture")),
+            "inside: violations": _num(ins.get("violation_rate_any", math.nan) * 100, "{:.1f}%")
+            if "violation_rate_any" in ins else "-",
+            "inside: speedup": _num(ins.get("speedup")),
+            "target": _num(risk.get("target", math.nan) * 100, "{:.0f}%") if risk else "-",
+            "certified": "-" if not risk else ("yes" if certified in (True, "True") else "no"),
+            "held-out violations vs target": "-" if not risk else
+            _num(risk.get("held_out_rate", math.nan) * 100, "{:.1f}%"),
+        })
+    return pd.DataFrame(out)
+
+
 def _overhead(off: dict) -> str:
     p50, p99 = off.get("overhead_p50_us", math.nan), off.get("overhead_p99_us", math.nan)
     if not (math.isfinite(p50) and math.isfinite(p99)):
@@ -110,6 +145,10 @@ def _best_learned(rows: dict, prefix: str) -> str | None:
     violation rate is the lowest any learned router reached (+2 points)."""
     cand = {r: _strip(rows[r], prefix) for r in LEARNED if r in rows}
     cand = {r: v for r, v in cand.items() if math.isfinite(v.get("speedup", math.nan))}
+    # a router that fell back on every request (a threshold certified for nothing) is
+    # the reference under another name: not a candidate
+    always = {r for r in cand if rows[r].get("offline_fallback_rate", 0.0) >= 0.999}
+    cand = {r: v for r, v in cand.items() if r not in always} or cand
     if not cand:
         return None
     low = min(v.get("violation_rate_any", 0.0) for v in cand.values())

@@ -14,7 +14,10 @@ that the mode is constraint-safe for a request (from the training table's
 ``safe__<mode>`` columns, passed as ``safe=``). ``predict`` then takes the most
 likely mode whose predicted safety clears the threshold, and otherwise falls
 back to the rule baseline (``fallback="rule"``) or the reference
-(``fallback="reference"``).
+(``fallback="reference"``). With ``target_violation_rate`` the threshold actually
+used (``safety_threshold_``) is certified on held-out training rows by Learn then
+Test (:mod:`routers.risk_control`); ``safety_threshold`` is then the loosest one
+considered.
 """
 
 from __future__ import annotations
@@ -95,6 +98,52 @@ class LearnedRouter(RouterMixin, ClassifierMixin, BaseEstimator):
         return check_array(X, accept_sparse=False, ensure_all_finite="allow-nan" if allow_nan else True)
 
     def fit(self, X, y, sample_weight=None, safe=None):
+        target = getattr(self, "target_violation_rate", None)
+        if target and self.safety_threshold is not None:
+            return self._fit_certified(X, y, sample_weight, safe, target)
+        self._fit(X, y, sample_weight, safe)
+        self.safety_threshold_ = self.safety_threshold
+        self.calibration_ = None
+        return self
+
+    def _fit_certified(self, X, y, sample_weight, safe, target):
+        """Fit on part of the rows, then certify the safety threshold on the others
+        (Learn then Test, :mod:`routers.risk_control`): the loosest threshold, from
+        strict (every pick falls back) to ``safety_threshold``, whose violation rate on
+        new requests is at most ``target`` with probability 1 - ``delta``. Nothing
+        certified: every decision is the reference."""
+        from routers.risk_control import calibration_split, learn_then_test, min_calibration
+
+        if safe is None:
+            raise ValueError("a certified safety threshold needs safe= (per-mode safety labels) in fit")
+        n = len(X)
+        need = min_calibration(target, self.delta)
+        share = min(0.5, max(0.3, need / max(n, 1)))
+        groups = X["family"].astype(str).to_numpy() if hasattr(X, "columns") and "family" in X else None
+        fit_rows, cal_rows = calibration_split(n, share, 0, groups)
+        take = (lambda A, r: A.iloc[r]) if hasattr(X, "iloc") else (lambda A, r: np.asarray(A)[r])
+        w = None if sample_weight is None else np.asarray(sample_weight)[fit_rows]
+        safe = pd.DataFrame(safe).reset_index(drop=True)
+        self._fit(take(X, fit_rows), np.asarray(y)[fit_rows], w, safe.iloc[fit_rows])
+        Xc, sc = take(X, cal_rows), safe.iloc[cal_rows].reset_index(drop=True)
+        ref = reference_mode().name
+        p_safe = self.safety_proba(Xc)
+        cands = np.unique(p_safe[p_safe >= self.safety_threshold])[::-1]  # strict first
+        if len(cands) > 200:
+            cands = np.unique(np.quantile(cands, np.linspace(0, 1, 200)))[::-1]
+
+        def violations_at(t):
+            self.safety_threshold_ = t
+            picks = self.predict(Xc)
+            ok = np.array([m == ref or (m in sc and bool(sc[m].iloc[i])) for i, m in enumerate(picks)])
+            return int((~ok).sum())
+
+        cal = learn_then_test(violations_at, [np.inf, *cands], len(cal_rows), target, self.delta)
+        self.calibration_ = cal.to_dict()
+        self.safety_threshold_ = cal.threshold if cal.threshold is not None else None
+        return self
+
+    def _fit(self, X, y, sample_weight=None, safe=None):
         X = self._check_X(X)
         y = column_or_1d(np.asarray(y), warn=True)
         check_classification_targets(y)
@@ -135,6 +184,7 @@ class LearnedRouter(RouterMixin, ClassifierMixin, BaseEstimator):
                     available_modes=sorted(set(self.classes_) | {reference_mode().name}),
                     unavailable="reference").fit()
         self.modes_ = self._modes()
+        self.safety_threshold_ = self.safety_threshold
         return self
 
     def _modes(self) -> list[str]:
@@ -216,7 +266,10 @@ class LearnedRouter(RouterMixin, ClassifierMixin, BaseEstimator):
         proba = self.predict_proba(X)
         if self.safety_threshold is None or self.safety_ is None:
             return self.classes_[proba.argmax(1)], np.zeros(len(proba), bool)
-        ok = self.safety_proba(X) >= self.safety_threshold
+        threshold = self.safety_threshold_
+        if threshold is None:  # a certification found no threshold: the reference only
+            return np.full(len(proba), reference_mode().name, dtype=object), np.ones(len(proba), bool)
+        ok = self.safety_proba(X) >= threshold
         ranked = np.argsort(-proba, axis=1)
         pick = np.full(len(proba), -1)
         for i in range(len(proba)):

@@ -10,7 +10,8 @@ from routers.registry import RouterFamily, register_router
 
 class DecisionTreeRouter(LearnedRouter):
     def __init__(self, max_depth=5, min_samples_leaf=3, criterion="gini", class_weight=None,
-                 feature_set="A", safety_threshold=None, fallback="rule", random_state=0):
+                 feature_set="A", safety_threshold=None, fallback="rule", target_violation_rate=None,
+                 delta=0.1, random_state=0):
         self.max_depth = max_depth
         self.min_samples_leaf = min_samples_leaf
         self.criterion = criterion
@@ -18,6 +19,8 @@ class DecisionTreeRouter(LearnedRouter):
         self.feature_set = feature_set
         self.safety_threshold = safety_threshold
         self.fallback = fallback
+        self.target_violation_rate = target_violation_rate
+        self.delta = delta
         self.random_state = random_state
 
     def _make_estimator(self):

@@ -8,7 +8,8 @@ from routers.registry import RouterFamily, register_router
 
 class LightGBMRouter(LearnedRouter):
     def __init__(self, n_estimators=100, num_leaves=15, learning_rate=0.1, min_child_samples=10,
-                 class_weight=None, feature_set="A", safety_threshold=None, fallback="rule",
+                 class_weight=None, feature_set="A", safety_threshold=None, fallback="rule", target_violation_rate=None,
+                 delta=0.1,
                  random_state=0):
         self.n_estimators = n_estimators
         self.num_leaves = num_leaves
@@ -18,6 +19,8 @@ class LightGBMRouter(LearnedRouter):
         self.feature_set = feature_set
         self.safety_threshold = safety_threshold
         self.fallback = fallback
+        self.target_violation_rate = target_violation_rate
+        self.delta = delta
         self.random_state = random_state
 
     def _make_estimator(self):

@@ -10,13 +10,16 @@ class LogisticRouter(LearnedRouter):
     _scale = True
 
     def __init__(self, C=1.0, max_iter=3000, class_weight=None, feature_set="A",
-                 safety_threshold=None, fallback="rule"):
+                 safety_threshold=None, fallback="rule", target_violation_rate=None,
+                 delta=0.1):
         self.C = C
         self.max_iter = max_iter
         self.class_weight = class_weight
         self.feature_set = feature_set
         self.safety_threshold = safety_threshold
         self.fallback = fallback
+        self.target_violation_rate = target_violation_rate
+        self.delta = delta
 
     def _make_estimator(self):
         from sklearn.linear_model import LogisticRegression

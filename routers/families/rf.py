@@ -8,7 +8,8 @@ from routers.registry import RouterFamily, register_router
 
 class RandomForestRouter(LearnedRouter):
     def __init__(self, n_estimators=100, max_depth=10, min_samples_leaf=2, max_features="sqrt",
-                 class_weight=None, feature_set="A", safety_threshold=None, fallback="rule",
+                 class_weight=None, feature_set="A", safety_threshold=None, fallback="rule", target_violation_rate=None,
+                 delta=0.1,
                  random_state=0, n_jobs=1):
         self.n_estimators = n_estimators
         self.max_depth = max_depth
@@ -18,6 +19,8 @@ class RandomForestRouter(LearnedRouter):
         self.feature_set = feature_set
         self.safety_threshold = safety_threshold
         self.fallback = fallback
+        self.target_violation_rate = target_violation_rate
+        self.delta = delta
         self.random_state = random_state
         self.n_jobs = n_jobs
 

@@ -211,7 +211,7 @@ def _md_table(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
 
 def write_report(out: Path, *, per_request, per_family, overall, overhead: dict, context: dict,
                  live_per=None, live_summary=None, estimate=None, live_figures=None,
-                 live_family=None, intervals=None) -> list[Path]:
+                 live_family=None, intervals=None, coverage=None) -> list[Path]:
     """Write the report folder (which must not exist yet); returns the files written."""
     from dataset.io import atomic_path
 
@@ -240,6 +240,14 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
             csv(live_family, "live_per_family.csv", index=False)
     if estimate is not None:
         csv(estimate, "live_estimate_error.csv", index=False)
+    if coverage is not None:
+        csv(coverage["ranges"], "extrapolation_ranges.csv", index=False)
+        for name, h in coverage["headlines"].items():
+            csv(h, f"headline_{name}.csv")
+        for name, h in coverage["live"].items():
+            csv(h, f"live_summary_{name}.csv", index=False)
+        if len(coverage["risk"]):
+            csv(coverage["risk"], "risk_control.csv", index=False)
     files += plots(out, per_request, per_family, overall, overhead, live_summary)
 
     md = [f"# Router scoring: {context.get('name', out.name)}", ""]
@@ -255,6 +263,8 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
                _md_table(live_summary.set_index("router")), ""]
         if live_figures:
             md += [f"- {k}: {v}" for k, v in live_figures.items()] + [""]
+    if coverage is not None:
+        md += _coverage_md(coverage)
     from routers.scoring.findings import findings
 
     md[2:2] = ["## Findings (computed from the tables below)", "",
@@ -265,6 +275,25 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
         Path(tmp).write_text("\n".join(md) + "\n")
     files.append(p)
     return files
+
+
+def _coverage_md(cov: dict) -> list[str]:
+    """Report sections: certified targets next to achieved rates; covered and
+    extrapolated held-out requests scored apart, with the ranges that differ."""
+    md = []
+    if len(cov["risk"]):
+        md += ["## Certified violation targets (Learn then Test on held-out training rows)", "",
+               _md_table(cov["risk"].set_index("router")), ""]
+    md += [f"## Inside vs outside the training data ({cov['extrapolated']} of {cov['held_out']} "
+           "held-out requests have a feature outside the training part's range)", ""]
+    for name, h in cov["headlines"].items():
+        md += [f"### Offline, {name} requests", "", _md_table(h), ""]
+    for name, h in cov["live"].items():
+        md += [f"### Live, {name} requests", "", _md_table(h.set_index("router")), ""]
+    if len(cov["ranges"]):
+        md += ["### Features outside the training range, per held-out family", "",
+               _md_table(cov["ranges"].set_index("family")), ""]
+    return md
 
 
 def log_to_mlflow(out: Path, mlruns: Path, head: pd.DataFrame, context: dict,

@@ -227,6 +227,13 @@ def score_routers(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=Non
         scored.update(held_out_family_routers(table, trained))
     with_oracle = {**scored, "oracle": OracleRouter().fit(test)}
     per_request = score_offline(test, with_oracle, {k: v.p50_us for k, v in overhead.items()})
+    # which held-out requests lie outside the training part's feature ranges
+    from routers.scoring.coverage import coverage, risk_table, split_headlines
+
+    split, test_size, seed = _split_of(trained)
+    folds = split_indices(table, split, test_size, seed)
+    marks, ranges = coverage(table, folds if split == "lofo" else folds[:1])
+    per_request = per_request.merge(marks, on="request_id", how="left")
     per_family, overall = aggregate_scores(per_request)
     context = {
         "name": cfg.name or out.name, "training_table_hash": frame_hash(table),
@@ -266,11 +273,22 @@ def score_routers(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=Non
 
     say("writing the report")
     intervals = offline_intervals(per_request)
+    head = report.headline_table(overall, overhead, intervals=intervals)
+    parts = split_headlines(per_request, overhead, marks)
+    live_parts = {}
+    if live_per is not None and "request_id" in live_per:
+        ext = set(marks.loc[marks["extrapolated"], "request_id"])
+        for name, part in (("inside", live_per[~live_per["request_id"].astype(str).isin(ext)]),
+                           ("extrapolated", live_per[live_per["request_id"].astype(str).isin(ext)])):
+            if len(part):
+                live_parts[name] = summarise_live(part)
+    coverage_info = {"ranges": ranges, "headlines": parts, "live": live_parts,
+                     "extrapolated": int(marks["extrapolated"].sum()), "held_out": len(marks),
+                     "risk": risk_table({t.name: t.estimator for t in trained}, head, live_summary)}
     report.write_report(out, per_request=per_request, per_family=per_family, overall=overall,
                         overhead=overhead, context=context, live_per=live_per,
                         live_summary=live_summary, estimate=estimate, live_figures=live_figures,
-                        live_family=live_family, intervals=intervals)
-    head = report.headline_table(overall, overhead, intervals=intervals)
+                        live_family=live_family, intervals=intervals, coverage=coverage_info)
     run_id = report.log_to_mlflow(out, Path(cfg.mlruns), head, context,
                                   {t.name: t.run_id for t in trained}, live_summary)
     return {"headline": head, "overall": overall, "per_family": per_family, "overhead": overhead,

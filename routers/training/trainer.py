@@ -59,6 +59,11 @@ class TrainConfig:
     #: train and score on every row ("all") or only on labels from the requests' own
     #: measurements ("measured"), not estimated ones
     labels: str = "all"
+    #: routers with a certifiable safety threshold (the cost-predicting ones; the
+    #: classifiers when ``safety_threshold`` is set) calibrate it on held-out training
+    #: rows so that new requests violate a constraint at most this often, with
+    #: probability 1 - delta (Learn then Test); 0: no calibration, the tuned threshold
+    target_violation_rate: float = 0.01
 
     def apply_preset(self) -> TrainConfig:
         if self.preset is None:
@@ -79,11 +84,20 @@ def _xy(table):
 
 def _fit(family, params, cfg: TrainConfig, table, y, safe, modes, idx, use_weights):
     extra = {k: v for k, v in params.items() if k != "regret_weights"}
+    if cfg.target_violation_rate and _accepts(family, "target_violation_rate"):
+        extra["target_violation_rate"] = cfg.target_violation_rate
     est = get_router(family, feature_set=cfg.feature_set, safety_threshold=cfg.safety_threshold,
                      fallback=cfg.fallback, **extra)
     sub = table.iloc[idx]
     w = regret_weights(sub, modes, cfg.unsafe_penalty) if use_weights else None
     return est.fit(sub, y[idx], sample_weight=w, safe=safe.iloc[idx] if cfg.safety_threshold else None)
+
+
+def _accepts(family: str, param: str) -> bool:
+    """Does the family's estimator take ``param``? (Only some certify a threshold.)"""
+    import inspect
+
+    return param in inspect.signature(get_family(family).factory).parameters
 
 
 def refit(est, table: pd.DataFrame, rows, use_weights: bool = False,
@@ -294,7 +308,8 @@ def _train_family(family, cfg: TrainConfig, data: TrainingData, on_trial=None) -
     mlflow.log_params({**{f"param_{k}": v for k, v in tuned.params.items()},
                        "regret_weights": tuned.use_weights, "trials": cfg.trials,
                        "safety_threshold": cfg.safety_threshold, "fallback": cfg.fallback,
-                       "test_size": cfg.test_size, "seed": cfg.seed})
+                       "test_size": cfg.test_size, "seed": cfg.seed,
+                       "target_violation_rate": cfg.target_violation_rate})
     held = _cross_fit(family, tuned, cfg, data)
     metrics, rule_metrics = _held_out_metrics(held, cfg, data)
     mlflow.log_metrics({f"test_{k}": v for k, v in metrics.items()})

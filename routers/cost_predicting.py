@@ -1,0 +1,421 @@
+"""Routers that predict every mode's cost and risk, then pick (``cost_lgbm``, ``cost_linear``).
+
+Why: a classifier can only answer labels it saw. When a held-out family's best
+mode never won in training, every classifier misses it. A cost-predicting router
+learns, per mode, what the mode costs relative to the reference (the log latency
+ratio) and how likely it is to break each constraint (quality, energy, memory),
+all from the request's features; it then answers the lowest predicted latency
+among modes whose predicted risk is at most the threshold, else the reference. It
+can pick a mode for requests whose label it never saw, as long as the mode's cost
+was measured (or estimated) on *some* training requests.
+
+``fit(X, y)`` takes the training table's rows as ``X``: besides the features it
+reads each mode's ``latency_ms__<mode>`` and ``violates_{quality,energy,memory}__<mode>``
+columns (what :mod:`oracle.training_table` writes); ``y`` (the oracle labels) is
+not needed. A mode without a latency for a request (unmeasured there) counts as
+a risk for every constraint. ``predict`` needs only the features.
+
+Threshold: ``max_risk`` (tuned by Optuna like any hyperparameter), or, with
+``target_violation_rate=ALPHA``, certified on calibration requests held out of
+the training rows by Learn then Test (:mod:`routers.risk_control`): with
+probability ``1 - delta`` the violation rate on new requests is at most ALPHA.
+The per-mode models are then fitted on the other rows only (refitting on all
+would void the certificate). The calibration share is ``calibration_share`` of the
+rows, raised to the number the target needs to be certifiable at all
+(:func:`routers.risk_control.min_calibration`, 230 for 1 % at delta 0.1), at most half.
+
+Decisions: ``route(request)`` goes through the pipeline (milliseconds);
+``compile()`` gives the linear variant's stacked form (one matrix product per
+decision) and, for the LightGBM variant, says why not.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.compose import ColumnTransformer
+from sklearn.preprocessing import OneHotEncoder, StandardScaler
+from sklearn.utils.validation import check_is_fitted
+
+from dataset.features import CATEGORICAL_FEATURES, FEATURE_SETS, features_frame
+from dataset.requests import Request
+from engine.modes import reference_mode
+from routers.base import RouterMixin
+from routers.risk_control import DELTA, calibration_split, learn_then_test, min_calibration
+
+CONSTRAINTS = ("quality", "energy", "memory")
+#: fewer training rows than this for a (mode, target): predict the rows' mean instead
+MIN_ROWS = 8
+
+
+class _Constant:
+    """A fitted model that predicts one value (a target with one class or few rows)."""
+
+    def __init__(self, value: float):
+        self.value = float(value)
+
+    def predict(self, F):
+        return np.full(len(F), self.value)
+
+
+class CostPredictingRouter(RouterMixin, ClassifierMixin, BaseEstimator):
+    """Shared machinery; variants define ``_regressor``, ``_classifier`` and their space."""
+
+    decision_path = "pipeline"
+    _scale = False
+
+    def _regressor(self):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _classifier(self):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def _search_space(cls, trial) -> dict:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def search_space(cls, trial) -> dict:
+        return {**cls._search_space(trial),
+                "max_risk": trial.suggest_float("max_risk", 0.02, 0.6, log=True)}
+
+    # ------------------------------------------------------------- fitting
+    def _prep(self, X) -> ColumnTransformer:
+        wanted = list(FEATURE_SETS[self.feature_set])
+        missing = [c for c in wanted if c not in X.columns]
+        if missing:
+            raise ValueError(f"{type(self).__name__}: feature frame lacks {', '.join(missing)}")
+        num = [c for c in wanted if c not in CATEGORICAL_FEATURES]
+        cat = [c for c in wanted if c in CATEGORICAL_FEATURES]
+        parts = [("num", StandardScaler() if self._scale else "passthrough", num)]
+        if cat:
+            parts.append(("cat", OneHotEncoder(handle_unknown="ignore", sparse_output=False), cat))
+        return ColumnTransformer(parts)
+
+    def fit(self, X, y=None, sample_weight=None, safe=None):
+        if not hasattr(X, "columns"):
+            raise ValueError(f"{type(self).__name__}.fit needs the training table (per-mode cost columns)")
+        X = X.reset_index(drop=True)
+        ref = reference_mode().name
+        modes = sorted(c.split("__", 1)[1] for c in X.columns if c.startswith("latency_ms__"))
+        if ref not in modes:
+            raise ValueError(f"{type(self).__name__}.fit: the table has no latency_ms__{ref} "
+                             "(the reference mode's cost every ratio is taken to)")
+        w = None if sample_weight is None else np.asarray(sample_weight, dtype=float)
+        fit_rows = np.arange(len(X))
+        cal_rows = None
+        if self.target_violation_rate is not None:
+            groups = X["family"].astype(str).to_numpy() if "family" in X else None
+            # the share asked for, but at least what the target needs to be certifiable
+            # at all (at most half the rows)
+            need = min_calibration(self.target_violation_rate, self.delta)
+            share = min(0.5, max(self.calibration_share, need / max(len(X), 1)))
+            fit_rows, cal_rows = calibration_split(len(X), share, self.random_state, groups)
+        sub = X.iloc[fit_rows]
+        self.prep_ = self._prep(X).fit(sub)
+        F = self.prep_.transform(sub)
+        lat_ref = sub[f"latency_ms__{ref}"].to_numpy(float)
+        self.ratio_models_, self.risk_models_ = {}, {}
+        for m in modes:
+            if m == ref:
+                continue
+            lat = sub[f"latency_ms__{m}"].to_numpy(float)
+            ratio = np.log(lat / lat_ref)
+            ok = np.isfinite(ratio)
+            self.ratio_models_[m] = self._fit_reg(F[ok], ratio[ok], None if w is None else w[fit_rows][ok])
+            unmeasured = ~np.isfinite(lat)
+            self.risk_models_[m] = {}
+            for c in CONSTRAINTS:
+                col = f"violates_{c}__{m}"
+                v = sub[col].astype("boolean").fillna(True).to_numpy(bool) if col in sub else np.zeros(len(sub), bool)
+                self.risk_models_[m][c] = self._fit_clf(F, v | unmeasured,
+                                                        None if w is None else w[fit_rows])
+        self.reference_ = ref
+        self.modes_ = modes
+        self.classes_ = np.array(modes, dtype=object)
+        self.n_features_in_ = F.shape[1]
+        self.threshold_ = float(self.max_risk)
+        self.calibration_ = None
+        if cal_rows is not None:
+            self._calibrate(X.iloc[cal_rows])
+        return self
+
+    def _fit_reg(self, F, t, w):
+        if len(t) < MIN_ROWS:
+            return _Constant(np.mean(t) if len(t) else 0.0)
+        return self._regressor().fit(F, t, sample_weight=w)
+
+    def _fit_clf(self, F, v, w):
+        if len(v) < MIN_ROWS or v.all() or not v.any():
+            return _Constant(v.mean() if len(v) else 1.0)
+        return self._classifier().fit(F, v, sample_weight=w)
+
+    def _calibrate(self, cal: pd.DataFrame):
+        """Certify the loosest threshold whose violation rate on ``cal`` is at most
+        ``target_violation_rate`` with confidence 1 - delta (Learn then Test)."""
+        ratio, risk = self.scores(cal)
+        safe = np.column_stack([cal[f"safe__{m}"].astype("boolean").fillna(False).to_numpy(bool)
+                                if f"safe__{m}" in cal else np.zeros(len(cal), bool)
+                                for m in self.modes_])
+        safe[:, self.modes_.index(self.reference_)] = True  # the reference breaks nothing by definition
+        cands = np.unique(np.concatenate([[0.0], risk[:, self._others()].ravel()]))
+        cands = cands[cands <= self.max_risk_ceiling]
+        # strictest first; at most 200 candidates (quantiles of the predicted risks)
+        if len(cands) > 200:
+            cands = np.unique(np.quantile(cands, np.linspace(0, 1, 200)))
+        rows = np.arange(len(cal))
+
+        def violations_at(t):
+            return int((~safe[rows, self._decide(ratio, risk, t)]).sum())
+
+        cal_ = learn_then_test(violations_at, [-1.0, *cands], len(cal), self.target_violation_rate,
+                               self.delta)
+        self.calibration_ = cal_.to_dict()  # a plain dict: it travels with the model file
+        self.threshold_ = -1.0 if cal_.threshold is None else cal_.threshold
+
+    #: the loosest threshold a calibration may certify (a risk of 1 is no guard at all)
+    max_risk_ceiling = 0.99
+
+    # ------------------------------------------------------------ deciding
+    def _others(self) -> list[int]:
+        return [i for i, m in enumerate(self.modes_) if m != self.reference_]
+
+    def _features(self, X) -> np.ndarray:
+        return self.prep_.transform(X)
+
+    def scores(self, X) -> tuple[np.ndarray, np.ndarray]:
+        """(n, modes) predicted log latency ratio to the reference and predicted risk
+        (the largest of the constraints' predicted violation probabilities); the
+        reference's column is 0 in both."""
+        check_is_fitted(self, "ratio_models_")
+        F = self._features(X)
+        n = F.shape[0]
+        ratio = np.zeros((n, len(self.modes_)))
+        risk = np.zeros((n, len(self.modes_)))
+        for j, m in enumerate(self.modes_):
+            if m == self.reference_:
+                continue
+            ratio[:, j] = self.ratio_models_[m].predict(F)
+            risk[:, j] = np.max([_proba(self.risk_models_[m][c], F) for c in CONSTRAINTS], axis=0)
+        return ratio, risk
+
+    def _decide(self, ratio, risk, threshold) -> np.ndarray:
+        allowed = risk <= threshold
+        allowed[:, self.modes_.index(self.reference_)] = True
+        return np.where(allowed, ratio, np.inf).argmin(axis=1)
+
+    def predict_with_fallback(self, X) -> tuple[np.ndarray, np.ndarray]:
+        ratio, risk = self.scores(X)
+        idx = self._decide(ratio, risk, self.threshold_)
+        # fell back: no mode but the reference was predicted safe enough
+        fell = ~(risk[:, self._others()] <= self.threshold_).any(axis=1)
+        return self.classes_[idx].astype(object), fell
+
+    def predict(self, X) -> np.ndarray:
+        return self.predict_with_fallback(X)[0]
+
+    def route(self, request: Request) -> str:
+        return str(self.predict(features_frame([request], self.feature_set))[0])
+
+    def explain(self, X) -> list[tuple[str, str]]:
+        ratio, risk = self.scores(X)
+        idx = self._decide(ratio, risk, self.threshold_)
+        out = []
+        for i, j in enumerate(idx):
+            m = self.modes_[j]
+            why = (f"predicted {np.exp(ratio[i, j]):.2f}x the reference's latency, risk "
+                   f"{risk[i, j]:.2f} <= {self.threshold_:.3g}" if m != self.reference_
+                   else f"no faster mode predicted safe (threshold {self.threshold_:.3g})")
+            out.append((m, f"{type(self).__name__}: {why}"))
+        return out
+
+    def feature_importances(self) -> pd.Series:
+        names = [n.split("__", 1)[-1] for n in self.prep_.get_feature_names_out()]
+        vals = np.zeros(len(names))
+        for mdl in self.ratio_models_.values():
+            if hasattr(mdl, "feature_importances_"):
+                vals += np.asarray(mdl.feature_importances_, float)
+            elif hasattr(mdl, "coef_"):
+                vals += np.abs(np.ravel(mdl.coef_))
+        return pd.Series(vals, index=names).sort_values(ascending=False)
+
+    def compile(self):
+        self.compile_reason_ = "per-mode models: no compiled form for this variant"
+        return None
+
+
+def _proba(model, F) -> np.ndarray:
+    if isinstance(model, _Constant):
+        return model.predict(F)
+    p = model.predict_proba(F)
+    return p[:, list(model.classes_).index(True)]
+
+
+class LinearCostRouter(CostPredictingRouter):
+    """Ridge regression per mode for the latency ratio, logistic regression per (mode,
+    constraint) for the risk, on standardised features; compiles to one matrix
+    product per decision."""
+
+    _scale = True
+
+    def __init__(self, alpha=1.0, C=1.0, max_risk=0.2, target_violation_rate=None, delta=DELTA,
+                 calibration_share=0.3, feature_set="A", safety_threshold=None, fallback="reference",
+                 random_state=0):
+        self.alpha = alpha
+        self.C = C
+        self.max_risk = max_risk
+        self.target_violation_rate = target_violation_rate
+        self.delta = delta
+        self.calibration_share = calibration_share
+        self.feature_set = feature_set
+        self.safety_threshold = safety_threshold
+        self.fallback = fallback
+        self.random_state = random_state
+
+    def _regressor(self):
+        from sklearn.linear_model import Ridge
+
+        return Ridge(alpha=self.alpha)
+
+    def _classifier(self):
+        from sklearn.linear_model import LogisticRegression
+
+        return LogisticRegression(C=self.C, max_iter=2000)
+
+    @classmethod
+    def _search_space(cls, trial) -> dict:
+        return dict(alpha=trial.suggest_float("alpha", 1e-3, 1e2, log=True),
+                    C=trial.suggest_float("C", 1e-2, 1e2, log=True))
+
+    def compile(self):
+        if self.feature_set != "A":
+            self.compile_reason_ = "compiled only on feature set A (numbers only)"
+            return None
+        return _StackedLinear(self)
+
+
+class LightGBMCostRouter(CostPredictingRouter):
+    """LightGBM regressor per mode for the latency ratio, LightGBM classifier per
+    (mode, constraint) for the risk."""
+
+    def __init__(self, n_estimators=100, num_leaves=15, learning_rate=0.1, min_child_samples=10,
+                 max_risk=0.2, target_violation_rate=None, delta=DELTA, calibration_share=0.3,
+                 feature_set="A", safety_threshold=None, fallback="reference", random_state=0):
+        self.n_estimators = n_estimators
+        self.num_leaves = num_leaves
+        self.learning_rate = learning_rate
+        self.min_child_samples = min_child_samples
+        self.max_risk = max_risk
+        self.target_violation_rate = target_violation_rate
+        self.delta = delta
+        self.calibration_share = calibration_share
+        self.feature_set = feature_set
+        self.safety_threshold = safety_threshold
+        self.fallback = fallback
+        self.random_state = random_state
+
+    def _kw(self):
+        return dict(n_estimators=self.n_estimators, num_leaves=self.num_leaves,
+                    learning_rate=self.learning_rate, min_child_samples=self.min_child_samples,
+                    random_state=self.random_state, n_jobs=1, verbose=-1)
+
+    def _regressor(self):
+        from lightgbm import LGBMRegressor
+
+        return LGBMRegressor(**self._kw())
+
+    def _classifier(self):
+        from lightgbm import LGBMClassifier
+
+        return LGBMClassifier(**self._kw())
+
+    @classmethod
+    def _search_space(cls, trial) -> dict:
+        return dict(n_estimators=trial.suggest_int("n_estimators", 20, 200, step=20),
+                    num_leaves=trial.suggest_int("num_leaves", 4, 31),
+                    learning_rate=trial.suggest_float("learning_rate", 0.02, 0.3, log=True),
+                    min_child_samples=trial.suggest_int("min_child_samples", 5, 40))
+
+    def compile(self):
+        self.compile_reason_ = ("per-mode LightGBM models (13 regressors, up to 39 classifiers): "
+                                "the C kernel compiles one classifier's argmax, not this decision")
+        return None
+
+
+class _StackedLinear:
+    """The linear cost router as two matrices: a decision is the request's features
+    (scaled, folded into the weights) times them, a threshold and an argmin. Same
+    decisions as the pipeline (tests check it)."""
+
+    decision_path = "compiled"
+
+    def __init__(self, router: LinearCostRouter):
+        from dataset.features import _shape
+
+        self._shape = _shape
+        self.router = router
+        self.classes_ = router.classes_
+        modes, ref = router.modes_, router.reference_
+        sc = router.prep_.named_transformers_["num"]
+        mu, sd = sc.mean_, sc.scale_
+        d = len(mu)
+        W = np.zeros((d, len(modes)))
+        b = np.zeros(len(modes))
+        # a mode's risk is the largest constraint's probability: threshold each logit
+        R = np.zeros((d, len(modes) * len(CONSTRAINTS)))
+        c0 = np.full(len(modes) * len(CONSTRAINTS), -np.inf)
+        for j, m in enumerate(modes):
+            if m == ref:
+                continue
+            reg = router.ratio_models_[m]
+            if isinstance(reg, _Constant):
+                b[j] = reg.value
+            else:
+                W[:, j] = reg.coef_ / sd
+                b[j] = reg.intercept_ - (reg.coef_ * mu / sd).sum()
+            for k, c in enumerate(CONSTRAINTS):
+                col = j * len(CONSTRAINTS) + k
+                mdl = router.risk_models_[m][c]
+                if isinstance(mdl, _Constant):
+                    c0[col] = _logit(mdl.value)
+                    continue
+                sign = 1.0 if mdl.classes_[1] else -1.0  # logit of P(True)
+                coef = sign * mdl.coef_[0]
+                R[:, col] = coef / sd
+                c0[col] = sign * mdl.intercept_[0] - (coef * mu / sd).sum()
+        self.W, self.b, self.R, self.c0 = W, b, R, c0
+        self.cut = _logit(router.threshold_)
+        self.none_allowed = router.threshold_ < 0
+        self.n_modes, self.ref_idx = len(modes), modes.index(ref)
+
+    def _pick(self, x: np.ndarray) -> np.ndarray:
+        ratio = x @ self.W + self.b
+        logit = (x @ self.R + self.c0).reshape(len(x), self.n_modes, len(CONSTRAINTS)).max(axis=2)
+        if self.none_allowed:  # no threshold certified: the reference only
+            return np.full(len(x), self.ref_idx)
+        ratio = np.where(logit <= self.cut, ratio, np.inf)
+        return ratio.argmin(axis=1)
+
+    def route(self, request: Request) -> str:
+        x = np.array(self._shape(request), dtype=np.float64)[None, :]
+        return self.classes_[self._pick(x)[0]]
+
+    def matrix(self, frame) -> np.ndarray:
+        from dataset.features import FEATURE_SET_A
+
+        return np.ascontiguousarray(frame[list(FEATURE_SET_A)].to_numpy(np.float64))
+
+    def predict_matrix(self, M) -> np.ndarray:
+        return self.classes_[self._pick(M)]
+
+    def predict(self, X) -> np.ndarray:
+        return self.predict_matrix(self.matrix(X))
+
+
+def _logit(p: float) -> float:
+    if p <= 0:
+        return -np.inf
+    if p >= 1:
+        return np.inf
+    return float(np.log(p / (1 - p)))

@@ -1,0 +1,130 @@
+"""Safety thresholds with a finite-sample guarantee (Learn then Test).
+
+Why: a threshold on a router's safety score tuned on one traffic mix says nothing
+about the violation rate on the next. Here the threshold is *certified* on held-out
+calibration requests: with probability at least ``1 - delta`` over the draw of the
+calibration set, the violation rate on new requests from the same distribution is
+at most ``alpha``.
+
+Method: Learn then Test (Angelopoulos, Bates, Candès, Jordan, Lei, "Learn then
+Test: Calibrating Predictive Algorithms to Achieve Risk Control", 2021,
+arXiv:2110.01052), with fixed-sequence testing. The candidate thresholds are
+ordered from the strictest (only the reference mode, which violates nothing by
+definition) to the loosest; for each, the null hypothesis "its violation rate
+exceeds alpha" is tested with the exact binomial tail p-value
+``P(Binomial(n, alpha) <= k)`` (k violations among n calibration requests); the
+sequence is walked while the null is rejected at level ``delta``, and the last
+threshold rejected is returned. Fixed-sequence testing controls the family-wise
+error at ``delta`` without assuming the violation rate is monotone in the
+threshold (a stricter threshold can swap one unsafe mode for another, so
+conformal risk control's monotonicity does not hold for argmin routers).
+
+What it costs: certifying a small ``alpha`` needs many calibration requests. With
+no violations at all, ``(1 - alpha)^n <= delta`` needs ``n >= log(delta) /
+log(1 - alpha)``: 230 requests for alpha = 0.01, delta = 0.1. With fewer, no
+threshold is certified and the router answers the reference mode: the guarantee
+holds, the speedup is gone. :func:`min_calibration` says how many are needed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+#: the default target violation rate and confidence (the issue's defaults)
+ALPHA = 0.01
+DELTA = 0.1
+
+
+def binomial_p_value(k: int, n: int, alpha: float) -> float:
+    """P(Binomial(n, alpha) <= k): small when k violations in n are unlikely under a
+    violation rate of alpha or more (the null)."""
+    from scipy.stats import binom
+
+    return float(binom.cdf(k, n, alpha)) if n > 0 else 1.0
+
+
+def min_calibration(alpha: float = ALPHA, delta: float = DELTA) -> int:
+    """Calibration requests needed to certify anything (zero violations observed)."""
+    return math.ceil(math.log(delta) / math.log(1 - alpha))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What a certified threshold rests on (kept on the router as ``calibration_``)."""
+
+    alpha: float
+    delta: float
+    n: int
+    #: the certified threshold (None: none certified, the router answers the reference)
+    threshold: float | None
+    #: violations among the n calibration requests at that threshold
+    violations: int
+    #: the empirical violation rate there, and its (1 - delta) upper confidence bound
+    rate: float
+    upper_bound: float
+    p_value: float
+    tested: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def slack(self) -> float:
+        """How far the stated bound may sit above the target: the guarantee is
+        ``rate_new <= alpha`` with probability 1 - delta; the calibration's own
+        upper bound ``upper_bound`` is what it saw."""
+        return max(0.0, self.upper_bound - self.alpha)
+
+
+def upper_bound(k: int, n: int, delta: float) -> float:
+    """Clopper-Pearson one-sided (1 - delta) upper bound of a rate from k of n."""
+    from scipy.stats import beta
+
+    if n == 0:
+        return 1.0
+    return 1.0 if k >= n else float(beta.ppf(1 - delta, k + 1, n - k))
+
+
+def learn_then_test(violations_at, thresholds, n: int, alpha: float = ALPHA,
+                    delta: float = DELTA) -> Calibration:
+    """The loosest threshold certified by fixed-sequence testing.
+
+    ``thresholds`` are ordered strictest first; ``violations_at(t)`` returns the
+    number of violating calibration requests (of ``n``) at threshold ``t``.
+    """
+    best, best_k, best_p, tested = None, 0, 1.0, 0
+    for t in thresholds:
+        k = int(violations_at(t))
+        p = binomial_p_value(k, n, alpha)
+        tested += 1
+        if p > delta:
+            break
+        best, best_k, best_p = t, k, p
+    return Calibration(alpha, delta, n, None if best is None else float(best), best_k,
+                       best_k / n if n else math.nan, upper_bound(best_k, n, delta), best_p, tested)
+
+
+def calibration_split(n: int, share: float, seed: int, groups=None) -> tuple[np.ndarray, np.ndarray]:
+    """(fit rows, calibration rows): a random ``share`` held out for calibration
+    (stratified by ``groups`` when given, so every family is represented)."""
+    rng = np.random.default_rng(seed)
+    idx = np.arange(n)
+    k = min(n, math.ceil(n * share - 1e-9))  # at least the share asked for, never fewer
+    if groups is None:
+        perm = rng.permutation(idx)
+        return np.sort(perm[k:]), np.sort(perm[:k])
+    groups = np.asarray(groups)
+    # every group its share (rounded down), then the rows still missing from the
+    # groups' remainders at random, so the total is exactly k
+    cal, rest = [], []
+    for g in np.unique(groups):
+        rows = rng.permutation(idx[groups == g])
+        take = int(len(rows) * share)
+        cal.extend(rows[:take])
+        rest.extend(rows[take:])
+    cal.extend(rng.permutation(np.array(rest, dtype=int))[: max(0, k - len(cal))])
+    cal = np.sort(np.array(cal, dtype=int))
+    return np.setdiff1d(idx, cal), cal

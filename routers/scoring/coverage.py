@@ -1,0 +1,94 @@
+"""Which held-out requests lie outside the training data, and the certified targets.
+
+Why: no router predicts a condition never varied in training (hold out the only
+family with concurrency above 1 and the batching modes' gain is unseen). A score
+that mixes such requests with covered ones hides where a router interpolates and
+where it guesses. Per held-out request, :func:`coverage` names the numeric
+features (feature set A) whose value lies outside the range the router's training
+part spans (per fold: with leave-one-family-out each family against the others);
+the report then scores covered and extrapolated requests apart
+(:func:`split_headlines`).
+
+:func:`risk_table` puts each certified router's target violation rate next to the
+rate it reached on the calibration requests and on the held-out ones (offline and
+live), so the guarantee can be checked where it is claimed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from dataset.features import FEATURE_SET_A
+
+
+def coverage(table: pd.DataFrame, folds) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per request: ``request_id``, ``extrapolated``, ``outside`` (feature names),
+    per family: each feature outside the training range with both ranges).
+
+    ``folds``: (train positions, test positions) of the split; a request is judged
+    against the training part of the fold that holds it out."""
+    rows, fams = [], []
+    for tr, te in folds:
+        train, test = table.iloc[tr], table.iloc[te]
+        lo = train[list(FEATURE_SET_A)].min()
+        hi = train[list(FEATURE_SET_A)].max()
+        vals = test[list(FEATURE_SET_A)]
+        out = (vals.lt(lo, axis=1) | vals.gt(hi, axis=1))
+        for rid, flags in zip(test["request_id"].astype(str), out.to_numpy()):
+            names = [f for f, b in zip(FEATURE_SET_A, flags) if b]
+            rows.append({"request_id": rid, "extrapolated": bool(names), "outside": ",".join(names)})
+        for fam, g in test.groupby(test["family"].astype(str)):
+            o = out.loc[g.index]
+            for f in FEATURE_SET_A:
+                if o[f].any():
+                    fams.append({"family": fam, "feature": f, "requests_outside": int(o[f].sum()),
+                                 "requests": len(g), "family_min": float(g[f].min()),
+                                 "family_max": float(g[f].max()), "train_min": float(lo[f]),
+                                 "train_max": float(hi[f])})
+    per = pd.DataFrame(rows).drop_duplicates("request_id")
+    cols = ["family", "feature", "requests_outside", "requests", "family_min", "family_max",
+            "train_min", "train_max"]
+    return per, pd.DataFrame(fams, columns=cols)
+
+
+def split_headlines(per_request: pd.DataFrame, overhead: dict, marks: pd.DataFrame) -> dict:
+    """Headline tables (equal family weights) over covered and over extrapolated
+    held-out requests; a part with no request is left out."""
+    from routers.scoring.offline import aggregate_scores
+    from routers.scoring.report import headline_table
+
+    pr = per_request if "extrapolated" in per_request else \
+        per_request.merge(marks[["request_id", "extrapolated"]], on="request_id", how="left")
+    pr = pr.copy()
+    pr["extrapolated"] = pr["extrapolated"].fillna(False).astype(bool)
+    out = {}
+    for name, part in (("inside", pr[~pr["extrapolated"]]), ("extrapolated", pr[pr["extrapolated"]])):
+        if len(part):
+            _, overall = aggregate_scores(part.drop(columns=["extrapolated", "outside"], errors="ignore"))
+            out[name] = headline_table(overall, overhead)
+    return out
+
+
+def risk_table(routers: dict, head: pd.DataFrame, live_summary: pd.DataFrame | None) -> pd.DataFrame:
+    """Per router with a certified threshold: target, confidence, calibration requests,
+    the threshold, the calibration's violation rate and upper bound, and the held-out
+    violation rate offline (and live, where run)."""
+    live = live_summary.set_index("router") if live_summary is not None else None
+    rows = []
+    for name, r in routers.items():
+        cal = getattr(r, "calibration_", None)
+        if not cal:
+            continue
+        rec = {"router": name, "target": cal["alpha"], "confidence": 1 - cal["delta"],
+               "calibration_requests": cal["n"], "certified": cal["threshold"] is not None,
+               "threshold": cal["threshold"], "calibration_rate": cal["rate"],
+               "calibration_upper_bound": cal["upper_bound"],
+               "held_out_rate": float(head.loc[name, "violation_rate_any"]) if name in head.index else math.nan}
+        if live is not None and name in live.index:
+            rec["live_rate"] = float(live.loc[name, "violation_rate_any"])
+        rec["met_offline"] = bool(rec["held_out_rate"] <= cal["alpha"]) if np.isfinite(rec["held_out_rate"]) else None
+        rows.append(rec)
+    return pd.DataFrame(rows)

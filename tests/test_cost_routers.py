@@ -1,0 +1,210 @@
+"""Cost-predicting routers (routers.cost_predicting) and certified thresholds
+(routers.risk_control)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.base import clone
+
+from dataset.features import features_frame
+from dataset.requests import Request
+from routers.cost_predicting import LightGBMCostRouter, LinearCostRouter
+from routers.risk_control import (
+    binomial_p_value,
+    calibration_split,
+    learn_then_test,
+    min_calibration,
+    upper_bound,
+)
+
+REF = "fp16_baseline"
+FAST = "continuous_batching"
+QUANT = "int8_quant"
+
+
+def _requests(n, seed, families=("a", "b", "c")):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        fam = families[i % len(families)]
+        conc = int(rng.choice([1, 2, 4, 8, 16]))
+        out.append(Request(id=f"{fam}-{seed}-{i}", prompt_tokens=int(rng.integers(20, 600)),
+                           expected_output_tokens=int(rng.integers(4, 64)),
+                           concurrent_requests=conc, family=fam, workload=fam))
+    return out
+
+
+def synthetic_table(n=600, seed=0, families=("a", "b", "c"), quant_unsafe_above=300):
+    """Latency ratios with a known shape: continuous batching is faster the more
+    requests arrive together (0.35x at 16, 1.3x alone); int8 is 0.8x everywhere but
+    breaks the quality limit on prompts longer than ``quant_unsafe_above`` tokens."""
+    reqs = _requests(n, seed, families)
+    X = features_frame(reqs, "B").reset_index()
+    c = X["concurrent_requests"].to_numpy()
+    p = X["prompt_tokens"].to_numpy()
+    lat_ref = 100.0 + p * 0.2 + X["expected_output_tokens"].to_numpy() * 5 * c
+    ratio_cb = 1.3 * c ** -0.4
+    X[f"latency_ms__{REF}"] = lat_ref
+    X[f"latency_ms__{FAST}"] = lat_ref * ratio_cb
+    X[f"latency_ms__{QUANT}"] = lat_ref * 0.8
+    for m in (REF, FAST, QUANT):
+        for k in ("quality", "energy", "memory"):
+            X[f"violates_{k}__{m}"] = False
+    X[f"violates_quality__{QUANT}"] = p > quant_unsafe_above
+    for m in (REF, FAST, QUANT):
+        X[f"safe__{m}"] = ~X[[f"violates_{k}__{m}" for k in ("quality", "energy", "memory")]].any(axis=1)
+    lat = X[[f"latency_ms__{m}" for m in (REF, FAST, QUANT)]].to_numpy()
+    safe = X[[f"safe__{m}" for m in (REF, FAST, QUANT)]].to_numpy()
+    X["label"] = np.array([REF, FAST, QUANT])[np.where(safe, lat, np.inf).argmin(axis=1)]
+    return X
+
+
+def test_it_picks_a_mode_it_never_saw_as_a_label():
+    """Training: at most two requests arrive together, where continuous batching (1.3x,
+    0.98x) never beats int8 (0.8x, always safe here), so it is never a label. Its
+    costs say it gains with company; with 8-16 requests together the linear router
+    extrapolates that and picks it. (A tree ensemble cannot extrapolate past the
+    largest concurrency it saw: no method predicts a condition never varied.)"""
+    train = synthetic_table(900, seed=1, quant_unsafe_above=10_000)
+    train = train[train["concurrent_requests"] <= 2].reset_index(drop=True)
+    assert FAST not in set(train["label"]) and train["concurrent_requests"].nunique() == 2
+    r = LinearCostRouter(max_risk=0.5).fit(train)
+    test = synthetic_table(300, seed=4, quant_unsafe_above=10_000)
+    busy = test[test["concurrent_requests"] >= 8]
+    assert (r.predict(busy) == FAST).mean() > 0.9
+    alone = test[test["concurrent_requests"] == 1]
+    assert FAST not in set(r.predict(alone))
+
+
+@pytest.mark.parametrize("cls", [LinearCostRouter, LightGBMCostRouter])
+def test_risk_keeps_it_off_the_unsafe_mode(cls):
+    r = cls(max_risk=0.2).fit(synthetic_table(900, seed=5))
+    test = synthetic_table(300, seed=6)
+    picks = r.predict(test)
+    long_alone = (test["prompt_tokens"] > 400) & (test["concurrent_requests"] == 1)
+    assert (picks[long_alone.to_numpy()] == QUANT).mean() < 0.1
+    short_alone = (test["prompt_tokens"] < 200) & (test["concurrent_requests"] == 1)
+    assert (picks[short_alone.to_numpy()] == QUANT).mean() > 0.8
+    assert cls.__init__  # sklearn API: clone keeps the parameters, unfitted
+    c = clone(r)
+    assert c.get_params() == r.get_params() and not hasattr(c, "ratio_models_")
+
+
+def test_the_compiled_linear_router_decides_as_the_pipeline():
+    r = LinearCostRouter(max_risk=0.3).fit(synthetic_table(600, seed=7))
+    test = synthetic_table(400, seed=8)
+    fast = r.compile()
+    assert fast is not None
+    np.testing.assert_array_equal(fast.predict(test), r.predict(test))
+    reqs = _requests(50, seed=8)
+    assert [fast.route(q) for q in reqs] == [r.route(q) for q in reqs]
+    assert LightGBMCostRouter().fit(synthetic_table(200, seed=9)).compile() is None
+
+
+# ------------------------------------------------------------ risk control
+def test_binomial_p_values_and_the_sample_size_they_need():
+    assert min_calibration(0.01, 0.1) == 230
+    assert binomial_p_value(0, 230, 0.01) <= 0.1 < binomial_p_value(0, 229, 0.01)
+    assert upper_bound(0, 230, 0.1) == pytest.approx(0.01, abs=1e-3)
+    fit, cal = calibration_split(100, 0.3, 0, groups=np.repeat(["x", "y"], 50))
+    assert len(cal) == 30 and not set(fit) & set(cal) and len(fit) + len(cal) == 100
+    # never fewer than asked for, whatever the groups' sizes (229 of 230 certifies nothing)
+    groups = np.repeat(list("abcdefg"), [91, 90, 95, 88, 93, 92, 91])
+    _, cal = calibration_split(len(groups), 230 / len(groups), 0, groups=groups)
+    assert len(cal) == 230
+
+
+def test_learn_then_test_meets_its_target_on_a_known_violation_curve():
+    """Threshold t violates with probability t (a known curve): the certified threshold's
+    true rate is at most alpha in at least 1 - delta of repeated calibrations."""
+    alpha, delta, n = 0.05, 0.1, 2000
+    grid = np.linspace(0, 0.2, 81)
+    rng = np.random.default_rng(0)
+    true_rates, certified = [], []
+    for _ in range(300):
+        u = rng.random(n)  # request i violates at threshold t iff u_i < t
+
+        def violations_at(t, u=u):
+            return int((u < t).sum())
+
+        cal = learn_then_test(violations_at, grid, n, alpha, delta)
+        certified.append(cal.threshold is not None)
+        true_rates.append(cal.threshold if cal.threshold is not None else 0.0)
+    true_rates = np.array(true_rates)
+    assert np.mean(true_rates > alpha) <= delta  # the guarantee
+    assert np.all(certified) and np.median(true_rates) > 0.04  # and not needlessly strict
+
+
+def test_a_calibrated_cost_router_keeps_its_violation_rate():
+    table = synthetic_table(3000, seed=10, quant_unsafe_above=200)
+    # noisy labels of safety: int8 breaks quality at random on a fifth of short prompts too
+    rng = np.random.default_rng(1)
+    noise = (rng.random(len(table)) < 0.2) & (table["prompt_tokens"] <= 200)
+    table[f"violates_quality__{QUANT}"] |= noise
+    table[f"safe__{QUANT}"] = ~table[f"violates_quality__{QUANT}"]
+    r = LinearCostRouter(target_violation_rate=0.05, calibration_share=0.4).fit(table)
+    cal = r.calibration_
+    assert cal["n"] == 1200 and cal["threshold"] is not None and cal["rate"] <= 0.05
+    test = synthetic_table(3000, seed=11, quant_unsafe_above=200)
+    noise = (rng.random(len(test)) < 0.2) & (test["prompt_tokens"] <= 200)
+    test[f"safe__{QUANT}"] = ~(test[f"violates_quality__{QUANT}"] | noise)
+    picks = r.predict(test)
+    safe = np.array([test[f"safe__{m}"].iloc[i] for i, m in enumerate(picks)])
+    assert 1 - safe.mean() <= 0.05 + 0.02  # target plus sampling slack on 3000 new requests
+    assert (picks != REF).mean() > 0.3  # it still routes
+
+
+def test_too_few_calibration_requests_certify_nothing_and_answer_the_reference():
+    table = synthetic_table(120, seed=12)
+    r = LinearCostRouter(target_violation_rate=0.01, calibration_share=0.3).fit(table)
+    assert r.calibration_["threshold"] is None and r.calibration_["n"] < 230
+    assert set(r.predict(synthetic_table(50, seed=13))) == {REF}
+    assert set(r.compile().predict(synthetic_table(50, seed=13))) == {REF}
+
+
+@pytest.mark.parametrize("name", ["cost_linear", "cost_lgbm"])
+def test_export_load_decides_identically(tmp_path, name):
+    from routers import get_router
+    from routers.export import export_router, load_router
+
+    est = get_router(name, max_risk=0.3).fit(synthetic_table(500, seed=14))
+    mlruns = str(tmp_path / "mlruns")
+    info = export_router(est, mlruns=mlruns, source_run_id="r1", backend="transformers")
+    loaded = load_router(info["uri"], mlruns, available_modes=[REF, FAST, QUANT])
+    assert loaded.path_ == ("compiled" if name == "cost_linear" else "pipeline")
+    reqs = _requests(60, seed=15)
+    assert [loaded.route(q) for q in reqs] == list(est.predict(features_frame(reqs, "B")))
+    assert set(loaded.modes_) == {REF, FAST, QUANT}
+
+
+def test_every_learned_family_takes_the_target():
+    from routers import learned_families
+    from routers.training.trainer import _accepts
+
+    assert all(_accepts(f, "target_violation_rate") for f in learned_families())
+
+
+def test_a_guarded_classifier_certifies_its_safety_threshold():
+    """The guarded classifiers' threshold on P(safe) is certified the same way: with a
+    target, the threshold used is chosen on held-out rows and meets it on new ones."""
+    from routers.families.dt import DecisionTreeRouter
+
+    table = synthetic_table(3000, seed=20, quant_unsafe_above=200)
+    rng = np.random.default_rng(2)
+    noise = (rng.random(len(table)) < 0.2) & (table["prompt_tokens"] <= 200)
+    table[f"safe__{QUANT}"] = ~(table[f"violates_quality__{QUANT}"] | noise)
+    modes = [REF, FAST, QUANT]
+    safe = pd.DataFrame({m: table[f"safe__{m}"].to_numpy() for m in modes})
+    r = DecisionTreeRouter(safety_threshold=0.3, fallback="reference", target_violation_rate=0.05,
+                           max_depth=6).fit(table, table["label"], safe=safe)
+    cal = r.calibration_
+    assert cal["threshold"] is not None and cal["n"] == 900 and r.safety_threshold_ >= 0.3
+    test = synthetic_table(3000, seed=21, quant_unsafe_above=200)
+    noise = (rng.random(len(test)) < 0.2) & (test["prompt_tokens"] <= 200)
+    test[f"safe__{QUANT}"] = ~(test[f"violates_quality__{QUANT}"] | noise)
+    picks = r.predict(test)
+    ok = np.array([test[f"safe__{m}"].iloc[i] for i, m in enumerate(picks)])
+    assert 1 - ok.mean() <= 0.05 + 0.02
+    # without a target the given threshold is used as it is
+    plain = DecisionTreeRouter(safety_threshold=0.3, fallback="reference").fit(table, table["label"], safe=safe)
+    assert plain.safety_threshold_ == 0.3 and plain.calibration_ is None
