@@ -87,19 +87,44 @@ def main():
         t0 = time.perf_counter()
         c.predict_matrix(M)
         batch[fam] = len(M) / (time.perf_counter() - t0)
+    # the cost-predicting routers (feature set A: the linear one compiles on numbers only)
+    not_compiled = {}
+    for fam in ("cost_linear", "cost_lgbm"):
+        est = get_router(fam, feature_set="A", max_risk=0.3,
+                         **({"n_estimators": args.trees} if fam == "cost_lgbm" else {})).fit(table)
+        n = args.pipeline_decisions if fam == "cost_linear" else max(50, args.pipeline_decisions // 10)
+        t = time_decisions(lambda r, e=est: e.predict(features_frame([r], "A")), stream, n,
+                           warmup=min(50, n))
+        frame_a = features_frame(stream, "A")
+        t0 = time.perf_counter()
+        est.predict(frame_a)
+        pipeline_rows[fam] = (*pct(t), len(frame_a) / (time.perf_counter() - t0))
+        c = est.compile()
+        if c is None:
+            not_compiled[fam] = est.compile_reason_
+            continue
+        assert (c.predict(frame_a) == est.predict(frame_a)).all()
+        fast[fam] = c.route
+        M = np.ascontiguousarray(np.tile(c.matrix(frame_a), (reps, 1)))
+        t0 = time.perf_counter()
+        c.predict_matrix(M)
+        batch[fam] = len(M) / (time.perf_counter() - t0)
     # rule and compiled routers interleaved in rounds: drift hits all of them alike
     times = time_side_by_side(fast, stream, args.decisions, rounds=args.rounds, warmup=2000)
     base = pct(times["rule"])[0]
     rows = [("rule", *pct(times["rule"]), None)]
-    for fam in ("dt", "rf", "lr", "lgbm"):
+    for fam in ("dt", "rf", "lr", "lgbm", "cost_linear", "cost_lgbm"):
         rows.append((f"{fam} (pipeline)", *pipeline_rows[fam]))
-        rows.append((f"{fam} (compiled)", *pct(times[fam]), batch[fam]))
+        if fam in times:
+            rows.append((f"{fam} (compiled)", *pct(times[fam]), batch[fam]))
     print(f"decisions: {args.decisions} single (pipeline rows: {args.pipeline_decisions}); "
           f"batch rows: compiled {reps * len(big)}, pipeline {len(big)}; feature set {args.feature_set}")
-    print(f"{'router':<18} {'p50 us':>10} {'p99 us':>10} {'p50 / rule':>11} {'batch decisions/s':>18}")
+    print(f"{'router':<22} {'p50 us':>10} {'p99 us':>10} {'p50 / rule':>11} {'batch decisions/s':>18}")
     for name, p50, p99, thr in rows:
         t = f"{thr:,.0f}" if thr else "-"
-        print(f"{name:<18} {p50:10.2f} {p99:10.2f} {p50 / base:10.2f}x {t:>18}")
+        print(f"{name:<22} {p50:10.2f} {p99:10.2f} {p50 / base:10.2f}x {t:>18}")
+    for fam, why in not_compiled.items():
+        print(f"{fam}: not compiled ({why})")
     for fam, (nodes, hit, walk) in region.items():
         print(f"{fam}: region tree {nodes:,} nodes; decides {hit:.1%} of the stream's requests "
               f"({1 - walk:.1%} of the bin grid), the rest walk the trees")

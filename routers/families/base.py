@@ -49,6 +49,10 @@ class LearnedRouter(RouterMixin, ClassifierMixin, BaseEstimator):
 
     _scale = False
     decision_path = "pipeline"
+    #: defaults of parameters added later, for routers saved before they existed
+    #: (``get_params`` falls back to these class attributes)
+    target_violation_rate = None
+    delta = 0.1
 
     def _make_estimator(self):  # pragma: no cover - abstract
         raise NotImplementedError
