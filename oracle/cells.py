@@ -78,7 +78,7 @@ def family_condition(family, benchmark_suite, shape: dict) -> str:
     if isinstance(benchmark_suite, str) and benchmark_suite:
         return "benchmark"
     nums = [shape.get(k) for k in ("shared_prefix_tokens", "memory_pressure", "concurrent_requests")]
-    known = all(v is not None and np.isfinite(float(v)) for v in nums)
+    known = all(pd.notna(v) and np.isfinite(float(v)) for v in nums)
     if not known and isinstance(family, str):
         try:
             return get_workload(family).condition

@@ -81,7 +81,10 @@ def _pool(cells: Cells, condition: str, suite) -> tuple[pd.Index, str]:
         if len(same):
             return same, f"{suite} cells"
         condition_pool = units.index[units["condition"] == "plain"]
-        return condition_pool, f"plain cells (no {suite} cells measured)"
+        if len(condition_pool):
+            return condition_pool, f"plain cells (no {suite} cells measured)"
+        return (units.index[units["condition"] != "benchmark"],
+                f"cells of every condition (no {suite} or plain cells measured)")
     same = units.index[units["condition"] == condition]
     if len(same):
         return same, f"{condition} cells"

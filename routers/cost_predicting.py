@@ -42,7 +42,13 @@ from dataset.features import CATEGORICAL_FEATURES, FEATURE_SETS, features_frame
 from dataset.requests import Request
 from engine.modes import reference_mode
 from routers.base import RouterMixin
-from routers.risk_control import DELTA, calibration_split, learn_then_test, min_calibration
+from routers.risk_control import (
+    DELTA,
+    calibration_split,
+    candidate_grid,
+    learn_then_test,
+    min_calibration,
+)
 
 CONSTRAINTS = ("quality", "energy", "memory")
 #: fewer training rows than this for a (mode, target): predict the rows' mean instead
@@ -105,7 +111,7 @@ class CostPredictingRouter(RouterMixin, ClassifierMixin, BaseEstimator):
         w = None if sample_weight is None else np.asarray(sample_weight, dtype=float)
         fit_rows = np.arange(len(X))
         cal_rows = None
-        if self.target_violation_rate is not None:
+        if self.target_violation_rate:
             groups = X["family"].astype(str).to_numpy() if "family" in X else None
             # the share asked for, but at least what the target needs to be certifiable
             # at all (at most half the rows)
@@ -138,7 +144,7 @@ class CostPredictingRouter(RouterMixin, ClassifierMixin, BaseEstimator):
         self.threshold_ = float(self.max_risk)
         self.calibration_ = None
         if cal_rows is not None:
-            self._calibrate(X.iloc[cal_rows])
+            self._calibrate(X.iloc[cal_rows], sub)
         return self
 
     def _fit_reg(self, F, t, w):
@@ -151,19 +157,18 @@ class CostPredictingRouter(RouterMixin, ClassifierMixin, BaseEstimator):
             return _Constant(v.mean() if len(v) else 1.0)
         return self._classifier().fit(F, v, sample_weight=w)
 
-    def _calibrate(self, cal: pd.DataFrame):
+    def _calibrate(self, cal: pd.DataFrame, fitted: pd.DataFrame):
         """Certify the loosest threshold whose violation rate on ``cal`` is at most
-        ``target_violation_rate`` with confidence 1 - delta (Learn then Test)."""
+        ``target_violation_rate`` with confidence 1 - delta (Learn then Test); the
+        candidates come from the risks predicted on the ``fitted`` rows."""
         ratio, risk = self.scores(cal)
         safe = np.column_stack([cal[f"safe__{m}"].astype("boolean").fillna(False).to_numpy(bool)
                                 if f"safe__{m}" in cal else np.zeros(len(cal), bool)
                                 for m in self.modes_])
         safe[:, self.modes_.index(self.reference_)] = True  # the reference breaks nothing by definition
-        cands = np.unique(np.concatenate([[0.0], risk[:, self._others()].ravel()]))
-        cands = cands[cands <= self.max_risk_ceiling]
-        # strictest first; at most 200 candidates (quantiles of the predicted risks)
-        if len(cands) > 200:
-            cands = np.unique(np.quantile(cands, np.linspace(0, 1, 200)))
+        fit_risk = self.scores(fitted)[1][:, self._others()].ravel()
+        cands = candidate_grid(np.concatenate([[0.0], fit_risk, [self.max_risk_ceiling]]))
+        cands = cands[cands <= self.max_risk_ceiling]  # strictest first
         rows = np.arange(len(cal))
 
         def violations_at(t):

@@ -8,9 +8,11 @@ at most ``alpha``.
 
 Method: Learn then Test (Angelopoulos, Bates, Candès, Jordan, Lei, "Learn then
 Test: Calibrating Predictive Algorithms to Achieve Risk Control", 2021,
-arXiv:2110.01052), with fixed-sequence testing. The candidate thresholds are
-ordered from the strictest (only the reference mode, which violates nothing by
-definition) to the loosest; for each, the null hypothesis "its violation rate
+arXiv:2110.01052), with fixed-sequence testing. The candidate thresholds, fixed
+before the calibration rows are looked at (from the fitting rows' scores), are
+ordered from the strictest (the cost routers: only the reference mode, which
+violates nothing by definition; the guarded classifiers: every pick falls back)
+to the loosest; for each, the null hypothesis "its violation rate
 exceeds alpha" is tested with the exact binomial tail p-value
 ``P(Binomial(n, alpha) <= k)`` (k violations among n calibration requests); the
 sequence is walked while the null is rejected at level ``delta``, and the last
@@ -95,16 +97,30 @@ def learn_then_test(violations_at, thresholds, n: int, alpha: float = ALPHA,
     ``thresholds`` are ordered strictest first; ``violations_at(t)`` returns the
     number of violating calibration requests (of ``n``) at threshold ``t``.
     """
+    if not 0 < alpha < 1:
+        raise ValueError(f"target violation rate {alpha}: must lie in (0, 1)")
     best, best_k, best_p, tested = None, 0, 1.0, 0
     for t in thresholds:
         k = int(violations_at(t))
         p = binomial_p_value(k, n, alpha)
         tested += 1
-        if p > delta:
+        if not p <= delta:  # NaN (a bad alpha) stops too: nothing is certified by accident
             break
         best, best_k, best_p = t, k, p
     return Calibration(alpha, delta, n, None if best is None else float(best), best_k,
                        best_k / n if n else math.nan, upper_bound(best_k, n, delta), best_p, tested)
+
+
+def candidate_grid(scores: np.ndarray, n: int = 200) -> np.ndarray:
+    """Thresholds to test, from scores *not* of the calibration rows (Learn then Test
+    needs the grid fixed in advance): midpoints between up to ``n`` quantiles, so a
+    threshold never sits exactly on a score (where rounding could decide)."""
+    s = np.unique(np.asarray(scores, float)[np.isfinite(scores)])
+    if len(s) > n:
+        s = np.unique(np.quantile(s, np.linspace(0, 1, n)))
+    if len(s) < 2:
+        return s
+    return (s[:-1] + s[1:]) / 2
 
 
 def calibration_split(n: int, share: float, seed: int, groups=None) -> tuple[np.ndarray, np.ndarray]:

@@ -208,3 +208,15 @@ def test_a_guarded_classifier_certifies_its_safety_threshold():
     # without a target the given threshold is used as it is
     plain = DecisionTreeRouter(safety_threshold=0.3, fallback="reference").fit(table, table["label"], safe=safe)
     assert plain.safety_threshold_ == 0.3 and plain.calibration_ is None
+
+
+def test_a_target_outside_0_1_is_refused_not_certified():
+    from dataset.errors import InputError
+    from routers.training.trainer import TrainConfig
+
+    for bad in (-0.01, 0.0, 1.0):
+        with pytest.raises(ValueError, match="must lie in"):
+            learn_then_test(lambda t: 0, [0.1], 500, bad, 0.1)
+    with pytest.raises(InputError, match="target-violation-rate"):
+        TrainConfig(target_violation_rate=1.5)
+    assert TrainConfig(target_violation_rate=0).target_violation_rate == 0  # 0: off

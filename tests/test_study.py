@@ -143,3 +143,22 @@ def test_the_shipped_study_file_is_valid():
     assert cfg.replace(conditions={}) == StudyConfig(families=cfg.families)
     assert cfg.condition_draw() == ConditionDraw()
     assert cfg.requests_per_family >= 20 and cfg.splits == ("random", "group", "lofo")
+
+
+def test_redo_forgets_what_reads_the_step_and_only_checks_prerequisites(tmp_path):
+    from modeswitch.study import Study
+
+    study = Study(StudyConfig(output=str(tmp_path / "s")), log=lambda m: None)
+    for step in study.steps():
+        study.state["steps"][step] = {"seconds": 1.0, "outputs": {}, "finished": "t"}
+    study.forget("dataset")
+    assert list(study.state["steps"]) == ["model", "profile", "costmodel", "labels"]
+    for step in study.steps():
+        study.state["steps"].setdefault(step, {"seconds": 1.0, "outputs": {}, "finished": "t"})
+    study.forget("train:group")
+    assert "train:group" not in study.state["steps"] and "score:group" not in study.state["steps"]
+    assert "report" not in study.state["steps"] and "score:random" in study.state["steps"]
+    assert study.needs("score:lofo")[-1] == "train:lofo"
+    fresh = Study(StudyConfig(output=str(tmp_path / "t")), log=lambda m: None)
+    with pytest.raises(Exception, match="needs model, profile"):
+        fresh.run(["costmodel"])

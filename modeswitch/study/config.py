@@ -95,6 +95,8 @@ class StudyConfig:
                 raise ValueError(f"{name}: must be at least 1")
         if self.length_scale <= 0:
             raise ValueError("profile.length_scale: must be > 0")
+        if not 0 <= self.target_violation_rate < 1:
+            raise ValueError("train.target_violation_rate: must lie in [0, 1) (0: no certification)")
 
     # ------------------------------------------------------------- the file
     @classmethod

@@ -78,14 +78,35 @@ class Study:
     def done(self, step: str) -> bool:
         return step in self.state["steps"]
 
+    def needs(self, step: str) -> list[str]:
+        """The steps ``step`` reads the outputs of."""
+        base = ["model", "profile", "costmodel", "labels", "dataset"]
+        kind, _, split = step.partition(":")
+        if kind in base:
+            return base[:base.index(kind)]
+        if kind == "train":
+            return base
+        if kind == "score":
+            return [*base, f"train:{split}"]
+        return [x for x in self.steps() if x != "report"]
+
     def forget(self, step: str):
-        """Mark a finished step (or every ``kind:*`` step for ``kind``) as not done, so the
-        next run does it again."""
-        names = [s for s in self.steps() if s == step or s.split(":")[0] == step]
+        """Mark a step (or every ``kind:*`` step for ``kind``) and every step that reads
+        its outputs as not done, so the next run does them again (redoing the dataset
+        retrains and rescores; a finished score report is moved aside as ``.previous``)."""
+        order = self.steps()
+        names = {x for x in order if x == step or x.split(":")[0] == step}
         if not names:
-            raise InputError(f"--redo {step!r}: no such step; steps: {', '.join(self.steps())}")
-        for s in names:
-            self.state["steps"].pop(s, None)
+            raise InputError(f"--redo {step!r}: no such step; steps: {', '.join(order)}")
+        grew = True
+        while grew:  # and everything downstream of them
+            more = {x for x in order if set(self.needs(x)) & names} - names
+            names |= more
+            grew = bool(more)
+        for x in names:
+            if x in self.state["steps"] and x.startswith("score:"):
+                self.state.setdefault("redone", []).append(x)
+            self.state["steps"].pop(x, None)
         self._save_state()
 
     def outputs(self, step: str) -> dict:
@@ -99,12 +120,19 @@ class Study:
 
     # --------------------------------------------------------------- run
     def run(self, only: list[str] | None = None) -> dict:
-        """Run every step not finished yet (or only those named); returns the state."""
+        """Run every step not finished yet (or only those named, whose earlier steps
+        must be done); returns the state."""
         self.out.mkdir(parents=True, exist_ok=True)
         self._save_state()
-        for step in self.steps():
+        order = self.steps()
+        for step in order:
             if only and step not in only and step.split(":")[0] not in only:
                 continue
+            if only:
+                missing = [x for x in self.needs(step) if not self.done(x)
+                           and x not in only and x.split(":")[0] not in only]
+                if missing:
+                    raise InputError(f"--only {step}: needs {', '.join(missing)} done first")
             if self.done(step):
                 rec = self.state["steps"][step]
                 self.log(f"[{step}] done before ({rec['seconds']:.0f} s); skipped")
@@ -274,8 +302,9 @@ class Study:
 
         c = self.cfg
         out = self.out / f"score-{split}"
-        if out.exists() and any(out.iterdir()):  # an interrupted earlier attempt
-            aside = out.with_name(f"{out.name}.incomplete-{datetime.now():%Y%m%d-%H%M%S}")
+        if out.exists() and any(out.iterdir()):  # an interrupted earlier attempt, or a redo
+            kind = "previous" if f"score:{split}" in self.state.get("redone", []) else "incomplete"
+            aside = out.with_name(f"{out.name}.{kind}-{datetime.now():%Y%m%d-%H%M%S}")
             out.rename(aside)
             self.log(f"moved the unfinished report {out} aside to {aside}")
         runs = list(self.outputs(f"train:{split}")["runs"].values())

@@ -116,7 +116,12 @@ class LearnedRouter(RouterMixin, ClassifierMixin, BaseEstimator):
         strict (every pick falls back) to ``safety_threshold``, whose violation rate on
         new requests is at most ``target`` with probability 1 - ``delta``. Nothing
         certified: every decision is the reference."""
-        from routers.risk_control import calibration_split, learn_then_test, min_calibration
+        from routers.risk_control import (
+            calibration_split,
+            candidate_grid,
+            learn_then_test,
+            min_calibration,
+        )
 
         if safe is None:
             raise ValueError("a certified safety threshold needs safe= (per-mode safety labels) in fit")
@@ -124,17 +129,18 @@ class LearnedRouter(RouterMixin, ClassifierMixin, BaseEstimator):
         need = min_calibration(target, self.delta)
         share = min(0.5, max(0.3, need / max(n, 1)))
         groups = X["family"].astype(str).to_numpy() if hasattr(X, "columns") and "family" in X else None
-        fit_rows, cal_rows = calibration_split(n, share, 0, groups)
+        fit_rows, cal_rows = calibration_split(n, share, getattr(self, "random_state", 0) or 0, groups)
         take = (lambda A, r: A.iloc[r]) if hasattr(X, "iloc") else (lambda A, r: np.asarray(A)[r])
         w = None if sample_weight is None else np.asarray(sample_weight)[fit_rows]
         safe = pd.DataFrame(safe).reset_index(drop=True)
         self._fit(take(X, fit_rows), np.asarray(y)[fit_rows], w, safe.iloc[fit_rows])
-        Xc, sc = take(X, cal_rows), safe.iloc[cal_rows].reset_index(drop=True)
+        Xc = take(X, cal_rows)
+        sc = safe.iloc[cal_rows].reset_index(drop=True).fillna(False).astype(bool)
         ref = reference_mode().name
-        p_safe = self.safety_proba(Xc)
-        cands = np.unique(p_safe[p_safe >= self.safety_threshold])[::-1]  # strict first
-        if len(cands) > 200:
-            cands = np.unique(np.quantile(cands, np.linspace(0, 1, 200)))[::-1]
+        # candidates from the fitting rows' scores (fixed before calibration is seen)
+        p_fit = self.safety_proba(take(X, fit_rows)).ravel()
+        cands = candidate_grid(np.concatenate([p_fit, [self.safety_threshold, 1.0]]))
+        cands = cands[cands >= self.safety_threshold][::-1]  # strict first
 
         def violations_at(t):
             self.safety_threshold_ = t
@@ -270,7 +276,7 @@ class LearnedRouter(RouterMixin, ClassifierMixin, BaseEstimator):
         proba = self.predict_proba(X)
         if self.safety_threshold is None or self.safety_ is None:
             return self.classes_[proba.argmax(1)], np.zeros(len(proba), bool)
-        threshold = self.safety_threshold_
+        threshold = getattr(self, "safety_threshold_", self.safety_threshold)  # older saved routers
         if threshold is None:  # a certification found no threshold: the reference only
             return np.full(len(proba), reference_mode().name, dtype=object), np.ones(len(proba), bool)
         ok = self.safety_proba(X) >= threshold

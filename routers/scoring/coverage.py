@@ -80,6 +80,21 @@ def risk_table(routers: dict, head: pd.DataFrame, live_summary: pd.DataFrame | N
     rows = []
     for name, r in routers.items():
         cal = getattr(r, "calibration_", None)
+        folds = getattr(r, "by_family", None)
+        if folds:  # leave one family out: the routers scored are the folds' refits
+            cals = [getattr(m, "calibration_", None) for m in folds.values()]
+            cals = [c for c in cals if c]
+            if not cals:
+                continue
+            done = [c for c in cals if c["threshold"] is not None]
+            cal = {"alpha": cals[0]["alpha"], "delta": cals[0]["delta"],
+                   "n": int(np.median([c["n"] for c in cals])),
+                   "threshold": float(np.median([c["threshold"] for c in done])) if done else None,
+                   "rate": float(np.mean([c["rate"] for c in cals])),
+                   "upper_bound": float(np.max([c["upper_bound"] for c in cals]))}
+            certified_folds = f"{len(done)}/{len(cals)} folds"
+        else:
+            certified_folds = None
         if not cal:
             continue
         rec = {"router": name, "target": cal["alpha"], "confidence": 1 - cal["delta"],
@@ -87,6 +102,8 @@ def risk_table(routers: dict, head: pd.DataFrame, live_summary: pd.DataFrame | N
                "threshold": cal["threshold"], "calibration_rate": cal["rate"],
                "calibration_upper_bound": cal["upper_bound"],
                "held_out_rate": float(head.loc[name, "violation_rate_any"]) if name in head.index else math.nan}
+        if certified_folds:
+            rec["certified"] = certified_folds  # thresholds: the folds' median
         if live is not None and name in live.index:
             rec["live_rate"] = float(live.loc[name, "violation_rate_any"])
         rec["met_offline"] = bool(rec["held_out_rate"] <= cal["alpha"]) if np.isfinite(rec["held_out_rate"]) else None

@@ -65,6 +65,11 @@ class TrainConfig:
     #: probability 1 - delta (Learn then Test); 0: no calibration, the tuned threshold
     target_violation_rate: float = 0.01
 
+    def __post_init__(self):
+        if not 0 <= self.target_violation_rate < 1:
+            raise InputError(f"--target-violation-rate {self.target_violation_rate}: must lie in "
+                             "[0, 1) (0: no certification)")
+
     def apply_preset(self) -> TrainConfig:
         if self.preset is None:
             return self
@@ -82,9 +87,13 @@ def _xy(table):
     return table, table["label"].astype(str).to_numpy(), safe, modes
 
 
-def _fit(family, params, cfg: TrainConfig, table, y, safe, modes, idx, use_weights):
+def _fit(family, params, cfg: TrainConfig, table, y, safe, modes, idx, use_weights, certify=True):
+    """One router fitted on rows ``idx``. ``certify``: with the config's target, the
+    threshold is certified on held-out rows of ``idx`` (the final and cross-fitted
+    fits); Optuna's inner folds fit without it, so tuning compares the models (with
+    their tuned ``max_risk``), not folds too small to certify anything."""
     extra = {k: v for k, v in params.items() if k != "regret_weights"}
-    if cfg.target_violation_rate and _accepts(family, "target_violation_rate"):
+    if certify and cfg.target_violation_rate and _accepts(family, "target_violation_rate"):
         extra["target_violation_rate"] = cfg.target_violation_rate
     est = get_router(family, feature_set=cfg.feature_set, safety_threshold=cfg.safety_threshold,
                      fallback=cfg.fallback, **extra)
@@ -136,7 +145,8 @@ def tune(family, cfg: TrainConfig, table, y, safe, modes, train_idx, study_name,
         use_w = trial.suggest_categorical("regret_weights", [False, True])
         scores = []
         for step, (tr, va) in enumerate(folds):
-            est = _fit(family, params, cfg, train, y[train_idx], safe.iloc[train_idx], modes, tr, use_w)
+            est = _fit(family, params, cfg, train, y[train_idx], safe.iloc[train_idx], modes, tr, use_w,
+                       certify=False)
             scores.append(objective_metrics(train.iloc[va], est.predict(train.iloc[va]), modes,
                                    cfg.unsafe_penalty)["objective"])
             trial.report(float(np.mean(scores)), step)
