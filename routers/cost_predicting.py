@@ -194,16 +194,26 @@ class CostPredictingRouter(RouterMixin, ClassifierMixin, BaseEstimator):
         (the largest of the constraints' predicted violation probabilities); the
         reference's column is 0 in both."""
         check_is_fitted(self, "ratio_models_")
-        F = self._features(X)
+        return self._scores_of(self._features(X))
+
+    def _scores_of(self, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         n = F.shape[0]
         ratio = np.zeros((n, len(self.modes_)))
         risk = np.zeros((n, len(self.modes_)))
         for j, m in enumerate(self.modes_):
             if m == self.reference_:
                 continue
-            ratio[:, j] = self.ratio_models_[m].predict(F)
-            risk[:, j] = np.max([_proba(self.risk_models_[m][c], F) for c in CONSTRAINTS], axis=0)
+            ratio[:, j] = self._regress(self.ratio_models_[m], F)
+            risk[:, j] = np.max([self._proba(self.risk_models_[m][c], F) for c in CONSTRAINTS], axis=0)
         return ratio, risk
+
+    @staticmethod
+    def _regress(model, F) -> np.ndarray:
+        return model.predict(F)
+
+    @staticmethod
+    def _proba(model, F) -> np.ndarray:
+        return _proba(model, F)
 
     def _decide(self, ratio, risk, threshold) -> np.ndarray:
         allowed = risk <= threshold
@@ -341,6 +351,28 @@ class LightGBMCostRouter(CostPredictingRouter):
                     num_leaves=trial.suggest_int("num_leaves", 4, 31),
                     learning_rate=trial.suggest_float("learning_rate", 0.02, 0.3, log=True),
                     min_child_samples=trial.suggest_int("min_child_samples", 5, 40))
+
+    # single decisions skip scikit-learn's input checks: the boosters' own predict on
+    # the request's numbers (feature set A is passed through unscaled, in its order)
+    @staticmethod
+    def _regress(model, F) -> np.ndarray:
+        return model.predict(F) if isinstance(model, _Constant) else model.booster_.predict(F)
+
+    @staticmethod
+    def _proba(model, F) -> np.ndarray:
+        if isinstance(model, _Constant):
+            return model.predict(F)
+        p = model.booster_.predict(F)  # binary: P(label 1), label 1 = classes_[1]
+        return p if bool(model.classes_[1]) else 1 - p
+
+    def route(self, request: Request) -> str:
+        if self.feature_set != "A":
+            return super().route(request)
+        from dataset.features import _shape
+
+        F = np.array(_shape(request), dtype=np.float64)[None, :]
+        ratio, risk = self._scores_of(F)
+        return str(self.classes_[self._decide(ratio, risk, self.threshold_)[0]])
 
     def compile(self):
         self.compile_reason_ = ("per-mode LightGBM models (13 regressors, up to 39 classifiers): "

@@ -220,3 +220,14 @@ def test_a_target_outside_0_1_is_refused_not_certified():
     with pytest.raises(InputError, match="target-violation-rate"):
         TrainConfig(target_violation_rate=1.5)
     assert TrainConfig(target_violation_rate=0).target_violation_rate == 0  # 0: off
+
+
+def test_the_lightgbm_router_routes_a_request_as_it_predicts_a_frame():
+    r = LightGBMCostRouter(max_risk=0.3).fit(synthetic_table(600, seed=30))
+    reqs = _requests(80, seed=31)
+    assert [r.route(q) for q in reqs] == list(r.predict(features_frame(reqs, "B")))
+    ratio, risk = r.scores(features_frame(reqs, "A"))
+    m = r.risk_models_[QUANT]["quality"]
+    if hasattr(m, "predict_proba"):  # the booster's own probability is scikit-learn's
+        np.testing.assert_allclose(LightGBMCostRouter._proba(m, r._features(features_frame(reqs, "A"))),
+                                   m.predict_proba(r._features(features_frame(reqs, "A")))[:, 1])
