@@ -35,7 +35,6 @@ import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.compose import ColumnTransformer
-from sklearn.preprocessing import OneHotEncoder, StandardScaler
 from sklearn.utils.validation import check_is_fitted
 
 from dataset.features import CATEGORICAL_FEATURES, FEATURE_SETS, features_frame
@@ -47,7 +46,6 @@ from routers.risk_control import (
     calibration_split,
     candidate_grid,
     learn_then_test,
-    min_calibration,
 )
 
 CONSTRAINTS = ("quality", "energy", "memory")
@@ -88,16 +86,14 @@ class CostPredictingRouter(RouterMixin, ClassifierMixin, BaseEstimator):
 
     # ------------------------------------------------------------- fitting
     def _prep(self, X) -> ColumnTransformer:
+        from routers.families.base import column_prep
+
         wanted = list(FEATURE_SETS[self.feature_set])
         missing = [c for c in wanted if c not in X.columns]
         if missing:
             raise ValueError(f"{type(self).__name__}: feature frame lacks {', '.join(missing)}")
-        num = [c for c in wanted if c not in CATEGORICAL_FEATURES]
-        cat = [c for c in wanted if c in CATEGORICAL_FEATURES]
-        parts = [("num", StandardScaler() if self._scale else "passthrough", num)]
-        if cat:
-            parts.append(("cat", OneHotEncoder(handle_unknown="ignore", sparse_output=False), cat))
-        return ColumnTransformer(parts)
+        return column_prep([c for c in wanted if c not in CATEGORICAL_FEATURES],
+                           [c for c in wanted if c in CATEGORICAL_FEATURES], self._scale)
 
     def fit(self, X, y=None, sample_weight=None, safe=None):
         if not hasattr(X, "columns"):
@@ -113,11 +109,9 @@ class CostPredictingRouter(RouterMixin, ClassifierMixin, BaseEstimator):
         cal_rows = None
         if self.target_violation_rate:
             groups = X["family"].astype(str).to_numpy() if "family" in X else None
-            # the share asked for, but at least what the target needs to be certifiable
-            # at all (at most half the rows)
-            need = min_calibration(self.target_violation_rate, self.delta)
-            share = min(0.5, max(self.calibration_share, need / max(len(X), 1)))
-            fit_rows, cal_rows = calibration_split(len(X), share, self.random_state, groups)
+            fit_rows, cal_rows = calibration_split(len(X), self.calibration_share, self.random_state,
+                                                   groups, alpha=self.target_violation_rate,
+                                                   delta=self.delta)
         sub = X.iloc[fit_rows]
         self.prep_ = self._prep(X).fit(sub)
         F = self.prep_.transform(sub)
@@ -269,8 +263,8 @@ def _proba(model, F) -> np.ndarray:
 
 class LinearCostRouter(CostPredictingRouter):
     """Ridge regression per mode for the latency ratio, logistic regression per (mode,
-    constraint) for the risk, on standardised features; compiles to one matrix
-    product per decision."""
+    constraint) for the risk, on standardised features; compiles to two stacked
+    matrix products per decision."""
 
     _scale = True
 

@@ -123,9 +123,14 @@ def candidate_grid(scores: np.ndarray, n: int = 200) -> np.ndarray:
     return (s[:-1] + s[1:]) / 2
 
 
-def calibration_split(n: int, share: float, seed: int, groups=None) -> tuple[np.ndarray, np.ndarray]:
+def calibration_split(n: int, share: float, seed: int, groups=None, alpha: float | None = None,
+                      delta: float = DELTA) -> tuple[np.ndarray, np.ndarray]:
     """(fit rows, calibration rows): a random ``share`` held out for calibration
-    (stratified by ``groups`` when given, so every family is represented)."""
+    (stratified by ``groups`` when given, so every family is represented). With a
+    target ``alpha`` the share is raised to what certifying it needs at all
+    (:func:`min_calibration`), at most half the rows."""
+    if alpha:
+        share = min(0.5, max(share, min_calibration(alpha, delta) / max(n, 1)))
     rng = np.random.default_rng(seed)
     idx = np.arange(n)
     k = min(n, math.ceil(n * share - 1e-9))  # at least the share asked for, never fewer

@@ -43,6 +43,15 @@ from engine.modes import reference_mode
 from routers.base import RouterMixin
 
 
+def column_prep(num: list, cat: list, scale: bool) -> ColumnTransformer:
+    """The learned routers' input step: numeric features (scaled where the model needs
+    it), categorical ones one-hot encoded with unknown categories ignored."""
+    parts = [("num", StandardScaler() if scale else "passthrough", num)]
+    if cat:
+        parts.append(("cat", OneHotEncoder(handle_unknown="ignore"), cat))
+    return ColumnTransformer(parts)
+
+
 class LearnedRouter(RouterMixin, ClassifierMixin, BaseEstimator):
     """Shared machinery; subclasses define ``_make_estimator``, ``_search_space`` and
     their parameters."""
@@ -84,15 +93,11 @@ class LearnedRouter(RouterMixin, ClassifierMixin, BaseEstimator):
 
     def _pipeline(self, X) -> Pipeline:
         num, cat = self._columns(X)
-        scaler = StandardScaler() if self._scale else "passthrough"
-        if num is None:
+        if num is None:  # a plain numeric matrix: every column is a number
             n = np.shape(X)[1] if np.ndim(X) == 2 else 0
-            prep = ColumnTransformer([("num", scaler, list(range(n)))])
+            prep = column_prep(list(range(n)), [], self._scale)
         else:
-            parts = [("num", scaler, num)]
-            if cat:
-                parts.append(("cat", OneHotEncoder(handle_unknown="ignore"), cat))
-            prep = ColumnTransformer(parts)
+            prep = column_prep(num, cat, self._scale)
         return Pipeline([("prep", prep), ("clf", self._make_estimator())])
 
     def _check_X(self, X):
@@ -116,20 +121,13 @@ class LearnedRouter(RouterMixin, ClassifierMixin, BaseEstimator):
         strict (every pick falls back) to ``safety_threshold``, whose violation rate on
         new requests is at most ``target`` with probability 1 - ``delta``. Nothing
         certified: every decision is the reference."""
-        from routers.risk_control import (
-            calibration_split,
-            candidate_grid,
-            learn_then_test,
-            min_calibration,
-        )
+        from routers.risk_control import calibration_split, candidate_grid, learn_then_test
 
         if safe is None:
             raise ValueError("a certified safety threshold needs safe= (per-mode safety labels) in fit")
-        n = len(X)
-        need = min_calibration(target, self.delta)
-        share = min(0.5, max(0.3, need / max(n, 1)))
         groups = X["family"].astype(str).to_numpy() if hasattr(X, "columns") and "family" in X else None
-        fit_rows, cal_rows = calibration_split(n, share, getattr(self, "random_state", 0) or 0, groups)
+        fit_rows, cal_rows = calibration_split(len(X), 0.3, getattr(self, "random_state", 0) or 0, groups,
+                                               alpha=target, delta=self.delta)
         take = (lambda A, r: A.iloc[r]) if hasattr(X, "iloc") else (lambda A, r: np.asarray(A)[r])
         w = None if sample_weight is None else np.asarray(sample_weight)[fit_rows]
         safe = pd.DataFrame(safe).reset_index(drop=True)
