@@ -87,7 +87,7 @@ def main():
         t0 = time.perf_counter()
         c.predict_matrix(M)
         batch[fam] = len(M) / (time.perf_counter() - t0)
-    # the cost-predicting routers (feature set A: the linear one compiles on numbers only)
+    # the cost-predicting routers (feature set A: they compile on numbers only)
     not_compiled = {}
     for fam in ("cost_linear", "cost_lgbm"):
         est = get_router(fam, feature_set="A", max_risk=0.3,
@@ -106,6 +106,8 @@ def main():
             continue
         assert (c.predict(frame_a) == est.predict(frame_a)).all()
         fast[fam] = c.route
+        if c.region_nodes_:
+            region[fam] = (c.region_nodes_, c.region_share(frame_a), c.region_walk_share_)
         M = np.ascontiguousarray(np.tile(c.matrix(frame_a), (reps, 1)))
         t0 = time.perf_counter()
         c.predict_matrix(M)

@@ -25,8 +25,10 @@ rows, raised to the number the target needs to be certifiable at all
 (:func:`routers.risk_control.min_calibration`, 230 for 1 % at delta 0.1), at most half.
 
 Decisions: ``route(request)`` goes through the pipeline (milliseconds);
-``compile()`` gives the linear variant's stacked form (one matrix product per
-decision) and, for the LightGBM variant, says why not.
+``compile()`` (feature set A) hands both variants to the C kernel's cost decision
+(:func:`routers.compiler.compiled.compile_cost`): the linear one as one matrix of
+weights, the LightGBM one as one ensemble of every model's trees under a region
+tree, each one C call per decision with the same answers.
 """
 
 from __future__ import annotations
@@ -135,6 +137,10 @@ class CostPredictingRouter(RouterMixin, ClassifierMixin, BaseEstimator):
         self.modes_ = modes
         self.classes_ = np.array(modes, dtype=object)
         self.n_features_in_ = F.shape[1]
+        # where traffic lies: the compiled LightGBM variant cuts its region tree there first
+        rng = np.random.default_rng(0)
+        self.X_sample_ = np.asarray(F[np.sort(rng.choice(len(F), size=min(len(F), 2000), replace=False))],
+                                    dtype=np.float64)
         self.threshold_ = float(self.max_risk)
         self.calibration_ = None
         if cal_rows is not None:
@@ -249,9 +255,15 @@ class CostPredictingRouter(RouterMixin, ClassifierMixin, BaseEstimator):
                 vals += np.abs(np.ravel(mdl.coef_))
         return pd.Series(vals, index=names).sort_values(ascending=False)
 
-    def compile(self):
-        self.compile_reason_ = "per-mode models: no compiled form for this variant"
-        return None
+    def compile(self, region_budget: tuple | None = None):
+        """The C kernel's cost decision (:func:`routers.compiler.compiled.compile_cost`):
+        same decisions, one C call from a raw request."""
+        if self.feature_set != "A":
+            self.compile_reason_ = "compiled only on feature set A (numbers only)"
+            return None
+        from routers.compiler.compiled import compile_cost
+
+        return compile_cost(self, region_budget)
 
 
 def _proba(model, F) -> np.ndarray:
@@ -263,8 +275,8 @@ def _proba(model, F) -> np.ndarray:
 
 class LinearCostRouter(CostPredictingRouter):
     """Ridge regression per mode for the latency ratio, logistic regression per (mode,
-    constraint) for the risk, on standardised features; compiles to two stacked
-    matrix products per decision."""
+    constraint) for the risk, on standardised features; compiles to one weight matrix
+    (the scaling folded in) per decision."""
 
     _scale = True
 
@@ -296,12 +308,6 @@ class LinearCostRouter(CostPredictingRouter):
     def _search_space(cls, trial) -> dict:
         return dict(alpha=trial.suggest_float("alpha", 1e-3, 1e2, log=True),
                     C=trial.suggest_float("C", 1e-2, 1e2, log=True))
-
-    def compile(self):
-        if self.feature_set != "A":
-            self.compile_reason_ = "compiled only on feature set A (numbers only)"
-            return None
-        return _StackedLinear(self)
 
 
 class LightGBMCostRouter(CostPredictingRouter):
@@ -368,85 +374,3 @@ class LightGBMCostRouter(CostPredictingRouter):
         ratio, risk = self._scores_of(F)
         return str(self.classes_[self._decide(ratio, risk, self.threshold_)[0]])
 
-    def compile(self):
-        self.compile_reason_ = ("per-mode LightGBM models (13 regressors, up to 39 classifiers): "
-                                "the C kernel compiles one classifier's argmax, not this decision")
-        return None
-
-
-class _StackedLinear:
-    """The linear cost router as two matrices: a decision is the request's features
-    (scaled, folded into the weights) times them, a threshold and an argmin. Same
-    decisions as the pipeline (tests check it)."""
-
-    decision_path = "compiled"
-
-    def __init__(self, router: LinearCostRouter):
-        from dataset.features import _shape
-
-        self._shape = _shape
-        self.router = router
-        self.classes_ = router.classes_
-        modes, ref = router.modes_, router.reference_
-        sc = router.prep_.named_transformers_["num"]
-        mu, sd = sc.mean_, sc.scale_
-        d = len(mu)
-        W = np.zeros((d, len(modes)))
-        b = np.zeros(len(modes))
-        # a mode's risk is the largest constraint's probability: threshold each logit
-        R = np.zeros((d, len(modes) * len(CONSTRAINTS)))
-        c0 = np.full(len(modes) * len(CONSTRAINTS), -np.inf)
-        for j, m in enumerate(modes):
-            if m == ref:
-                continue
-            reg = router.ratio_models_[m]
-            if isinstance(reg, _Constant):
-                b[j] = reg.value
-            else:
-                W[:, j] = reg.coef_ / sd
-                b[j] = reg.intercept_ - (reg.coef_ * mu / sd).sum()
-            for k, c in enumerate(CONSTRAINTS):
-                col = j * len(CONSTRAINTS) + k
-                mdl = router.risk_models_[m][c]
-                if isinstance(mdl, _Constant):
-                    c0[col] = _logit(mdl.value)
-                    continue
-                sign = 1.0 if mdl.classes_[1] else -1.0  # logit of P(True)
-                coef = sign * mdl.coef_[0]
-                R[:, col] = coef / sd
-                c0[col] = sign * mdl.intercept_[0] - (coef * mu / sd).sum()
-        self.W, self.b, self.R, self.c0 = W, b, R, c0
-        self.cut = _logit(router.threshold_)
-        self.none_allowed = router.threshold_ < 0
-        self.n_modes, self.ref_idx = len(modes), modes.index(ref)
-
-    def _pick(self, x: np.ndarray) -> np.ndarray:
-        ratio = x @ self.W + self.b
-        logit = (x @ self.R + self.c0).reshape(len(x), self.n_modes, len(CONSTRAINTS)).max(axis=2)
-        if self.none_allowed:  # no threshold certified: the reference only
-            return np.full(len(x), self.ref_idx)
-        ratio = np.where(logit <= self.cut, ratio, np.inf)
-        return ratio.argmin(axis=1)
-
-    def route(self, request: Request) -> str:
-        x = np.array(self._shape(request), dtype=np.float64)[None, :]
-        return self.classes_[self._pick(x)[0]]
-
-    def matrix(self, frame) -> np.ndarray:
-        from dataset.features import FEATURE_SET_A
-
-        return np.ascontiguousarray(frame[list(FEATURE_SET_A)].to_numpy(np.float64))
-
-    def predict_matrix(self, M) -> np.ndarray:
-        return self.classes_[self._pick(M)]
-
-    def predict(self, X) -> np.ndarray:
-        return self.predict_matrix(self.matrix(X))
-
-
-def _logit(p: float) -> float:
-    if p <= 0:
-        return -np.inf
-    if p >= 1:
-        return np.inf
-    return float(np.log(p / (1 - p)))

@@ -81,6 +81,18 @@ class Calibration:
         return max(0.0, self.upper_bound - self.alpha)
 
 
+def sampling_slack(alpha: float, n: int, delta: float = DELTA) -> float:
+    """How far above ``alpha`` the violation rate measured on ``n`` new requests may lie
+    by chance alone, for a router whose true rate is ``alpha``: the (1 - delta)
+    quantile of Binomial(n, alpha), as a rate, minus alpha. A certified router whose
+    held-out rate exceeds ``alpha + slack`` broke its certificate beyond test noise."""
+    from scipy.stats import binom
+
+    if n <= 0:
+        return math.inf
+    return float(binom.ppf(1 - delta, n, alpha)) / n - alpha
+
+
 def upper_bound(k: int, n: int, delta: float) -> float:
     """Clopper-Pearson one-sided (1 - delta) upper bound of a rate from k of n."""
     from scipy.stats import beta

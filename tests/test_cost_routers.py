@@ -90,18 +90,27 @@ def test_risk_keeps_it_off_the_unsafe_mode(cls):
     assert c.get_params() == r.get_params() and not hasattr(c, "ratio_models_")
 
 
-def test_the_compiled_linear_router_decides_as_the_pipeline():
-    r = LinearCostRouter(max_risk=0.3).fit(synthetic_table(600, seed=7))
+@pytest.mark.parametrize("cls", [LinearCostRouter, LightGBMCostRouter])
+def test_the_compiled_router_decides_as_the_pipeline(cls):
+    """The C kernel's cost decision (the linear weights folded, the LightGBM variant's
+    trees summed per output and its region tree) answers what the pipeline answers,
+    at any threshold: none certified (-1), 0, a tuned one, and 1."""
+    r = cls(max_risk=0.3).fit(synthetic_table(600, seed=7))
     test = synthetic_table(400, seed=8)
-    fast = r.compile()
-    assert fast is not None
-    np.testing.assert_array_equal(fast.predict(test), r.predict(test))
-    reqs = _requests(50, seed=8)
-    assert [fast.route(q) for q in reqs] == [r.route(q) for q in reqs]
-    assert LightGBMCostRouter().fit(synthetic_table(200, seed=9)).compile() is None
+    reqs = _requests(80, seed=21)
+    for thr in (0.3, 0.04, 0.0, -1.0, 1.0):
+        r.threshold_ = thr
+        for budget in ((0, 0), None):  # walk only, then with the region tree
+            fast = r.compile(region_budget=budget)
+            assert fast is not None
+            np.testing.assert_array_equal(fast.predict(test), r.predict(test))
+            assert [fast.route(q) for q in reqs] == [r.route(q) for q in reqs]
+    r.threshold_ = 0.3
+    assert len(set(r.predict(test))) == 3  # the thresholds above were not all trivial
+    if cls is LightGBMCostRouter:
+        assert r.compile().region_nodes_ > 0
 
 
-# ------------------------------------------------------------ risk control
 def test_binomial_p_values_and_the_sample_size_they_need():
     assert min_calibration(0.01, 0.1) == 230
     assert binomial_p_value(0, 230, 0.01) <= 0.1 < binomial_p_value(0, 229, 0.01)
@@ -154,9 +163,10 @@ def test_a_calibrated_cost_router_keeps_its_violation_rate():
     assert (picks != REF).mean() > 0.3  # it still routes
 
 
-def test_too_few_calibration_requests_certify_nothing_and_answer_the_reference():
+@pytest.mark.parametrize("cls", [LinearCostRouter, LightGBMCostRouter])
+def test_too_few_calibration_requests_certify_nothing_and_answer_the_reference(cls):
     table = synthetic_table(120, seed=12)
-    r = LinearCostRouter(target_violation_rate=0.01, calibration_share=0.3).fit(table)
+    r = cls(target_violation_rate=0.01, calibration_share=0.3).fit(table)
     assert r.calibration_["threshold"] is None and r.calibration_["n"] < 230
     assert set(r.predict(synthetic_table(50, seed=13))) == {REF}
     assert set(r.compile().predict(synthetic_table(50, seed=13))) == {REF}
@@ -171,7 +181,7 @@ def test_export_load_decides_identically(tmp_path, name):
     mlruns = str(tmp_path / "mlruns")
     info = export_router(est, mlruns=mlruns, source_run_id="r1", backend="transformers")
     loaded = load_router(info["uri"], mlruns, available_modes=[REF, FAST, QUANT])
-    assert loaded.path_ == ("compiled" if name == "cost_linear" else "pipeline")
+    assert loaded.path_ == "compiled"
     reqs = _requests(60, seed=15)
     assert [loaded.route(q) for q in reqs] == list(est.predict(features_frame(reqs, "B")))
     assert set(loaded.modes_) == {REF, FAST, QUANT}
@@ -231,3 +241,17 @@ def test_the_lightgbm_router_routes_a_request_as_it_predicts_a_frame():
     if hasattr(m, "predict_proba"):  # the booster's own probability is scikit-learn's
         np.testing.assert_allclose(LightGBMCostRouter._proba(m, r._features(features_frame(reqs, "A"))),
                                    m.predict_proba(r._features(features_frame(reqs, "A")))[:, 1])
+
+
+def test_the_sampling_slack_covers_test_noise_at_its_confidence():
+    """A router whose true violation rate is exactly the target exceeds target + slack
+    on n test requests in at most delta of test sets (simulated)."""
+    from routers.risk_control import sampling_slack
+
+    rng = np.random.default_rng(3)
+    for n in (120, 240, 700):
+        slack = sampling_slack(0.01, n, 0.1)
+        assert 0 < slack < 0.02
+        rates = rng.binomial(n, 0.01, size=20_000) / n
+        assert (rates > 0.01 + slack).mean() <= 0.1
+        assert (rates > 0.01 + slack - 1 / n).mean() > 0.1  # and it is the smallest such slack

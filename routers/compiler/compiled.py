@@ -108,9 +108,15 @@ def library():
     # the model table changes under the GIL only (registration here, release when a
     # router object is garbage), so two threads compiling at once cannot race
     lib.register_model = ctypes.PyDLL(str(_build())).register_model
+    lib.release_model.restype = None
+    lib.release_model.argtypes = [ctypes.c_int]
     lib.register_model.restype = ctypes.c_int
     lib.register_model.argtypes = [ctypes.c_int] * 9 + [ctypes.c_void_p, _F64, _I32, _I32, _I32, _I32,
                                                           _F64, _I32, _I32, _F64, _F64, _F64]
+    lib.set_output_ranges.restype = ctypes.c_int
+    lib.set_output_ranges.argtypes = [ctypes.c_int, _I32]
+    lib.set_cost_decision.restype = ctypes.c_int
+    lib.set_cost_decision.argtypes = [ctypes.c_int] * 4 + [ctypes.c_double] * 2
     lib.shape_features.restype = None
     lib.shape_features.argtypes = [ctypes.c_double] * 5 + [_F64]
     lib.build_region.restype = ctypes.c_long
@@ -168,7 +174,16 @@ class CompiledRouter:
             _ptr(a.get("sufdiff"), _F64))
         if self.handle < 0:
             raise RuntimeError("compiled router: the kernel refused the model (over 4096 models alive in this "
-                               "process, more than 64 classes or 512 features, or out of memory)")
+                               "process, more than 256 outputs or 512 features, or out of memory)")
+        cost = a.get("cost")  # the cost decision over per-mode outputs (cost-predicting routers)
+        if cost is not None and lib.set_cost_decision(self.handle, cost["n_modes"], cost["n_constraints"],
+                                                      cost["ref"], cost["threshold"], cost["cut"]) < 0:
+            lib.release_model(self.handle)
+            raise RuntimeError("compiled router: the kernel refused the cost decision's layout")
+        starts = a.get("out_start")
+        if starts is not None and lib.set_output_ranges(self.handle, _ptr(starts, _I32)) < 0:
+            lib.release_model(self.handle)
+            raise RuntimeError("compiled router: the kernel refused the outputs' tree ranges")
         #: the model's owner in the kernel: a builtin function making one decision from a raw
         #: request in one C call; the model is freed when this object is garbage
         self._owner = extension().make_router(
@@ -274,7 +289,7 @@ def _breadth_first(left, right) -> tuple[np.ndarray, int]:
         level, depth = children, depth + 1
 
 
-def _pack(trees, n_features: int, n_classes: int, width: int, window: int = 4) -> dict:
+def _pack(trees, n_features: int, n_classes: int, width: int, window: int = 4, bounds: bool = True) -> dict:
     """Pack trees for the kernel's lockstep walk over binned inputs.
 
     ``trees``: per tree ``(feature, threshold, left, right, value, cls)`` with local
@@ -317,6 +332,8 @@ def _pack(trees, n_features: int, n_classes: int, width: int, window: int = 4) -
         roots.append(new[0])
         steps_d.append(depth)
         tree_class.append(cls)
+        if not bounds:  # no early exit (the cost decision is not an argmax)
+            continue
         leaves = np.asarray(val)[~internal]
         if width != n_classes:  # a LightGBM tree adds its value to its own class only
             one = np.zeros((len(leaves), n_classes))
@@ -328,7 +345,8 @@ def _pack(trees, n_features: int, n_classes: int, width: int, window: int = 4) -
     roots += [dummy] * pad
     steps_d += [0] * pad
     tree_class += [0] * pad
-    pair_min += [np.zeros((n_classes, n_classes))] * pad
+    if bounds:
+        pair_min += [np.zeros((n_classes, n_classes))] * pad
 
     # thresholds -> bins: per feature, the sorted distinct thresholds its splits use
     cuts, cut_start, cut_count = [], np.zeros(n_features, np.int32), np.zeros(n_features, np.int32)
@@ -395,11 +413,21 @@ def _lightgbm_tree(structure):
             np.asarray(value, np.float64)[:, None])
 
 
-def _lightgbm_trees(booster, n_features):
+def _lightgbm_packed(booster, offset: int = 0, sign: float = 1.0) -> list:
+    """A booster's trees as ``_pack`` input, scoring outputs ``offset + tree % k``;
+    ``sign`` -1 negates every leaf (exact: the negated sums are the sums negated)."""
     dump = booster.dump_model()
     k = dump["num_tree_per_iteration"]
-    packed = [(*_lightgbm_tree(info["tree_structure"]), i % k) for i, info in enumerate(dump["tree_info"])]
-    return _pack(packed, n_features, k, 1)
+    out = []
+    for i, info in enumerate(dump["tree_info"]):
+        f, t, le, ri, v = _lightgbm_tree(info["tree_structure"])
+        out.append((f, t, le, ri, v * sign, offset + i % k))
+    return out
+
+
+def _lightgbm_trees(booster, n_features):
+    k = booster.dump_model()["num_tree_per_iteration"]
+    return _pack(_lightgbm_packed(booster), n_features, k, 1)
 
 
 def compile(router, region_budget: tuple | None = None) -> CompiledRouter:  # noqa: A001 - the issue's name
@@ -441,6 +469,94 @@ def compile(router, region_budget: tuple | None = None) -> CompiledRouter:  # no
         return CompiledRouter(router, 1, classes, n_num, fam, suite,
                               _lightgbm_trees(clf.booster_, n_features), region_budget)
     raise TypeError(f"cannot compile {type(clf).__name__}")
+
+
+def _logit(p: float) -> float:
+    if p <= 0:
+        return -np.inf
+    if p >= 1:
+        return np.inf
+    return float(np.log(p / (1 - p)))
+
+
+def compile_cost(router, region_budget: tuple | None = None) -> CompiledRouter:
+    """Compile a fitted cost-predicting router (``cost_linear``, ``cost_lgbm``; feature
+    set A) for the kernel's cost decision.
+
+    Outputs: each mode's predicted log latency ratio, then each (mode, constraint)'s
+    risk logit. The linear variant is kind 2 (the scaling folded into the weights);
+    the LightGBM variant packs every regressor's and classifier's trees into one
+    ensemble (kind 1, each tree scoring its own output) and gets a region tree like
+    any tree model, cut until one mode is surely allowed and surely fastest. A model
+    that predicts a constant (too few rows, one class) becomes the output's bias; a
+    constant risk is compared with the threshold here, once."""
+    from routers.cost_predicting import CONSTRAINTS, LightGBMCostRouter, LinearCostRouter, _Constant
+
+    if router.feature_set != "A":
+        raise ValueError("compiled cost-predicting routers take feature set A (numbers only)")
+    modes, ref = list(router.modes_), router.reference_
+    M, C = len(modes), len(CONSTRAINTS)
+    K, d = M * (1 + C), len(FEATURE_SET_A)
+    thr = float(router.threshold_)
+
+    def const_logit(p: float) -> float:  # decided now: allowed (-inf) or not (+inf)
+        return -np.inf if p <= thr else np.inf
+
+    bias = np.zeros(K)
+    cost = dict(n_modes=M, n_constraints=C, ref=modes.index(ref), threshold=thr, cut=_logit(thr))
+    if isinstance(router, LinearCostRouter):
+        sc = router.prep_.named_transformers_["num"]
+        mu, sd = sc.mean_, sc.scale_
+        W = np.zeros((K, d))
+
+        def fold(coef, intercept, k):
+            W[k] = coef / sd
+            bias[k] = intercept - (coef * mu / sd).sum()
+
+        for j, m in enumerate(modes):
+            if m == ref:
+                continue
+            reg = router.ratio_models_[m]
+            if isinstance(reg, _Constant):
+                bias[j] = reg.value
+            else:
+                fold(np.asarray(reg.coef_, float), float(reg.intercept_), j)
+            for c, name in enumerate(CONSTRAINTS):
+                k = M + j * C + c
+                mdl = router.risk_models_[m][name]
+                if isinstance(mdl, _Constant):
+                    bias[k] = const_logit(mdl.value)
+                    continue
+                sign = 1.0 if mdl.classes_[1] else -1.0  # the logit of P(True)
+                fold(sign * mdl.coef_[0], sign * float(mdl.intercept_[0]), k)
+        arrays = dict(weights=np.ascontiguousarray(W), bias=bias, n_classes=K, cost=cost)
+        return CompiledRouter(router, 2, modes, d, [], [], arrays)
+    if isinstance(router, LightGBMCostRouter):
+        packed = []
+        for j, m in enumerate(modes):
+            if m == ref:
+                continue
+            reg = router.ratio_models_[m]
+            if isinstance(reg, _Constant):
+                bias[j] = reg.value
+            else:
+                packed += _lightgbm_packed(reg.booster_, j)
+            for c, name in enumerate(CONSTRAINTS):
+                k = M + j * C + c
+                mdl = router.risk_models_[m][name]
+                if isinstance(mdl, _Constant):
+                    bias[k] = const_logit(mdl.value)
+                else:
+                    packed += _lightgbm_packed(mdl.booster_, k, 1.0 if mdl.classes_[1] else -1.0)
+        if not packed:  # every model a constant: the biases are the whole decision
+            return CompiledRouter(router, 2, modes, d, [], [],
+                                  dict(weights=np.zeros((K, d)), bias=bias, n_classes=K, cost=cost))
+        packed.sort(key=lambda t: t[5])  # stable: each output's trees one run, in its model's order
+        arrays = _pack(packed, d, K, 1, bounds=False)
+        counts = np.bincount([t[5] for t in packed], minlength=K)
+        arrays.update(bias=bias, cost=cost, out_start=np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+        return CompiledRouter(router, 1, modes, d, [], [], arrays, region_budget)
+    raise TypeError(f"cannot compile {type(router).__name__}")
 
 
 def kernel_shape_features(p, o, sp, cc, mp) -> tuple:

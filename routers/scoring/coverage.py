@@ -72,10 +72,16 @@ def split_headlines(per_request: pd.DataFrame, overhead: dict, marks: pd.DataFra
     return out
 
 
-def risk_table(routers: dict, head: pd.DataFrame, live_summary: pd.DataFrame | None) -> pd.DataFrame:
+def risk_table(routers: dict, head: pd.DataFrame, live_summary: pd.DataFrame | None,
+               held_out: int = 0) -> pd.DataFrame:
     """Per router with a certified threshold: target, confidence, calibration requests,
     the threshold, the calibration's violation rate and upper bound, and the held-out
-    violation rate offline (and live, where run)."""
+    violation rate offline (and live, where run), with the slack the ``held_out``
+    test requests allow by chance (:func:`routers.risk_control.sampling_slack`, at the
+    certificate's delta; the rate is family-weighted, the slack counts requests):
+    ``met_offline`` is the rate within target + slack, ``met_strictly`` within target."""
+    from routers.risk_control import sampling_slack
+
     live = live_summary.set_index("router") if live_summary is not None else None
     rows = []
     for name, r in routers.items():
@@ -106,6 +112,10 @@ def risk_table(routers: dict, head: pd.DataFrame, live_summary: pd.DataFrame | N
             rec["certified"] = certified_folds  # thresholds: the folds' median
         if live is not None and name in live.index:
             rec["live_rate"] = float(live.loc[name, "violation_rate_any"])
-        rec["met_offline"] = bool(rec["held_out_rate"] <= cal["alpha"]) if np.isfinite(rec["held_out_rate"]) else None
+        slack = sampling_slack(cal["alpha"], held_out, cal["delta"]) if held_out else math.nan
+        rec["held_out_requests"], rec["held_out_slack"] = int(held_out), slack
+        ok = np.isfinite(rec["held_out_rate"])
+        rec["met_offline"] = bool(rec["held_out_rate"] <= cal["alpha"] + (slack if held_out else 0.0)) if ok else None
+        rec["met_strictly"] = bool(rec["held_out_rate"] <= cal["alpha"]) if ok else None
         rows.append(rec)
     return pd.DataFrame(rows)

@@ -46,7 +46,7 @@
 
 #define MAX_MODELS 4096
 #define MAX_FEATURES 512
-#define MAX_CLASSES 64
+#define MAX_CLASSES 256
 #define MAX_STACK_TREES 8192
 #ifndef GROUP
 #define GROUP 8
@@ -66,6 +66,15 @@ typedef struct {
     Node *region;  /* the argmax as one tree over numeric bins; node c is the root of combination c */
     long region_nodes;
     double region_walk;  /* share of the bin grid (per combination, averaged) left to walk */
+    /* cost decision (cost_modes > 0; set_cost_decision): the outputs are each mode's
+       predicted log latency ratio (0 .. M-1) then its constraints' risk logits
+       (M + j*C + c); the answer is the lowest ratio among modes whose every risk is at
+       most the threshold (the reference always allowed, ratio 0), first index on ties */
+    int cost_modes, cost_constraints, cost_ref;
+    double cost_threshold, cost_cut;  /* the threshold as a probability and as a logit */
+    double cost_lo, cost_hi;  /* a logit below cost_lo is surely allowed, above cost_hi surely not */
+    int32_t *out_start;  /* tree models with a cost decision: output k's trees are original
+                            trees out_start[k] .. out_start[k+1]-1 (set_output_ranges) */
 } Model;
 
 static Model models[MAX_MODELS];
@@ -145,15 +154,87 @@ void release_model(int handle) {
     free(m->nodes); free((void *)m->roots); free((void *)m->steps); free((void *)m->tree_class);
     free((void *)m->position); free((void *)m->cut_start); free((void *)m->cut_count);
     free((void *)m->value); free((void *)m->weights); free((void *)m->bias); free((void *)m->sufdiff);
-    free((void *)m->cuts); free(m->region);
+    free((void *)m->cuts); free(m->region); free(m->out_start);
     memset(m, 0, sizeof(Model));
     in_use[handle] = 0;
+}
+
+/* Make a registered model answer the cost decision (see Model); before make_router. */
+int set_cost_decision(int handle, int n_modes, int n_constraints, int ref, double threshold, double cut) {
+    if (handle < 0 || handle >= n_models || !in_use[handle]) return -1;
+    Model *m = &models[handle];
+    if (n_modes < 1 || n_constraints < 0 || ref < 0 || ref >= n_modes ||
+        n_modes * (1 + n_constraints) != m->n_classes || m->region)
+        return -1;
+    m->cost_modes = n_modes; m->cost_constraints = n_constraints; m->cost_ref = ref;
+    m->cost_threshold = threshold; m->cost_cut = cut;
+    if (cut == INFINITY) {  /* threshold >= 1: every probability is under it */
+        m->cost_lo = m->cost_hi = INFINITY;
+    } else if (cut == -INFINITY) {  /* threshold < 0: none; 0: only a probability that underflows to 0 */
+        m->cost_lo = threshold < 0 ? -INFINITY : -800.0;
+        m->cost_hi = threshold < 0 ? -INFINITY : -700.0;
+    } else {
+        double eps = 1e-9 * (1.0 + fabs(cut));
+        m->cost_lo = cut - eps;
+        m->cost_hi = cut + eps;
+    }
+    return 0;
+}
+
+/* Output k's trees as contiguous runs of original trees (K + 1 starts): lets a cost
+   decision sum only the outputs it needs (see predict_cost_lazy). */
+int set_output_ranges(int handle, const int32_t *start) {
+    if (handle < 0 || handle >= n_models || !in_use[handle]) return -1;
+    Model *m = &models[handle];
+    int K = m->n_classes;
+    if (m->kind != 1 || start[0] != 0 || start[K] != m->n_real_trees) return -1;
+    for (int k = 0; k < K; k++) if (start[k + 1] < start[k]) return -1;
+    free(m->out_start);
+    m->out_start = copy_array(start, sizeof(int32_t), K + 1);
+    return m->out_start ? 0 : -1;
 }
 
 static int argmax(const double *s, int n) {
     int best = 0;
     for (int k = 1; k < n; k++) if (s[k] > s[best]) best = k;
     return best;
+}
+
+/* A risk logit against the threshold: by the logit where it is clear, by the
+   probability the original computes (1 / (1 + exp(-z)), as LightGBM and scipy's expit
+   do) where z is within rounding of the cut. */
+static int risk_ok(const Model *m, double z) {
+    if (z < m->cost_lo) return 1;
+    if (z > m->cost_hi) return 0;
+    return 1.0 / (1.0 + exp(-z)) <= m->cost_threshold;
+}
+
+static int decide_cost(const Model *m, const double *s) {
+    int M = m->cost_modes, C = m->cost_constraints, best = -1;
+    double best_r = 0.0;
+    for (int j = 0; j < M; j++) {
+        double r = 0.0;
+        if (j != m->cost_ref) {
+            int ok = 1;
+            for (int c = 0; c < C && ok; c++) ok = risk_ok(m, s[M + j * C + c]);
+            if (!ok) continue;
+            r = s[j];
+        }
+        if (best < 0 || r < best_r) { best = j; best_r = r; }
+    }
+    return best;
+}
+
+/* The answer from a full score vector: the cost decision, else the argmax. */
+static int decide(const Model *m, const double *s) {
+    return m->cost_modes ? decide_cost(m, s) : argmax(s, m->n_classes);
+}
+
+/* Scores start at the bias where one is given (tree models: only outputs with no
+   trees have one, so the trees' sums are the original's). */
+static void init_scores(const Model *m, double *s) {
+    if (m->bias && m->kind != 2) memcpy(s, m->bias, sizeof(double) * (size_t)m->n_classes);
+    else memset(s, 0, sizeof(double) * (size_t)m->n_classes);
 }
 
 /* 1 when no remaining tree (from walk position t on) can change the argmax: the
@@ -205,19 +286,67 @@ static int class_of_sums(const Model *m, double *score) {
     int K = m->n_classes;
     if (m->kind == 0 && m->n_real_trees > 1)  /* scikit-learn averages the trees' probabilities */
         for (int k = 0; k < K; k++) score[k] /= m->n_real_trees;
-    return (m->kind == 1 && K == 1) ? (score[0] > 0 ? 1 : 0) : argmax(score, K);
+    return (m->kind == 1 && K == 1 && !m->cost_modes) ? (score[0] > 0 ? 1 : 0) : decide(m, score);
+}
+
+/* One output's sum over its own trees, in the original order (the original's sum). */
+static double output_sum(const Model *m, const int32_t *bins, int k) {
+    const Node *nodes = m->nodes;
+    double s = m->bias ? m->bias[k] : 0.0;
+    int end = m->out_start[k + 1];
+    /* GROUP trees at a time in lockstep (independent load chains overlap); a leaf
+       stays put, so the group steps until every tree is at a leaf */
+    for (int o = m->out_start[k]; o < end; o += GROUP) {
+        int n = end - o < GROUP ? end - o : GROUP, moving = 1;
+        int32_t i[GROUP];
+        for (int j = 0; j < n; j++) i[j] = m->roots[m->position[o + j]];
+        while (moving) {
+            moving = 0;
+            for (int j = 0; j < n; j++) {
+                const Node nd = nodes[i[j]];
+                moving |= nd.left != i[j];
+                i[j] = nd.left + (bins[nd.feature] > (int32_t)nd.threshold);
+            }
+        }
+        for (int j = 0; j < n; j++) s += m->value[i[j]];
+    }
+    return s;
+}
+
+/* The cost decision without summing every output: all modes' ratios, then modes in
+   order of (ratio, index), each one's risks until one is allowed (the reference is
+   always). The first allowed mode in that order is decide_cost's answer. */
+static int predict_cost_lazy(const Model *m, const double *x) {
+    int32_t bins[MAX_FEATURES + 1];
+    double r[MAX_CLASSES];
+    int order[MAX_CLASSES], M = m->cost_modes, C = m->cost_constraints;
+    bins_of(m, x, bins, m->n_features);
+    for (int j = 0; j < M; j++) {
+        r[j] = j == m->cost_ref ? 0.0 : output_sum(m, bins, j);
+        int a = j;  /* insertion sort by (ratio, index): a stable sort by ratio */
+        while (a > 0 && r[order[a - 1]] > r[j]) { order[a] = order[a - 1]; a--; }
+        order[a] = j;
+    }
+    for (int a = 0; a < M; a++) {
+        int j = order[a], ok = 1;
+        if (j == m->cost_ref) return j;
+        for (int c = 0; c < C && ok; c++) ok = risk_ok(m, output_sum(m, bins, M + j * C + c));
+        if (ok) return j;
+    }
+    return m->cost_ref;
 }
 
 static int predict_trees(const Model *m, const double *x) {
+    if (m->out_start) return predict_cost_lazy(m, x);
     double score[MAX_CLASSES];
     int32_t bins[MAX_FEATURES + 1];
     int32_t stack_leaf[MAX_STACK_TREES], *leaf = stack_leaf;
     int K = m->n_classes, T = m->n_trees;
-    memset(score, 0, sizeof(double) * K);
+    init_scores(m, score);
     bins_of(m, x, bins, m->n_features);
     if (m->reordered && T > MAX_STACK_TREES && !(leaf = malloc(sizeof(int32_t) * (size_t)T))) return -1;
     const Node *nodes = m->nodes;
-    int early = m->sufdiff != NULL && K > 1, result = -1;
+    int early = m->sufdiff != NULL && K > 1 && !m->cost_modes, result = -1;
     for (int t = 0; t < T; t += GROUP) {
         if (early && t > 0 && decided(m, score, t)) { result = argmax(score, K); break; }
         int32_t i[GROUP];
@@ -234,7 +363,7 @@ static int predict_trees(const Model *m, const double *x) {
     }
     if (result < 0) {
         if (m->reordered) {  /* the original model's summation order, for the exact sums */
-            memset(score, 0, sizeof(double) * K);
+            init_scores(m, score);
             for (int o = 0; o < m->n_real_trees; o++) add_leaf(m, score, m->position[o], leaf[m->position[o]]);
         }
         result = class_of_sums(m, score);
@@ -267,8 +396,7 @@ typedef struct {
 
 static int exact_class(const Model *m, const int32_t *bins) {
     double score[MAX_CLASSES];
-    int K = m->n_classes;
-    memset(score, 0, sizeof(double) * K);
+    init_scores(m, score);
     const Node *nodes = m->nodes;
     for (int o = 0; o < m->n_real_trees; o++) {
         int t = m->position[o];
@@ -287,7 +415,8 @@ static long box_bounds(Builder *b, int *n_touched) {
     double tmin[MAX_CLASSES], tmax[MAX_CLASSES];
     long active = 0;
     *n_touched = 0;
-    for (int k = 0; k < K; k++) b->smin[k] = b->smax[k] = 0.0;
+    init_scores(m, b->smin);
+    memcpy(b->smax, b->smin, sizeof(double) * (size_t)K);
     for (int t = 0; t < m->n_trees; t++) {
         int W = m->kind == 0 ? K : 1;
         for (int k = 0; k < W; k++) { tmin[k] = INFINITY; tmax[k] = -INFINITY; }
@@ -325,9 +454,38 @@ static long box_bounds(Builder *b, int *n_touched) {
     return active;
 }
 
+/* The cost decision over a box: decided when one mode surely allowed (the reference,
+   or every risk's ceiling under the cut) has a ratio ceiling below the ratio floor of
+   every other mode that may be allowed. */
+static int box_decision_cost(const Builder *b) {
+    const Model *m = b->m;
+    int M = m->cost_modes, C = m->cost_constraints;
+    int state[MAX_CLASSES];  /* 1 surely allowed, 0 maybe, -1 surely not */
+    int best = m->cost_ref;
+    for (int j = 0; j < M; j++) {
+        state[j] = 1;
+        if (j == m->cost_ref) continue;
+        for (int c = 0; c < C; c++) {
+            int o = M + j * C + c;
+            if (b->smin[o] > m->cost_hi) { state[j] = -1; break; }
+            if (!(b->smax[o] < m->cost_lo)) state[j] = 0;
+        }
+        if (state[j] == 1 && b->smax[j] < (best == m->cost_ref ? 0.0 : b->smax[best])) best = j;
+    }
+    double ceil_best = best == m->cost_ref ? 0.0 : b->smax[best];
+    double margin = 1e-9 * (1.0 + fabs(ceil_best));
+    for (int j = 0; j < M; j++) {
+        if (j == best || state[j] < 0) continue;
+        double floor_j = j == m->cost_ref ? 0.0 : b->smin[j];
+        if (!(floor_j > ceil_best + margin)) return -1;
+    }
+    return best;
+}
+
 static int box_decision(const Builder *b) {
     const Model *m = b->m;
     int K = m->n_classes;
+    if (m->cost_modes) return box_decision_cost(b);
     if (m->kind == 1 && K == 1) {
         double margin = 1e-9 * (1.0 + fabs(b->smin[0]) + fabs(b->smax[0]));
         if (b->smin[0] > margin) return 1;
@@ -584,8 +742,8 @@ static int predict_x(const Model *m, const double *x, int combo) {
             for (int j = n_num; j < nf; j++) if (x[j] != 0.0) z += w[j] * x[j];
             score[k] = z;
         }
-        if (K == 1) return score[0] > 0 ? 1 : 0;
-        return argmax(score, K);
+        if (K == 1 && !m->cost_modes) return score[0] > 0 ? 1 : 0;
+        return decide(m, score);
     }
     if (m->region && combo >= 0) {
         int k = predict_region(m, x, combo);
@@ -721,7 +879,8 @@ static PyObject *py_make_router(PyObject *mod, PyObject *const *args, Py_ssize_t
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "unknown compiled-router handle");
         return NULL;
     }
-    if (PyTuple_GET_SIZE(args[1]) != models[handle].n_classes + (models[handle].n_classes == 1)) {
+    const Model *mh = &models[handle];
+    if (PyTuple_GET_SIZE(args[1]) != (mh->cost_modes ? mh->cost_modes : mh->n_classes + (mh->n_classes == 1))) {
         PyErr_SetString(PyExc_ValueError, "classes do not match the registered model");
         return NULL;
     }
