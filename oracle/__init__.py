@@ -7,6 +7,9 @@ the caller asks to skip incomplete data.
 """
 
 from oracle.constraints import Constraints
+from oracle.external_table import read_cost_table
 from oracle.label import OracleError, label_profile, label_requests
+from oracle.training_table import build_training_table
 
-__all__ = ["Constraints", "OracleError", "label_profile", "label_requests"]
+__all__ = ["Constraints", "OracleError", "build_training_table", "label_profile", "label_requests",
+           "read_cost_table"]

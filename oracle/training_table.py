@@ -86,6 +86,7 @@ def build_training_table(profile: pd.DataFrame, requests: list[Request],
         "modes": modes,
         "constraints": constraints.to_dict(),
         "profile_hash": frame_hash(profile),
+        "profile_source": None if source is None else str(source),
         "backends": sorted(profile["backend"].dropna().astype(str).unique().tolist())
         if "backend" in profile else [],
         "skipped": skipped,

@@ -263,7 +263,11 @@ class CostPredictingRouter(RouterMixin, ClassifierMixin, BaseEstimator):
             return None
         from routers.compiler.compiled import compile_cost
 
-        return compile_cost(self, region_budget)
+        try:
+            return compile_cost(self, region_budget)
+        except (ValueError, TypeError, RuntimeError) as exc:  # e.g. no C compiler here
+            self.compile_reason_ = str(exc).splitlines()[0]
+            return None
 
 
 def _proba(model, F) -> np.ndarray:

@@ -165,7 +165,8 @@ def best_from_scoring(metric: str, mlruns: str = "mlruns", max_violation_rate: f
     client = mlflow.MlflowClient()
     exp = client.get_experiment_by_name("modeswitch-score")
     runs = client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'",
-                              order_by=["attributes.start_time DESC"], max_results=1)
+                              order_by=["attributes.start_time DESC"], max_results=200)
+    runs = [r for r in runs if "mlflow.parentRunId" not in r.data.tags][:1]  # not a per-router child
     if not runs:
         raise InputError(f"no scoring run in {mlruns}; run `modeswitch score` first or use --run")
     run = runs[0]

@@ -64,6 +64,58 @@ def test_score_writes_the_report_with_the_rule_baseline(cli_run):
     assert "rule" in out and "dt" in out and "lr" in out
 
 
+def _client(tmp):
+    import mlflow
+
+    from routers.training.tracking import tracking_uri
+
+    return mlflow.MlflowClient(tracking_uri(tmp / "mlruns"))
+
+
+def test_scoring_logs_one_child_run_per_router_with_the_same_metric_keys(cli_run):
+    """The MLflow UI compares routers by selecting runs: each router is a child of the
+    scoring run, every child with the same metric names and its family as a tag."""
+    tmp, _ = cli_run
+    client = _client(tmp)
+    exp = client.get_experiment_by_name("modeswitch-score")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    by_router = {r.data.tags["router"]: r for r in children}
+    assert set(by_router) == {"reference", "rule", "oracle", "dt", "lr"}
+    keys = {frozenset(r.data.metrics) for r in children}
+    assert len(keys) == 1
+    assert {"speedup", "energy_ratio", "violation_rate_quality", "overhead_p50_us"} <= next(iter(keys))
+    assert by_router["dt"].data.tags["router_family"] == "dt"
+    assert by_router["dt"].data.tags["training_run_id"] == parents[0].data.tags["router_run.dt"]
+    assert by_router["rule"].data.metrics["speedup"] == pytest.approx(parents[0].data.metrics["rule.speedup"])
+
+
+def test_training_and_scoring_runs_show_their_dataset(cli_run):
+    import pandas as pd
+
+    from oracle.training_table import frame_hash, table_meta
+
+    tmp, _ = cli_run
+    client = _client(tmp)
+    table = pd.read_parquet(tmp / "train.parquet")
+    exp = client.get_experiment_by_name(f"modeswitch-train-{frame_hash(table)}")
+    assert exp is not None and exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    train_exp = exp.experiment_id
+    parents = [r for r in client.search_runs([train_exp]) if "mlflow.parentRunId" not in r.data.tags]
+    assert {r.data.tags["router_family"] for r in parents} == {"dt", "lr"}
+    for r in parents + client.search_runs([client.get_experiment_by_name("modeswitch-score").experiment_id]):
+        inputs = r.inputs.dataset_inputs
+        assert len(inputs) == 1, r.info.run_name
+        ds, tags = inputs[0].dataset, {t.key: t.value for t in inputs[0].tags}
+        assert ds.name == "training-table" and ds.digest == frame_hash(table)
+        assert str(tmp / "train.parquet") in ds.source
+        assert tags["profile_hash"] == table_meta(table)["profile_hash"]
+        assert tags["profile_source"].endswith("profile.parquet")
+
+
 def test_export_registers_the_champion(cli_run):
     _, steps = cli_run
     assert "registered modeswitch-router version 1 as models:/modeswitch-router@champion" in \

@@ -31,17 +31,26 @@ from modeswitch.display import console, frame_table
 
 
 def _read_table(path: Path):
+    """A training table from `dataset build`, or your own per-mode cost table (CSV or
+    parquet with the columns of :mod:`oracle.external_table`), labelled here."""
     import pandas as pd
 
-    with reading(path):
-        return pd.read_parquet(path)
+    from oracle.external_table import read_cost_table
+
+    if Path(path).suffix.lower() != ".csv":
+        with reading(path):
+            table = pd.read_parquet(path)
+        if table.attrs.get("modeswitch"):
+            table.attrs["source_path"] = str(Path(path).resolve())  # shown as the runs' dataset source
+            return table
+    return read_cost_table(path)
 
 
 # -------------------------------------------------------------------- train
 @app.command("train", cls=deferred_help("routers.training.trainer:TrainConfig"))
 @friendly_errors
 def train_cmd(
-    data: Annotated[Path, typer.Option(help="Training table from `modeswitch dataset build`.")],
+    data: Annotated[Path, typer.Option(help="Training table from `modeswitch dataset build`, or your own per-mode cost table (CSV/parquet; columns in README 'Bring your own labels').")],
     routers: Annotated[str | None, typer.Option(help="Router families, comma-separated [{routers}].")] = None,
     feature_set: Annotated[FeatureSet, typer.Option(help="A (request shape) or B (A + family/suite).")] = "A",
     split: Annotated[Split, typer.Option(help="random, group (by family) or lofo (leave one family out).")] = "group",
@@ -91,7 +100,7 @@ def train_cmd(
 @app.command("score", cls=deferred_help("routers.scoring.run:ScoreConfig", backends=backend_names))
 @friendly_errors
 def score_cmd(
-    data: Annotated[Path, typer.Option(help="Training table the routers were trained on.")],
+    data: Annotated[Path, typer.Option(help="Training table (or cost table) the routers were trained on.")],
     output: Annotated[Path | None, typer.Option("-o", "--output", help="New report folder [reports/score-<time>].")] = None,
     run: Annotated[list[str] | None, typer.Option(help="Training run id(s) to score (default: latest per family).")] = None,
     live: Annotated[bool, typer.Option(help="Also run a held-out stream through the real engine.")] = False,

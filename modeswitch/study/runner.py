@@ -270,7 +270,9 @@ class Study:
     def _table(self):
         import pandas as pd
 
-        return pd.read_parquet(self.out / "train.parquet")
+        table = pd.read_parquet(self.out / "train.parquet")
+        table.attrs["source_path"] = str((self.out / "train.parquet").resolve())
+        return table
 
     def _step_train(self, split: str) -> dict:
         from routers.training.trainer import TrainConfig, train

@@ -296,18 +296,41 @@ def _coverage_md(cov: dict) -> list[str]:
     return md
 
 
+def _router_kind(name: str) -> str:
+    """What a scored router is, for the child run's ``router_kind`` tag."""
+    if name in ("reference", "rule", "oracle"):
+        return {"reference": "fixed reference mode", "rule": "rule baseline",
+                "oracle": "oracle (upper bound)"}[name]
+    return "cost-predicting" if name.startswith("cost_") else "classifier"
+
+
 def log_to_mlflow(out: Path, mlruns: Path, head: pd.DataFrame, context: dict,
-                  router_runs: dict[str, str], live_summary=None) -> str:
-    """One MLflow run in experiment ``modeswitch-score`` holding the report; returns its id."""
+                  router_runs: dict[str, str], live_summary=None, table: pd.DataFrame | None = None) -> str:
+    """One MLflow run in experiment ``modeswitch-score`` holding the report, and one
+    child run per router under it with the same metric names for all (the headline's
+    figures; ``live_*`` for the live ones; NaN where a figure does not apply), so the
+    UI's chart and compare views put the routers side by side. The parent keeps the
+    figures prefixed by router too (``lgbm.speedup``: what ``export --best`` reads).
+    ``table`` (the training table scored on) is logged as every run's input. Returns
+    the parent's id."""
     import mlflow
 
-    from routers.training.tracking import git_commit, setup
+    from routers.training.tracking import git_commit, log_table_input, setup
 
     setup(Path(mlruns), "modeswitch-score")
+
+    def number(v) -> float:
+        return float(v) if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) \
+            else float("nan")
+
+    live = live_summary.set_index("router") if live_summary is not None else None
+    live_cols = [c for c in live.columns if pd.api.types.is_numeric_dtype(live[c])] if live is not None else []
     with mlflow.start_run(run_name=context.get("name", out.name)) as run:
         mlflow.set_tags({"git_commit": git_commit(), "router_run_ids": json.dumps(router_runs),
                          **{f"router_run.{k}": v for k, v in router_runs.items()},
                          **{f"context.{k}": str(v)[:500] for k, v in context.items()}})
+        if table is not None:
+            log_table_input(table, "scoring")
         for r, row in head.iterrows():
             mlflow.log_metrics({f"{r}.{k}": float(v) for k, v in row.items()
                                 if isinstance(v, (int, float, np.floating)) and np.isfinite(v)})
@@ -315,5 +338,18 @@ def log_to_mlflow(out: Path, mlruns: Path, head: pd.DataFrame, context: dict,
             for _, row in live_summary.iterrows():
                 mlflow.log_metrics({f"live.{row['router']}.{k}": float(v) for k, v in row.items()
                                     if k != "router" and np.isfinite(v)})
+        for r, row in head.iterrows():
+            with mlflow.start_run(run_name=str(r), nested=True):
+                mlflow.set_tags({"router": str(r), "router_family": str(r),
+                                 "router_kind": _router_kind(str(r)), "git_commit": git_commit(),
+                                 **({"training_run_id": router_runs[r]} if r in router_runs else {}),
+                                 **{f"context.{k}": str(v)[:500] for k, v in context.items()}})
+                metrics = {str(k): number(v) for k, v in row.items()}
+                if live is not None:
+                    metrics.update({f"live_{k}": number(live.loc[r, k]) if r in live.index else float("nan")
+                                    for k in live_cols})
+                mlflow.log_metrics(metrics)
+                if table is not None:
+                    log_table_input(table, "scoring")
         mlflow.log_artifacts(str(out), artifact_path="report")
         return run.info.run_id

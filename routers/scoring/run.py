@@ -291,7 +291,7 @@ def score_routers(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=Non
                         live_summary=live_summary, estimate=estimate, live_figures=live_figures,
                         live_family=live_family, intervals=intervals, coverage=coverage_info)
     run_id = report.log_to_mlflow(out, Path(cfg.mlruns), head, context,
-                                  {t.name: t.run_id for t in trained}, live_summary)
+                                  {t.name: t.run_id for t in trained}, live_summary, table=table)
     return {"headline": head, "overall": overall, "per_family": per_family, "overhead": overhead,
             "live_summary": live_summary, "live_family": live_family, "live_per": live_per, "live_figures": live_figures,
             "estimate": estimate,

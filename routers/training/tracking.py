@@ -14,6 +14,11 @@ from pathlib import Path
 
 _USER_URI = os.environ.get("MLFLOW_TRACKING_URI")
 
+#: MLflow 3's UI opens an experiment by its kind; untagged ones open in the GenAI view
+#: (traces, an empty overview). Ours are model training: runs, metrics, charts.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
 
 def tracking_uri(mlruns: Path) -> str:
     if _USER_URI:
@@ -35,9 +40,12 @@ def setup(mlruns: Path, experiment: str) -> str:
     exp = mlflow.get_experiment_by_name(experiment)
     if exp is None:
         artifacts = None if _USER_URI else (Path(mlruns).resolve() / "artifacts" / experiment).as_uri()
-        exp_id = mlflow.create_experiment(experiment, artifact_location=artifacts)
+        exp_id = mlflow.create_experiment(experiment, artifact_location=artifacts,
+                                          tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     else:
         exp_id = exp.experiment_id
+        if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:  # made before the tag existed
+            mlflow.MlflowClient().set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     mlflow.set_experiment(experiment_id=exp_id)
     return exp_id
 
@@ -48,3 +56,28 @@ def git_commit() -> str:
                               check=True, cwd=Path(__file__).parent).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def log_table_input(table, context: str, name: str = "training-table") -> None:
+    """Log ``table`` (a training table) as the open run's input, so the UI's Dataset
+    column shows what the run used: its content hash as the digest, where it was
+    read from as the source (``in-memory`` when it was built in Python), and the
+    source profile's hash and path as the input's tags."""
+    import json
+    import warnings
+
+    import mlflow
+    import mlflow.data
+
+    from oracle.training_table import frame_hash
+
+    meta = json.loads(table.attrs.get("modeswitch") or "{}")
+    source = str(table.attrs.get("source_path") or "in-memory")
+    tags = {"training_table_hash": frame_hash(table), "profile_hash": str(meta.get("profile_hash", "unknown")),
+            "profile_source": str(meta.get("profile_source", "unknown"))[:500]}
+    with warnings.catch_warnings():  # a plain path is a "local" source; MLflow warns about guessing it
+        warnings.simplefilter("ignore")
+        ds = mlflow.data.from_pandas(table, source=source, name=name,
+                                     targets="label" if "label" in table else None,
+                                     digest=tags["training_table_hash"])
+        mlflow.log_input(ds, context=context, tags=tags)

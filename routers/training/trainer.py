@@ -313,7 +313,10 @@ def _train_family(family, cfg: TrainConfig, data: TrainingData, on_trial=None) -
     metrics next to the rule baseline's, plots, the model. Returns its result columns."""
     import mlflow
 
+    from routers.training.tracking import log_table_input
+
     mlflow.set_tags(_tags(family, cfg, data))
+    log_table_input(data.table, "training")
     tuned = _tune_or_preset(family, cfg, data, on_trial)
     mlflow.log_params({**{f"param_{k}": v for k, v in tuned.params.items()},
                        "regret_weights": tuned.use_weights, "trials": cfg.trials,
