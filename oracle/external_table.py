@@ -127,7 +127,7 @@ def read_cost_table(path, constraints: Constraints | None = None) -> pd.DataFram
 
     fields = {"prompt_tokens": _numbers(raw, "prompt_tokens", path, minimum=1),
               "expected_output_tokens": _numbers(raw, "expected_output_tokens", path, minimum=1)}
-    for col, default in OPTIONAL.items():
+    for col in OPTIONAL:
         if col in raw and col not in ("family", "benchmark_suite"):
             fields[col] = _numbers(raw, col, path, minimum=1 if col == "concurrent_requests" else 0)
     reqs = []

@@ -88,7 +88,12 @@ def evaluate(routers: dict, test: pd.DataFrame, decisions: int = 2_000, compiled
     from routers.reference import FixedModeRouter, OracleRouter
     from routers.rule_baseline import RuleBaselineRouter
     from routers.scoring import overhead as oh
-    from routers.scoring.offline import aggregate_scores, offline_intervals, requests_from_table, score_offline
+    from routers.scoring.offline import (
+        aggregate_scores,
+        offline_intervals,
+        requests_from_table,
+        score_offline,
+    )
     from routers.scoring.report import headline_table
 
     test = test.reset_index(drop=True)
