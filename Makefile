@@ -93,7 +93,10 @@ test-vllm: $(STAMP) $(VSTAMP)
 		$(VVENV)/bin/python -m pytest -q -p no:cacheprovider tests/backend_vllm
 
 # MLflow UI over the project's store, bound to loopback.
+# MLflow 3.17's UI opens every experiment in its GenAI view until "Model training"
+# is picked once (it remembers the choice): the printed link picks it.
 ui: $(STAMP)
+	@echo "open http://127.0.0.1:5000/#/experiments?workflowType=machine_learning (model-training view)"
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(BIN)/mlflow ui \
 		--backend-store-uri sqlite:///mlruns/mlflow.db \
 		--default-artifact-root mlruns/artifacts \

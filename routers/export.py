@@ -171,18 +171,26 @@ def best_from_scoring(metric: str, mlruns: str = "mlruns", max_violation_rate: f
         raise InputError(f"no scoring run in {mlruns}; run `modeswitch score` first or use --run")
     run = runs[0]
     cands = {k.split(".", 1)[1]: v for k, v in run.data.tags.items() if k.startswith("router_run.")}
+    # each router's figures: its child run's metrics (older scoring runs: the parent's
+    # metrics prefixed by router name)
+    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
+    figures = {c.data.tags.get("router"): c.data.metrics for c in children}
+    for name in cands:
+        if name not in figures:
+            figures[name] = {k.split(".", 1)[1]: v for k, v in run.data.metrics.items()
+                             if k.startswith(f"{name}.")}
     scored = {}
     for name in cands:
-        key = f"{name}.{metric}"
-        if key not in run.data.metrics:
+        got = figures[name]
+        if metric not in got or got[metric] != got[metric]:  # absent or NaN
             raise InputError(f"scoring run {run.info.run_id} has no metric {metric!r} for {name}; "
-                              f"known: {sorted({k.split('.', 1)[1] for k in run.data.metrics})}")
+                             f"known: {sorted(k for k, v in got.items() if v == v)}")
         if max_violation_rate is not None:
-            viol = sum(run.data.metrics.get(f"{name}.violation_rate_{k}", 0.0)
+            viol = sum(got.get(f"violation_rate_{k}", 0.0) or 0.0
                        for k in ("quality", "energy", "memory", "unmeasured"))
             if viol > max_violation_rate:
                 continue
-        scored[name] = run.data.metrics[key]
+        scored[name] = got[metric]
     if not scored:
         raise InputError("no learned router in the latest scoring run passes the violation limit")
     lower = metric in LOWER_IS_BETTER or metric.startswith("violation")

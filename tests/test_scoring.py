@@ -161,7 +161,11 @@ def test_score_offline_and_live_on_the_tiny_model(tiny_models, tmp_path):
     import mlflow
 
     run = mlflow.MlflowClient().get_run(res["mlflow_run_id"])
-    assert "router_run.dt" in run.data.tags and "rule.speedup" in run.data.metrics
+    assert "router_run.dt" in run.data.tags
+    child = {c.data.tags["router"]: c for c in mlflow.MlflowClient().search_runs(
+        [run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")}
+    assert np.isfinite(child["rule"].data.metrics["speedup"])
+    assert np.isfinite(child["dt"].data.metrics["live_speedup"])
     arts = {a.path for a in mlflow.MlflowClient().list_artifacts(res["mlflow_run_id"], "report/plots")}
     assert "report/plots/routing_overhead.png" in arts
     with pytest.raises(FileExistsError):

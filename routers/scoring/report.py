@@ -309,9 +309,9 @@ def log_to_mlflow(out: Path, mlruns: Path, head: pd.DataFrame, context: dict,
     """One MLflow run in experiment ``modeswitch-score`` holding the report, and one
     child run per router under it with the same metric names for all (the headline's
     figures; ``live_*`` for the live ones; NaN where a figure does not apply), so the
-    UI's chart and compare views put the routers side by side. The parent keeps the
-    figures prefixed by router too (``lgbm.speedup``: what ``export --best`` reads).
-    ``table`` (the training table scored on) is logged as every run's input. Returns
+    UI's chart and compare views put the routers side by side (the parent holds no
+    per-router metrics: prefixed copies, ``lgbm.speedup``, made 140 charts of one bar
+    each). ``table`` (the training table scored on) is logged as every run's input. Returns
     the parent's id."""
     import mlflow
 
@@ -331,13 +331,6 @@ def log_to_mlflow(out: Path, mlruns: Path, head: pd.DataFrame, context: dict,
                          **{f"context.{k}": str(v)[:500] for k, v in context.items()}})
         if table is not None:
             log_table_input(table, "scoring")
-        for r, row in head.iterrows():
-            mlflow.log_metrics({f"{r}.{k}": float(v) for k, v in row.items()
-                                if isinstance(v, (int, float, np.floating)) and np.isfinite(v)})
-        if live_summary is not None:
-            for _, row in live_summary.iterrows():
-                mlflow.log_metrics({f"live.{row['router']}.{k}": float(v) for k, v in row.items()
-                                    if k != "router" and np.isfinite(v)})
         for r, row in head.iterrows():
             with mlflow.start_run(run_name=str(r), nested=True):
                 mlflow.set_tags({"router": str(r), "router_family": str(r),
