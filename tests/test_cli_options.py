@@ -161,7 +161,9 @@ def fake_models(monkeypatch):
 @pytest.fixture
 def table(tmp_path):
     path = tmp_path / "train.parquet"
-    pd.DataFrame({"x": [1]}).to_parquet(path)
+    df = pd.DataFrame({"x": [1]})
+    df.attrs["modeswitch"] = "{}"  # a training table's metadata (the config is captured before it is read)
+    df.to_parquet(path)
     return path
 
 

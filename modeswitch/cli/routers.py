@@ -43,6 +43,13 @@ def _read_table(path: Path):
         if table.attrs.get("modeswitch"):
             table.attrs["source_path"] = str(Path(path).resolve())  # shown as the runs' dataset source
             return table
+        from dataset.errors import InputError
+
+        try:
+            return read_cost_table(path)
+        except InputError as exc:
+            raise InputError(f"not a training table from `dataset build` (no metadata), nor a cost table: "
+                             f"{exc}") from None
     return read_cost_table(path)
 
 
