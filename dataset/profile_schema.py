@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pandera.pandas as pa
 
@@ -73,8 +74,12 @@ PROFILE_COLUMNS = (
 )
 
 
+#: a measurement is a number or missing (NaN); an infinity is neither
+_FINITE = pa.Check(lambda s: s.isna() | np.isfinite(s.astype(float)), name="finite_or_missing")
+
+
 def _nonneg(name):
-    return pa.Column(float, pa.Check.ge(0), nullable=True, coerce=True, required=True)
+    return pa.Column(float, [pa.Check.ge(0), _FINITE], nullable=True, coerce=True, required=True)
 
 
 def _unit(name):
@@ -184,14 +189,33 @@ def conform(df: pd.DataFrame) -> pd.DataFrame:
     return df[list(PROFILE_COLUMNS) + extra]
 
 
+#: what makes two rows the same measurement: importing or merging a file twice repeats them
+UNIT_KEY = ("workload", "request_id", "mode", "trial", "attempt", "is_aggregate", "run_id")
+
+
+def duplicate_failures(df: pd.DataFrame) -> list[tuple]:
+    """Rows repeating an earlier row's measurement (same :data:`UNIT_KEY`)."""
+    key = [c for c in UNIT_KEY if c in df.columns]
+    if not len(df) or not key:
+        return []
+    group = pd.Series(df.groupby(key, dropna=False, sort=False).ngroup().to_numpy(), index=df.index)
+    first = group.reset_index().groupby(0)["index"].first()
+    dup = group.duplicated(keep="first")
+    return [(int(row), "(row)", f"repeats row {int(first[group[row]])} (same {', '.join(key)}): "
+                                "a file imported or merged twice? drop the copy")
+            for row in df.index[dup][:20]]
+
+
 def _cross_column_failures(df: pd.DataFrame) -> list[tuple]:
     """Checks that relate columns of a row, reported under the column to fix."""
     out = []
+    if len(df) and not np.isfinite(df["latency_ms"].astype(float)).any():
+        out.append((None, "latency_ms", "no row has a latency: nothing here can be labelled"))
     for row in df.index[~df["is_aggregate"] & df["trial"].isna()]:
         out.append((int(row), "trial", "a per-trial row (is_aggregate false) needs a trial index"))
     for row in df.index[df["is_aggregate"] & df["n_trials"].isna()]:
         out.append((int(row), "n_trials", "an aggregate row (is_aggregate true) needs n_trials"))
-    return out
+    return out + duplicate_failures(df)
 
 
 def _failures(exc: pa.errors.SchemaErrors) -> list[tuple]:
@@ -234,7 +258,7 @@ def validate_profile(df: pd.DataFrame, path=None) -> pd.DataFrame:
     the column of each problem.
     """
     df = df.reset_index(drop=True)
-    missing = [c for c in ("workload", "mode", "reference_mode", "backend") if c not in df.columns]
+    missing = [c for c in ("workload", "mode", "latency_ms", "reference_mode", "backend") if c not in df.columns]
     if missing:
         raise ProfileSchemaError(path, [(None, c, "required column is missing") for c in missing])
     try:
@@ -252,8 +276,9 @@ def read_profile(path) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"profile file {path} does not exist")
-    if path.suffix.lower() == ".csv":
-        df = pd.read_csv(path)
+    if path.suffix.lower() == ".csv":  # text columns stay text where a column is empty
+        text = [c for c, col in PROFILE_SCHEMA.columns.items() if str(col.dtype).startswith("str")]
+        df = pd.read_csv(path, dtype={c: "string" for c in text})
     else:
         df = pd.read_parquet(path)
     return validate_profile(df, path=path)
@@ -262,12 +287,19 @@ def read_profile(path) -> pd.DataFrame:
 def read_profiles(paths) -> pd.DataFrame:
     """Read several profiles and stack them (each validated on its own)."""
     frames = [read_profile(p) for p in paths]
-    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    if len(frames) == 1:
+        return frames[0]
+    out = pd.concat(frames, ignore_index=True)
+    dups = duplicate_failures(out)
+    if dups:  # the same rows in two of the files (the row numbers count through the files in order)
+        raise ProfileSchemaError(", ".join(map(str, paths)), dups)
+    return out
 
 
-def write_profile(df: pd.DataFrame, path, overwrite: bool = False) -> Path:
-    """Validate, then write atomically; an existing file is kept unless ``overwrite``."""
+def write_profile(df: pd.DataFrame, path, overwrite: bool = False, source=None) -> Path:
+    """Validate, then write atomically; an existing file is kept unless ``overwrite``.
+    Errors name ``source`` (where the rows came from), else the table bound for ``path``."""
     from dataset.io import write_parquet
 
-    df = validate_profile(df)
+    df = validate_profile(df, path=source or f"the table to write to {path}")
     return write_parquet(df, path, overwrite=overwrite)

@@ -173,10 +173,19 @@ class Journal:
         self.path = path
         self.rows: list[dict] = []
         self.meta: dict[str, dict] = {}
-        if path.exists():
-            text = path.read_text()
-            lines = text.splitlines()
-            header = json.loads(lines[0]) if lines else {}
+        text = path.read_text() if path.exists() else ""
+        lines = text.splitlines()
+        header = None
+        if lines:
+            try:
+                header = json.loads(lines[0])
+            except json.JSONDecodeError:
+                if any(line.strip() for line in lines[1:]):
+                    raise InputFileError(path, None, None, "line 1 (the run's header) is corrupt; rows follow "
+                                         "it, so the file is not a torn start: move it aside") from None
+        if path.exists() and header is None:  # killed before or while writing its header: nothing to keep
+            path.unlink()
+        if header is not None:
             if header.get("identity") != spec.identity():
                 raise InputError(
                     f"{path} holds a profile run with other settings "

@@ -128,6 +128,20 @@ def export_router(router, *, name: str = DEFAULT_NAME, mlruns: str = "mlruns", s
             "model_uri": info.model_uri, "run_id": run.info.run_id, "meta": meta}
 
 
+_URI_FORMS = ("models:/NAME@ALIAS, models:/NAME/VERSION, runs:/RUN_ID/PATH or a local model folder")
+
+
+def check_router_uri(uri: str) -> None:
+    """Refuse a malformed router URI before MLflow turns it into an internal error."""
+    import re
+
+    if re.fullmatch(r"models:/[^/@\s]+(@[\w.-]+|/[\w.-]+)", uri) or re.fullmatch(r"runs:/[0-9a-fA-F]+/\S+", uri):
+        return
+    if "://" not in uri and ":" not in uri.split("/", 1)[0] and Path(uri).is_dir():
+        return
+    raise InputError(f"router {uri!r}: not a model URI this can load; use {_URI_FORMS}")
+
+
 def load_router(uri: str, mlruns: str = "mlruns", available_modes=None, compiled: bool = True):
     """Load an exported router (``models:/NAME@champion`` or any model URI).
 
@@ -138,8 +152,14 @@ def load_router(uri: str, mlruns: str = "mlruns", available_modes=None, compiled
 
     from routers.training.tracking import tracking_uri
 
+    check_router_uri(uri)
     mlflow.set_tracking_uri(tracking_uri(Path(mlruns)))
-    loaded = mlflow.pyfunc.load_model(uri)
+    try:
+        loaded = mlflow.pyfunc.load_model(uri)
+    except mlflow.exceptions.MlflowException as exc:
+        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise InputError(f"router {uri}: {exc.message} (in the store {tracking_uri(Path(mlruns))})") from None
+        raise
     model = loaded.unwrap_python_model()
     if not isinstance(model, RouterPyfunc):
         raise InputError(f"{uri} is not a router exported by `modeswitch export`")

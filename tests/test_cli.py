@@ -181,3 +181,29 @@ def test_root_help_lists_debug_and_commands_in_pipeline_order():
               if line.startswith("│")]
     pipeline = ["modes", "requests", "label", "profile", "train", "score", "export", "serve"]
     assert [c for c in listed if c in pipeline] == pipeline
+
+
+def test_bad_router_uris_runs_and_ports_are_one_line_errors(tmp_path, tiny_models):
+    """Each used to print a Python traceback (MLflow's own exceptions, a bind() overflow)."""
+    store = ["--mlruns", str(tmp_path / "m")]
+    model = ["--model", str(tiny_models.target)]
+    for uri, says in [("models:/nope@champion", "Registered Model with name=nope not found"),
+                      ("models:/nope/3", "not found"), ("runs:/deadbeef/model", "Run with id=deadbeef not found"),
+                      ("models:/", "not a model URI this can load"),
+                      ("garbage::uri", "not a model URI this can load")]:
+        res = runner.invoke(app, ["serve", "--router", uri, *model, *store])
+        assert res.exit_code == 2 and says in res.output and "Traceback" not in res.output, (uri, res.output)
+    res = runner.invoke(app, ["serve", "--port", "70000", "--router", "mode:fp16_baseline", *model])
+    assert res.exit_code == 2 and "65535" in res.output and "Traceback" not in res.output
+    res = runner.invoke(app, ["export", "--run", "deadbeef", *store])
+    assert res.exit_code == 2 and "--run deadbeef: no such training run" in res.output
+
+
+def test_validate_refuses_what_label_could_not_use(tmp_path):
+    df = pd.DataFrame([row("w", "fp16_baseline", 10.0), row("w", "int8_quant", 5.0, trial=1)])
+    df.drop(columns=["latency_ms"]).to_parquet(tmp_path / "nolat.parquet")
+    res = runner.invoke(app, ["validate", str(tmp_path / "nolat.parquet")])
+    assert res.exit_code == 2 and "latency_ms" in res.output and "required column is missing" in res.output
+    pd.concat([df, df]).to_parquet(tmp_path / "twice.parquet")
+    res = runner.invoke(app, ["validate", str(tmp_path / "twice.parquet")])
+    assert res.exit_code == 2 and "repeats row 0" in res.output

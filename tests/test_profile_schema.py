@@ -99,3 +99,42 @@ def test_invalid_table_is_not_written(tmp_path):
 
 def test_helper_profile_is_valid():
     assert len(profile([row("w", "fp16_baseline", 1.0)])) == 1
+
+
+def test_a_profile_without_latency_or_with_only_infinite_ones_is_refused():
+    with pytest.raises(ProfileSchemaError) as exc:
+        validate_profile(good().drop(columns=["latency_ms"]), path="x.parquet")
+    assert exc.value.field == "latency_ms" and "required column is missing" in str(exc.value)
+    df = good()
+    df["latency_ms"] = float("inf")
+    with pytest.raises(ProfileSchemaError) as exc:
+        validate_profile(df, path="x.parquet")
+    assert (exc.value.row, exc.value.field) == (0, "latency_ms") and "finite" in str(exc.value)
+    df = good()
+    df.loc[1, "energy_j"] = float("-inf")
+    with pytest.raises(ProfileSchemaError) as exc:
+        validate_profile(df, path="x.parquet")
+    assert (exc.value.row, exc.value.field) == (1, "energy_j")
+
+
+def test_repeated_rows_are_an_error_within_and_across_files(tmp_path):
+    from dataset.profile_schema import read_profiles
+
+    df = good()
+    with pytest.raises(ProfileSchemaError) as exc:
+        validate_profile(pd.concat([df, df], ignore_index=True), path="twice.parquet")
+    assert exc.value.row == 2 and "repeats row 0" in str(exc.value) and "twice.parquet" in str(exc.value)
+    p = write_profile(df, tmp_path / "a.parquet")
+    with pytest.raises(ProfileSchemaError) as exc:
+        read_profiles([p, p])
+    assert "repeats row 0" in str(exc.value) and str(p) in str(exc.value)
+    other = df.copy()
+    other["run_id"] = "another-run"  # the same cells measured by another run are not copies
+    q = write_profile(other, tmp_path / "b.parquet")
+    assert len(read_profiles([p, q])) == 4
+
+
+def test_a_csv_profile_with_empty_text_columns_reads_back(tmp_path):
+    p = tmp_path / "p.csv"
+    validate_profile(good()).to_csv(p, index=False)
+    assert read_profile(p)["latency_ms"].tolist() == [10.0, 5.0]

@@ -116,3 +116,25 @@ def test_unknown_backend_names_the_registered_ones_before_writing(tiny_models, t
     with pytest.raises(UnknownNameError, match="unknown backend 'nope'; registered: .*transformers"):
         run(tiny_models, out, backend="nope")
     assert not out.exists() and not out.with_name(out.name + ".journal.jsonl").exists()
+
+
+@pytest.mark.parametrize("content", ["", '{"identity": "abc", "ru', "  \n"])
+def test_an_empty_or_torn_journal_starts_afresh(tiny_models, tmp_path, content):
+    """A run killed before (or while) writing its header leaves nothing to keep."""
+    from engine.profiler import Journal
+
+    path = tmp_path / "p.parquet.journal.jsonl"
+    path.write_text(content)
+    j = Journal(path, spec(tiny_models))
+    assert j.rows == [] and json.loads(path.read_text().splitlines()[0])["run_id"] == j.run_id
+
+
+def test_a_corrupt_header_before_rows_is_named(tiny_models, tmp_path):
+    from dataset.errors import InputFileError
+    from engine.profiler import Journal
+
+    path = tmp_path / "p.parquet.journal.jsonl"
+    path.write_text('{"identity": \n{"mode": "fp16_baseline"}\n')
+    with pytest.raises(InputFileError) as exc:
+        Journal(path, spec(tiny_models))
+    assert str(path) in str(exc.value) and "line 1" in str(exc.value)

@@ -159,7 +159,7 @@ def import_profiles_cmd(
 
     with reading(", ".join(map(str, files))):
         df = import_files(files, importer)
-    write_profile(df, output, overwrite=overwrite)
+    write_profile(df, output, overwrite=overwrite, source=", ".join(map(str, files)))
     agg = int(df["is_aggregate"].sum())
     console.print(
         f"wrote {len(df)} rows ({len(df) - agg} per-trial, {agg} aggregate) covering "

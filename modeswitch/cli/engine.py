@@ -178,7 +178,7 @@ def serve_cmd(
     draft_model: Annotated[str | None, typer.Option(help="Draft checkpoint for speculative decoding.")] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     host: Annotated[str, typer.Option(help="Bind address (loopback by default).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free one).")] = 8000,
     api_key: Annotated[str | None, typer.Option(envvar="MODESWITCH_API_KEY", help="Require 'Authorization: Bearer KEY'.")] = None,
     served_name: Annotated[str, typer.Option(help="Model name the API reports (/v1/models, responses).")] = "modeswitch",
     max_tokens_limit: Annotated[int, typer.Option(help="Largest max_tokens a request may ask for (larger: HTTP 400).")] = 1024,

@@ -200,7 +200,13 @@ def export_cmd(
         console.print(f"best by {best}: {router_name} ({value:.4g}) from scoring run {score_run}")
         extra = {"selected_by": best, "selected_value": value, "scoring_run_id": score_run}
     setup(mlruns, "modeswitch-export")
-    r = mlflow.MlflowClient().get_run(run)
+    try:
+        r = mlflow.MlflowClient().get_run(run)
+    except mlflow.exceptions.MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        raise InputError(f"--run {run}: no such training run in {mlruns} (`modeswitch train` prints run ids; "
+                         "or use --best METRIC)") from None
     uri = r.data.tags.get("model_uri") or f"runs:/{run}/model"
     est = mlflow.sklearn.load_model(uri)
     info = export_router(est, name=name, mlruns=str(mlruns), source_run_id=run,
