@@ -1,6 +1,7 @@
 """The OpenAI-compatible server on loopback with the real small engine, driven by the
 ``openai`` client; and the MLflow export/load round trip of a trained router."""
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -105,7 +106,7 @@ def test_chat_and_streaming_give_the_same_text(server, router):
 
 def test_streamed_completion_reports_mode_and_ends(server, router):
     router.mode = "prefix_caching"
-    chunks = list(server["client"].completions.create(model="m", prompt="def parse(self, text):",
+    chunks = list(server["client"].completions.create(model="modeswitch", prompt="def parse(self, text):",
                                                       max_tokens=8, stream=True))
     assert chunks[0].model_extra["modeswitch"]["mode"] == "prefix_caching"
     assert chunks[-1].choices[0].finish_reason in ("length", "stop")
@@ -138,13 +139,13 @@ def test_bad_requests_get_400_with_a_clear_message(server):
     c = server["client"]
     before = counter(server["port"], "modeswitch_errors_total", kind="bad_request")
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
-        c.completions.create(model="m", prompt="x", max_tokens=0)
+        c.completions.create(model="modeswitch", prompt="x", max_tokens=0)
     with pytest.raises(openai.BadRequestError, match="exceeds this server's limit 64"):
-        c.completions.create(model="m", prompt="x", max_tokens=65)
+        c.completions.create(model="modeswitch", prompt="x", max_tokens=65)
     with pytest.raises(openai.BadRequestError, match="messages"):
-        c.chat.completions.create(model="m", messages=[], max_tokens=4)
+        c.chat.completions.create(model="modeswitch", messages=[], max_tokens=4)
     with pytest.raises(openai.BadRequestError, match="one prompt per request"):
-        c.completions.create(model="m", prompt=["x", "y"], max_tokens=4)
+        c.completions.create(model="modeswitch", prompt=["x", "y"], max_tokens=4)
     # the two bodies failing validation count as bad requests; the limit and prompt checks
     # answer 400 without counting
     assert counter(server["port"], "modeswitch_errors_total", kind="bad_request") - before == 2
@@ -155,11 +156,11 @@ def test_router_failure_falls_back_to_the_reference_and_is_counted(server, route
     port = server["port"]
     before = {r: counter(port, "modeswitch_fallbacks_total", reason=r) for r in ("error", "unknown_mode")}
     router.mode = "raise"
-    r = server["client"].completions.with_raw_response.create(model="m", prompt="class A:", max_tokens=4)
+    r = server["client"].completions.with_raw_response.create(model="modeswitch", prompt="class A:", max_tokens=4)
     assert r.headers["x-modeswitch-mode"] == "fp16_baseline"
     assert r.parse().model_extra["modeswitch"]["fallback"] == "error"
     router.mode = "awq_4bit"  # a mode this engine does not offer
-    r = server["client"].completions.with_raw_response.create(model="m", prompt="class A:", max_tokens=4)
+    r = server["client"].completions.with_raw_response.create(model="modeswitch", prompt="class A:", max_tokens=4)
     assert r.parse().model_extra["modeswitch"]["fallback"] == "unknown_mode"
     assert counter(port, "modeswitch_fallbacks_total", reason="error") - before["error"] == 1.0
     assert counter(port, "modeswitch_fallbacks_total", reason="unknown_mode") - before["unknown_mode"] == 1.0
@@ -173,7 +174,7 @@ def test_reload_under_load_drops_nothing(server, router):
     reloads = counter(server["port"], "modeswitch_router_reloads_total")
 
     def one(i):
-        return c.completions.create(model="m", prompt=f"def f{i}(x):", max_tokens=6)
+        return c.completions.create(model="modeswitch", prompt=f"def f{i}(x):", max_tokens=6)
 
     with ThreadPoolExecutor(8) as ex:
         futs = [ex.submit(one, i) for i in range(16)]
@@ -184,7 +185,7 @@ def test_reload_under_load_drops_nothing(server, router):
     assert status == 200 and holder["loads"] == before + 1
     assert counter(server["port"], "modeswitch_router_reloads_total") - reloads == 1
     assert len(results) == 16 and all(x.usage.completion_tokens == 6 for x in results)
-    after = c.completions.create(model="m", prompt="def g(x):", max_tokens=4)
+    after = c.completions.create(model="modeswitch", prompt="def g(x):", max_tokens=4)
     assert after.model_extra["modeswitch"]["mode"] == "prefix_caching"
     holder["router"] = SwitchRouter()
     http("POST", f"http://127.0.0.1:{server['port']}/admin/reload")
@@ -198,7 +199,7 @@ def test_health_reports_the_state_handlers_share(server, router):
     """``/health`` reads the same typed state the request handlers update."""
     state = server["app"].state.serving
     with ThreadPoolExecutor(4) as ex:
-        list(ex.map(lambda i: server["client"].completions.create(model="m", prompt=f"x = {i}", max_tokens=4),
+        list(ex.map(lambda i: server["client"].completions.create(model="modeswitch", prompt=f"x = {i}", max_tokens=4),
                     range(4)))
     h = health(server["port"])
     assert h["in_flight"] == state.in_flight == 0
@@ -366,3 +367,36 @@ def test_export_and_load_round_trip(tmp_path):
     assert str(again["version"]) == "2"
     alias = mlflow.MlflowClient().get_model_version_by_alias("modeswitch-router", "champion")
     assert str(alias.version) == "2"
+
+
+def test_clients_that_hang_up_leave_nothing_behind_on_the_real_engines(server, router):
+    """Streamed and whole requests abandoned on the tiny model's engines (the batching one
+    too): the in-flight count, engine leases and batch slots all come back."""
+    import socket
+    import threading
+
+    port = server["port"]
+
+    def leave(i, mode_stream):
+        body = json.dumps({"model": "modeswitch", "prompt": f"def f{i}(x):", "max_tokens": 64,
+                           "stream": mode_stream}).encode()
+        s = socket.create_connection(("127.0.0.1", port), timeout=30)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        if i % 3 == 0:
+            s.recv(64)
+        s.close()
+
+    for mode in ("continuous_batching", "fp16_baseline"):
+        router.mode = mode
+        ts = [threading.Thread(target=leave, args=(i, i % 2 == 0)) for i in range(10)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        deadline = time.time() + 120
+        while health(port)["in_flight"] and time.time() < deadline:
+            time.sleep(0.2)
+        assert health(port)["in_flight"] == 0, mode
+    out = server["client"].completions.create(model="modeswitch", prompt="def g(x):", max_tokens=4)
+    assert out.choices[0].text is not None

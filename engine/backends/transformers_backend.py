@@ -325,6 +325,7 @@ class TransformersEngine:
         for req, _ in group:
             rid = f"{req.id}#{next(self._serial)}"  # a request may run more than once
             rids[rid] = req
+        done: dict[str, Generation] = {}
         with self._waiters_lock:
             self._waiters.update({rid: results for rid in rids})
             self.info["max_requests_in_batch"] = max(self.info.get("max_requests_in_batch", 0),
@@ -333,7 +334,6 @@ class TransformersEngine:
             for (req, ids), rid in zip(group, rids):
                 self._cb.add_request(list(ids), request_id=rid, max_new_tokens=req.expected_output_tokens,
                                      streaming=on_token is not None, record_timestamps=True, eos_token_id=eos)
-            done: dict[str, Generation] = {}
             seen = dict.fromkeys(rids, 0)
             while len(done) < len(rids):
                 try:  # a long batch may take minutes; a stopped manager fails its waiters
@@ -361,6 +361,14 @@ class TransformersEngine:
             with self._waiters_lock:
                 for rid in rids:
                     self._waiters.pop(rid, None)
+            # left early (the caller's token callback raised: its client is gone): take the
+            # unfinished requests out of the running batch instead of generating for nobody
+            for rid in rids:
+                if rid not in done and self._cb is not None:
+                    try:
+                        self._cb.cancel_request(rid)
+                    except Exception:  # noqa: BLE001 - finished or already gone
+                        pass
         return [done[rid] for rid in rids]
 
 

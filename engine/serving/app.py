@@ -35,9 +35,11 @@ from fastapi import Request as HttpRequest
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.serving.config import EngineFactory, ServerConfig, supported_modes
 from engine.serving.generate import serve
+from engine.serving.jobs import check_capacity
 from engine.serving.metrics import Metrics
 from engine.serving.schemas import ChatBody, CompletionBody, error_response
 from engine.serving.state import RouterLoader, State, server_state, start_state
@@ -64,12 +66,15 @@ def create_app(router_loader: RouterLoader, cfg: ServerConfig, engine_factory: E
         yield
         await run_in_threadpool(state.pool.close)
 
-    app = FastAPI(title="ModeSwitch", lifespan=lifespan)
+    # the API's docs are routes like any other: behind the key when one is set
+    app = FastAPI(title="ModeSwitch", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.metrics = metrics
     app.add_exception_handler(RequestValidationError, bad_request)
-    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, server_error)
     app.include_router(keyed)
     app.include_router(public)
+    app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
     return app
 
 
@@ -84,9 +89,59 @@ async def bad_request(request: HttpRequest, exc: RequestValidationError):
     return error_response(400, "invalid request: " + "; ".join(parts))
 
 
-async def http_error(request: HttpRequest, exc: HTTPException):
-    return error_response(exc.status_code, str(exc.detail),
-                          "authentication_error" if exc.status_code == 401 else "invalid_request_error")
+_KINDS = {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error",
+          429: "rate_limit_error", 503: "server_busy"}
+
+
+async def http_error(request: HttpRequest, exc: StarletteHTTPException):
+    """Every HTTP error in OpenAI's shape: ours, and the framework's own 404 / 405."""
+    detail = exc.detail
+    if exc.status_code == 404 and detail == "Not Found":
+        detail = f"no endpoint {request.method} {request.url.path} (see /v1/completions, /v1/chat/completions)"
+    elif exc.status_code == 405:
+        detail = f"{request.method} is not allowed on {request.url.path}"
+    return error_response(exc.status_code, str(detail), _KINDS.get(exc.status_code, "invalid_request_error"),
+                          headers=getattr(exc, "headers", None))
+
+
+async def server_error(request: HttpRequest, exc: Exception):
+    """Anything unexpected: logged with its traceback, answered 500 in OpenAI's shape."""
+    log.exception("unexpected error on %s %s", request.method, request.url.path)
+    server_state(request).metrics.errors.labels("internal").inc()
+    return error_response(500, f"internal error ({type(exc).__name__}); the server log has the details",
+                          "server_error")
+
+
+class BodyLimit:
+    """Refuse a request body over ``max_bytes`` (413) by its Content-Length, or while it
+    arrives when it has none, before anything parses it."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await error_response(413, _TooBig(self.max_bytes).detail)(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooBig(self.max_bytes)  # an HTTP error: FastAPI's body reader passes it on
+            return message
+
+        await self.app(scope, counted, send)
+
+
+class _TooBig(HTTPException):
+    def __init__(self, limit: int):
+        super().__init__(413, f"the request body exceeds this server's limit of {limit:,} bytes")
 
 
 async def require_api_key(request: HttpRequest, state: State):
@@ -101,16 +156,39 @@ public = APIRouter()
 
 
 # ------------------------------------------------------------------ endpoints
+def _check_model(state, body) -> None:
+    """OpenAI answers an unknown model 404; this server serves one name."""
+    if body.model is not None and body.model != state.config.served_name:
+        raise HTTPException(404, f"model {body.model!r} is not served here; this server serves "
+                                 f"{state.config.served_name!r} (GET /v1/models)")
+
+
 @keyed.post("/v1/completions")
-async def completions(body: CompletionBody, state: State):
-    ids = completion_ids(state.tokenizer, body)
-    return await serve(state, "completions", ids, body.max_tokens, stream=body.stream, chat=False)
+async def completions(body: CompletionBody, state: State, http: HttpRequest):
+    _check_model(state, body)
+    check_capacity(state)
+    ids = completion_ids(state.tokenizer, body, state.context_tokens)
+    return await serve(state, "completions", ids, body.max_tokens, stream=body.stream, chat=False, http=http)
 
 
 @keyed.post("/v1/chat/completions")
-async def chat(body: ChatBody, state: State):
-    ids = chat_ids(state.tokenizer, body.messages)
-    return await serve(state, "chat", ids, body.output_tokens, stream=body.stream, chat=True)
+async def chat(body: ChatBody, state: State, http: HttpRequest):
+    _check_model(state, body)
+    check_capacity(state)
+    ids = chat_ids(state.tokenizer, body.messages, state.context_tokens)
+    return await serve(state, "chat", ids, body.output_tokens, stream=body.stream, chat=True, http=http)
+
+
+@keyed.get("/openapi.json", include_in_schema=False)
+async def openapi_schema(http: HttpRequest):
+    return http.app.openapi()
+
+
+@keyed.get("/docs", include_in_schema=False)
+async def docs():
+    from fastapi.openapi.docs import get_swagger_ui_html
+
+    return get_swagger_ui_html(openapi_url="/openapi.json", title="ModeSwitch API")
 
 
 @keyed.get("/v1/models")

@@ -39,6 +39,13 @@ class ServerConfig:
     reference: str = field(default_factory=lambda: reference_mode().name)
     #: concurrent requests routed to a continuous-batching engine join its running batch
     batch_across_requests: bool = True
+    #: a request body larger than this is refused (413) before it is parsed
+    max_body_bytes: int = 8 * 1024 * 1024
+    #: requests admitted at once (running or waiting for their engine); more get 503 + Retry-After
+    max_in_flight: int = 256
+    #: the model's context in tokens (prompt + max_tokens must fit); None: read from the
+    #: model's config (``max_position_embeddings``) at start-up
+    context_tokens: int | None = None
 
     def engine_settings(self) -> EngineSettings:
         return EngineSettings(self.model_path, self.draft_path, self.device)

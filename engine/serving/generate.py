@@ -11,9 +11,10 @@ import time
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
 
+import anyio
 from fastapi import HTTPException
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from engine.serving.jobs import Job, acquire_engine, admit, check_limits, finish, run_gate
 from engine.serving.state import ServerState
@@ -25,30 +26,90 @@ if TYPE_CHECKING:
 log = logging.getLogger("modeswitch.serve")
 
 
+class Cancelled(Exception):
+    """The client went away: raised from the engine's token callback, so generation stops
+    at its next token instead of running to ``max_tokens`` for nobody."""
+
+
+class _Life:
+    """One admitted request's end, exactly once: generation told to stop (when it still
+    runs), awaited, then the job finished (engine lease, slot and in-flight count given
+    back). Every path ends here, whole or streamed, served, failed or abandoned."""
+
+    def __init__(self, state: ServerState, job: Job):
+        self.state, self.job = state, job
+        self.cancelled = False
+        self.producer: asyncio.Task | None = None
+        self._done = False
+
+    def on_token(self, _rid=None, _ids=None) -> None:
+        """Called by the engine (in its thread) for every new token."""
+        if self.cancelled:
+            raise Cancelled(self.job.id)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    async def close(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        # shielded: the client's disconnect cancels the response's task, and the engine
+        # must be given back all the same
+        with anyio.CancelScope(shield=True):
+            if self.producer is not None and not self.producer.done():
+                self.cancel()
+                await asyncio.gather(self.producer, return_exceptions=True)
+            finish(self.state, self.job)
+
+
 async def serve(state: ServerState, endpoint: str, ids: list[int], max_tokens: int, *,
-                stream: bool, chat: bool):
-    """The response to one completion or chat request (``chat`` picks the body's shape)."""
-    check_limits(state.config, ids, max_tokens)
+                stream: bool, chat: bool, http=None):
+    """The response to one completion or chat request (``chat`` picks the body's shape).
+    ``http``: the client's connection, watched so an abandoned request stops generating."""
+    check_limits(state.config, ids, max_tokens, state.context_tokens)
     job = admit(state, endpoint, ids, max_tokens, chat)
-    engine = await acquire_engine(state, job)
-    gate = run_gate(state, job, engine)
-    if stream:
-        return stream_response(state, job, engine, gate)
-    return await whole_response(state, job, engine, gate)
+    engine = await acquire_engine(state, job)  # a failed load counts the job out itself
+    life = _Life(state, job)
+    try:
+        gate = run_gate(state, job, engine)
+        if stream:
+            return stream_response(state, job, engine, gate, life)
+    except BaseException:
+        await life.close()
+        raise
+    return await whole_response(state, job, engine, gate, life, http)
+
+
+async def _watch(http, life: _Life, every_s: float = 0.2) -> None:
+    """Cancel the job when its client disconnects (a whole response is only sent at the end)."""
+    while not life.cancelled:
+        if await http.is_disconnected():
+            life.state.metrics.errors.labels("client_gone").inc()
+            life.cancel()
+            return
+        await asyncio.sleep(every_s)
 
 
 # ------------------------------------------------------------------ whole
 async def whole_response(state: ServerState, job: Job, engine: Engine,
-                         gate: AbstractAsyncContextManager) -> JSONResponse:
+                         gate: AbstractAsyncContextManager, life: _Life, http=None):
+    watcher = asyncio.create_task(_watch(http, life)) if http is not None else None
     try:
         async with gate:
-            gens = await run_in_threadpool(engine.run, [(job.request, job.ids)], False)
+            if life.cancelled:  # gone while waiting for the engine
+                raise Cancelled(job.id)
+            gens = await run_in_threadpool(engine.run, [(job.request, job.ids)], False, life.on_token)
+    except Cancelled:
+        return Response(status_code=499)  # nobody is there to read it
     except Exception as exc:
         state.metrics.errors.labels("generation").inc()
         log.exception("generation failed on %s", job.mode)
         raise HTTPException(500, f"generation failed on mode {job.mode}: {exc}") from exc
     finally:
-        finish(state, job)
+        if watcher is not None:
+            watcher.cancel()
+        await life.close()
     return JSONResponse(completion_body(job, state.config.served_name, gens[0]), headers=job.headers)
 
 
@@ -68,26 +129,43 @@ def completion_body(job: Job, model: str, gen: Generation) -> dict:
 
 
 # ------------------------------------------------------------------ streamed
+class _Stream(StreamingResponse):
+    """A streamed response whose request ends (:class:`_Life`) however the response does,
+    even when the client is gone before the first event (a body generator that never
+    started runs no ``finally``)."""
+
+    def __init__(self, life: _Life, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.life = life
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.life.close()
+
+
 def stream_response(state: ServerState, job: Job, engine: Engine,
-                    gate: AbstractAsyncContextManager) -> StreamingResponse:
+                    gate: AbstractAsyncContextManager, life: _Life) -> StreamingResponse:
     """Events as the engine generates: it runs in a task feeding a queue that the response
     drains, so each token goes out as soon as it exists."""
-    feed = _TokenFeed()
-    producer = asyncio.create_task(_generate(state, job, engine, gate, feed))
-    return StreamingResponse(_events(state, job, feed, producer), media_type="text/event-stream",
-                             headers=job.headers)
+    feed = _TokenFeed(life)
+    life.producer = asyncio.create_task(_generate(state, job, engine, gate, feed, life))
+    return _Stream(life, _events(state, job, feed, life), media_type="text/event-stream", headers=job.headers)
 
 
 class _TokenFeed:
     """New token ids from the engine's thread to the event loop, in order, then ``None``
     (done) or the exception generation failed with."""
 
-    def __init__(self):
+    def __init__(self, life: _Life):
+        self._life = life
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
 
-    def on_token(self, _rid, new_ids) -> None:
-        """The engine's callback, called in its thread."""
+    def on_token(self, rid, new_ids) -> None:
+        """The engine's callback, called in its thread; raises once the client is gone."""
+        self._life.on_token(rid, new_ids)
         self._loop.call_soon_threadsafe(self._queue.put_nowait, list(new_ids))
 
     def end(self, failure: Exception | None = None) -> None:
@@ -98,19 +176,23 @@ class _TokenFeed:
 
 
 async def _generate(state: ServerState, job: Job, engine: Engine,
-                    gate: AbstractAsyncContextManager, feed: _TokenFeed) -> None:
+                    gate: AbstractAsyncContextManager, feed: _TokenFeed, life: _Life) -> None:
     try:
         async with gate:
+            if life.cancelled:
+                raise Cancelled(job.id)
             await run_in_threadpool(engine.run, [(job.request, job.ids)], False, feed.on_token)
+        feed.end()
+    except Cancelled:
         feed.end()
     except Exception as exc:  # noqa: BLE001 - reported in the stream
         state.metrics.errors.labels("generation").inc()
         feed.end(exc)
 
 
-async def _events(state: ServerState, job: Job, feed: _TokenFeed, producer: asyncio.Task):
-    """The events of one stream. The job finishes when the stream does: completed, failed,
-    or closed by a client gone (after generation stops, so the engine is free again)."""
+async def _events(state: ServerState, job: Job, feed: _TokenFeed, life: _Life):
+    """The events of one stream; the request ends (:class:`_Life`) when the stream does:
+    completed, failed, or closed by a client gone (generation told to stop first)."""
     chunks = _Chunks(job, state.config.served_name)
     text = _Detokenizer(state.tokenizer)
     try:
@@ -124,8 +206,7 @@ async def _events(state: ServerState, job: Job, feed: _TokenFeed, producer: asyn
         yield chunks.last("length" if text.tokens >= job.max_tokens else "stop")
         yield "data: [DONE]\n\n"
     finally:
-        await producer
-        finish(state, job)
+        await life.close()
 
 
 class _Detokenizer:

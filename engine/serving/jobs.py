@@ -56,11 +56,28 @@ class Job:
         return {"mode": d.mode, "route_us": round(d.route_us, 3), "fallback": d.fallback}
 
 
-def check_limits(cfg: ServerConfig, ids: list[int], max_tokens: int) -> None:
+def check_limits(cfg: ServerConfig, ids: list[int], max_tokens: int, context: int | None = None) -> None:
     if not ids:
         raise HTTPException(400, "the prompt is empty")
     if max_tokens > cfg.max_tokens_limit:
         raise HTTPException(400, f"max_tokens {max_tokens} exceeds this server's limit {cfg.max_tokens_limit}")
+    if context is not None and len(ids) + max_tokens > context:
+        raise HTTPException(400, f"the prompt ({len(ids)} tokens) and max_tokens ({max_tokens}) exceed the "
+                                 f"model's context of {context} tokens")
+
+
+class Busy(HTTPException):
+    """Every admission slot is taken: 503 with Retry-After, before any work is done."""
+
+    def __init__(self, limit: int):
+        super().__init__(503, f"the server is at its limit of {limit} requests at once; retry shortly",
+                         headers={"Retry-After": "1"})
+
+
+def check_capacity(state: ServerState) -> None:
+    if state.in_flight >= state.config.max_in_flight:
+        state.metrics.errors.labels("busy").inc()
+        raise Busy(state.config.max_in_flight)
 
 
 def admit(state: ServerState, endpoint: str, ids: list[int], max_tokens: int, chat: bool) -> Job:

@@ -68,6 +68,8 @@ class ServerState:
     prefix: PrefixTracker = field(default_factory=PrefixTracker)
     #: requests admitted and not finished (a routing feature, and ``/health``)
     in_flight: int = 0
+    #: the served model's context in tokens (prompt + max_tokens must fit in it)
+    context_tokens: int = 4096
 
     def install(self, loaded: RoutesRequests | LoadedRouter) -> None:
         """Serve new requests with ``loaded``; requests in flight keep the router they took."""
@@ -96,7 +98,23 @@ async def start_state(cfg: ServerConfig, metrics: Metrics, router_loader: Router
     loaded = LoadedRouter.of(await run_in_threadpool(router_loader))
     pool = EnginePool(engine_factory or backend_engine_factory(cfg), cfg.memory_budget_mb)
     return ServerState(config=cfg, tokenizer=tokenizer, modes=modes, router=loaded.router,
-                       router_path=loaded.path, load_router=router_loader, pool=pool, metrics=metrics)
+                       router_path=loaded.path, load_router=router_loader, pool=pool, metrics=metrics,
+                       context_tokens=cfg.context_tokens or _context_of(cfg.model_path))
+
+
+def _context_of(model_path: str) -> int:
+    """The model's context length from its config; 4,096 when it does not say."""
+    try:
+        from transformers import AutoConfig
+
+        conf = AutoConfig.from_pretrained(model_path)
+    except (OSError, ValueError):
+        return 4096
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        v = getattr(conf, name, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return 4096
 
 
 def _load_tokenizer(model_path: str):

@@ -1,0 +1,212 @@
+"""The server under careless or hostile clients: disconnects release everything and stop
+generation, limits answer before expensive work, every error has OpenAI's shape.
+
+The engine here is a test double (a slow token loop that records how far it got): these
+tests are about the server around it, and must not spend minutes generating."""
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from engine.results import Generation
+from tests.helpers import http, start
+
+
+class SlowEngine:
+    """Emits one token every ``step_s`` up to max_tokens, calling on_token each time."""
+
+    tokenizer = None
+    info: dict = {}
+    concurrent_runs = False
+    weights_mb = 1.0
+    produced: list = []
+
+    def __init__(self, mode, step_s=0.01):
+        self.mode, self.step_s = mode, step_s
+
+    def run(self, group, ignore_eos=True, on_token=None):
+        out = []
+        for req, _ids in group:
+            n = 0
+            try:
+                for n in range(1, req.expected_output_tokens + 1):
+                    time.sleep(self.step_s)
+                    if on_token is not None:
+                        on_token(req.id, [65 + n % 26])
+            finally:
+                SlowEngine.produced.append(n)
+            out.append(Generation(req.id, [65] * n, "A" * n, n * self.step_s * 1000, []))
+        return out
+
+    def close(self):
+        pass
+
+
+class CharTokenizer:
+    chat_template = None
+    calls = 0
+
+    def __call__(self, text, add_special_tokens=True):
+        CharTokenizer.calls += 1
+        return {"input_ids": [ord(ch) % 256 for ch in text]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids)
+
+
+class Fixed:
+    def route(self, request):
+        return "fp16_baseline"
+
+
+def _server(**cfg_kw):
+    from engine.serving import ServerConfig, create_app
+
+    cfg = ServerConfig(model_path="unused", max_tokens_limit=4096, context_tokens=8192, **cfg_kw)
+    app = create_app(lambda: Fixed(), cfg, engine_factory=lambda mode: SlowEngine(mode),
+                     tokenizer=CharTokenizer(), supported_modes=["fp16_baseline"])
+    return start(app), app
+
+
+@pytest.fixture(scope="module")
+def srv():
+    (server, th, port), app = _server(max_body_bytes=64 * 1024, max_in_flight=64)
+    yield {"port": port, "app": app}
+    server.should_exit = True
+    th.join(timeout=30)
+
+
+def _health(port):
+    return json.loads(http("GET", f"http://127.0.0.1:{port}/health")[2])
+
+
+def _send_and_leave(port, body: dict, read_bytes: int = 0):
+    """Send a request on a raw socket, read a little (or nothing), then hang up."""
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    if read_bytes:
+        s.recv(read_bytes)
+    s.close()
+
+
+def _wait_idle(port, timeout=30.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if _health(port)["in_flight"] == 0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_fifty_disconnects_leave_nothing_in_flight_and_stop_generating(srv):
+    port = srv["port"]
+    SlowEngine.produced.clear()
+    threads = []
+    for i in range(50):  # streamed (some gone before the first event, some after it) and whole
+        body = {"prompt": f"def f{i}():", "max_tokens": 2000, "stream": i % 2 == 0}
+        threads.append(threading.Thread(target=_send_and_leave, args=(port, body, 64 if i % 4 == 0 else 0)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert _wait_idle(port), _health(port)
+    # 2,000 tokens at 10 ms would take 20 s each, 1,000 s one after another: they stopped
+    assert len(SlowEngine.produced) <= 50 and max(SlowEngine.produced, default=0) < 2000
+    status, headers, text = http("POST", f"http://127.0.0.1:{port}/v1/completions",
+                                 {"prompt": "still", "max_tokens": 3})
+    assert status == 200 and json.loads(text)["choices"][0]["text"]
+    assert _health(port)["in_flight"] == 0
+
+
+@pytest.mark.parametrize("method, path, body, status, says", [
+    ("GET", "/v1/nothing", None, 404, "no endpoint GET /v1/nothing"),
+    ("GET", "/v1/completions", None, 405, "GET is not allowed"),
+    ("POST", "/v1/completions", {"prompt": "x", "n": 2}, 400, "n:"),
+    ("POST", "/v1/completions", {"prompt": "x", "temperature": -1}, 400, "temperature"),
+    ("POST", "/v1/completions", {"prompt": "x", "top_p": 7}, 400, "top_p"),
+    ("POST", "/v1/completions", {"prompt": "x", "max_tokens": True}, 400, "max_tokens"),
+    ("POST", "/v1/completions", {"prompt": "\ud800", "max_tokens": 2}, 400, "lone surrogate"),
+    ("POST", "/v1/completions", {"prompt": "x", "model": "gpt-9"}, 404, "model 'gpt-9' is not served here"),
+    ("POST", "/v1/chat/completions", {"messages": [{"role": "hacker", "content": "x"}]}, 400, "role"),
+    ("POST", "/v1/completions", {"prompt": "x" * 300_000, "max_tokens": 2}, 413, "exceeds this server's limit"),
+    ("POST", "/v1/completions", {"prompt": "x" * 8190, "max_tokens": 10}, 400, "exceed the model's context"),
+])
+def test_bad_requests_get_openai_shaped_errors_and_no_5xx(srv, method, path, body, status, says):
+    got, _, text = http(method, f"http://127.0.0.1:{srv['port']}{path}", body)
+    err = json.loads(text)["error"]
+    assert got == status and says in err["message"], (got, text[:300])
+    assert {"message", "type", "code"} <= set(err)
+    assert _health(srv["port"])["in_flight"] == 0
+
+
+def test_an_undecodable_body_is_a_400_in_openai_shape(srv):
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(f"http://127.0.0.1:{srv['port']}/v1/completions", data=b"\xff\xfe{not json",
+                                 method="POST", headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 400 and "error" in json.loads(e.value.read())
+
+
+def test_a_huge_prompt_is_refused_before_it_is_tokenised():
+    (server, th, port), _ = _server(max_body_bytes=64 * 1024 * 1024, max_in_flight=8)
+    try:
+        before = CharTokenizer.calls
+        status, _, text = http("POST", f"http://127.0.0.1:{port}/v1/completions",
+                               {"prompt": "x" * 2_000_000, "max_tokens": 2})
+        assert status == 400 and "cannot fit the model's context" in text
+        assert CharTokenizer.calls == before
+    finally:
+        server.should_exit = True
+        th.join(timeout=30)
+
+
+def test_a_full_server_answers_503_with_retry_after():
+    (server, th, port), _ = _server(max_in_flight=2)
+    try:
+        results = []
+
+        def slow():
+            results.append(http("POST", f"http://127.0.0.1:{port}/v1/completions",
+                                {"prompt": "slow", "max_tokens": 100})[0])
+
+        ts = [threading.Thread(target=slow) for _ in range(2)]
+        for t in ts:
+            t.start()
+        time.sleep(0.3)
+        status, headers, text = http("POST", f"http://127.0.0.1:{port}/v1/completions",
+                                     {"prompt": "one more", "max_tokens": 2})
+        assert status == 503 and headers.get("retry-after") == "1" and "error" in json.loads(text)
+        for t in ts:
+            t.join()
+        assert results == [200, 200] and _health(port)["in_flight"] == 0
+    finally:
+        server.should_exit = True
+        th.join(timeout=30)
+
+
+def test_the_api_docs_are_behind_the_key_when_one_is_set():
+    from engine.serving import ServerConfig, create_app
+
+    cfg = ServerConfig(model_path="unused", api_key="sekrit", context_tokens=512)
+    app = create_app(lambda: Fixed(), cfg, engine_factory=lambda mode: SlowEngine(mode),
+                     tokenizer=CharTokenizer(), supported_modes=["fp16_baseline"])
+    server, th, port = start(app)
+    try:
+        for path in ("/openapi.json", "/docs"):
+            assert http("GET", f"http://127.0.0.1:{port}{path}")[0] == 401
+            got = http("GET", f"http://127.0.0.1:{port}{path}", headers={"Authorization": "Bearer sekrit"})
+            assert got[0] == 200
+        schema = json.loads(http("GET", f"http://127.0.0.1:{port}/openapi.json",
+                                 headers={"Authorization": "Bearer sekrit"})[2])
+        assert "/v1/completions" in schema["paths"]
+    finally:
+        server.should_exit = True
+        th.join(timeout=30)
