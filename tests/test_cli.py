@@ -207,3 +207,13 @@ def test_validate_refuses_what_label_could_not_use(tmp_path):
     pd.concat([df, df]).to_parquet(tmp_path / "twice.parquet")
     res = runner.invoke(app, ["validate", str(tmp_path / "twice.parquet")])
     assert res.exit_code == 2 and "repeats row 0" in res.output
+
+
+def test_serve_reads_its_api_key_from_a_file_and_refuses_two_sources(tmp_path, tiny_models):
+    key = tmp_path / "key"
+    key.write_text("")
+    res = runner.invoke(app, ["serve", "--api-key-file", str(key), "--model", str(tiny_models.target)])
+    assert res.exit_code == 2 and "holds no key" in res.output
+    res = runner.invoke(app, ["serve", "--api-key", "a", "--api-key-file", str(key),
+                              "--model", str(tiny_models.target)])
+    assert res.exit_code == 2 and "not both" in res.output

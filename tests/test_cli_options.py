@@ -210,7 +210,8 @@ def test_score_with_no_options_builds_the_default_config(monkeypatch, table, tmp
 SET_ALL = {
     "serve": [["serve", "--backend", "vllm", "--device", "cuda", "--api-key", "k",
                "--served-name", "n", "--max-tokens-limit", "64", "--route-budget-us", "1.5",
-               "--memory-budget-mb", "2.5", "--one-at-a-time"]],
+               "--memory-budget-mb", "2.5", "--one-at-a-time", "--max-body-bytes", "1000",
+               "--max-in-flight", "3", "--context-tokens", "512"]],
     "profile": [["profile", "--backend", "vllm", "--device", "cuda", "--modes", "fp16_baseline",
                  "--workloads", "batch_pressure", "--requests", "2", "--trials", "2", "--max-remeasure", "1", "--seed", "1",
                  "--benchmarks", "b.jsonl", "--benchmark-requests", "3", "--batch-size", "4",

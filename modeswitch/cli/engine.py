@@ -21,6 +21,7 @@ from modeswitch.cli.common import (
     backend_names,
     deferred_help,
     friendly_errors,
+    reading,
 )
 from modeswitch.display import console, frame_table
 
@@ -179,13 +180,17 @@ def serve_cmd(
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     host: Annotated[str, typer.Option(help="Bind address (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free one).")] = 8000,
-    api_key: Annotated[str | None, typer.Option(envvar="MODESWITCH_API_KEY", help="Require 'Authorization: Bearer KEY'.")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="MODESWITCH_API_KEY", help="Require 'Authorization: Bearer KEY' (better: $MODESWITCH_API_KEY or --api-key-file; argv is visible to every user).")] = None,
+    api_key_file: Annotated[Path | None, typer.Option(help="Read the API key from this file (first line).")] = None,
     served_name: Annotated[str, typer.Option(help="Model name the API reports (/v1/models, responses).")] = "modeswitch",
     max_tokens_limit: Annotated[int, typer.Option(help="Largest max_tokens a request may ask for (larger: HTTP 400).")] = 1024,
     route_budget_us: Annotated[float, typer.Option(help="A slower routing decision falls back to the reference.")] = 5000.0,
     memory_budget_mb: Annotated[float, typer.Option(help="Weights kept loaded across engines (LRU unload).")] = 4096.0,
     compile_router: Annotated[bool, typer.Option("--compile/--no-compile", help="Compiled router or the scikit-learn pipeline.")] = True,
     batch_across_requests: Annotated[bool, typer.Option("--batch-across-requests/--one-at-a-time", help="Concurrent requests routed to a continuous-batching engine share its batch, or every engine serves one request at a time.")] = True,
+    max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body (larger: HTTP 413, before parsing).")] = 8 * 1024 * 1024,
+    max_in_flight: Annotated[int, typer.Option(min=1, help="Requests admitted at once, running or waiting (more: HTTP 503 with Retry-After).")] = 256,
+    context_tokens: Annotated[int | None, typer.Option(min=1, help="The model's context in tokens; prompt + max_tokens must fit [default: the model config's max_position_embeddings].")] = None,
     mlruns: Annotated[Path, typer.Option(help="MLflow store folder.")] = Path("mlruns"),
 ):
     """Serve an OpenAI-compatible API with the router in front of one engine per mode."""
@@ -197,12 +202,21 @@ def serve_cmd(
     from engine.models.resolve import resolve_models
     from engine.serving import LoadedRouter, ServerConfig, create_app, supported_modes
 
+    if api_key_file is not None:
+        if api_key is not None:
+            raise InputError("give --api-key (or $MODESWITCH_API_KEY) or --api-key-file, not both")
+        with reading(api_key_file):
+            lines = api_key_file.read_text().splitlines()
+        api_key = lines[0].strip() if lines and lines[0].strip() else None
+        if api_key is None:
+            raise InputError(f"{api_key_file}: the first line holds no key")
     target, draft, _ = resolve_models(model, draft_model, None, None, console.print)
     cfg = ServerConfig(model_path=str(target), draft_path=str(draft) if draft else None,
                        backend=backend, device=device, api_key=api_key,
                        served_name=served_name, max_tokens_limit=max_tokens_limit,
                        route_budget_us=route_budget_us, memory_budget_mb=memory_budget_mb,
-                       batch_across_requests=batch_across_requests)
+                       batch_across_requests=batch_across_requests, max_body_bytes=max_body_bytes,
+                       max_in_flight=max_in_flight, context_tokens=context_tokens)
     modes = supported_modes(cfg)
 
     def load():
@@ -231,4 +245,8 @@ def serve_cmd(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     console.print(f"serving {target} on http://{host}:{port}/v1 with router {router}")
-    uvicorn.run(create_app(loader, cfg, supported_modes=modes), host=host, port=port, log_level="info")
+    # idle keep-alive connections close after 5 s; headers over 64 KiB are refused by h11;
+    # connections beyond the admission limit (+ room for /health) get uvicorn's 503
+    uvicorn.run(create_app(loader, cfg, supported_modes=modes), host=host, port=port, log_level="info",
+                timeout_keep_alive=5, h11_max_incomplete_event_size=64 * 1024,
+                limit_concurrency=max_in_flight + 32)
