@@ -11,11 +11,27 @@ modes refuses it with a clear message instead of failing on the first request.
 
 Both register a new version under ``--name`` (default ``modeswitch-router``) and
 point the alias ``champion`` at it.
+
+Safe loading. The router is stored with skops (``router.skops``), a format that
+rebuilds objects of listed types instead of running pickle's arbitrary code; at
+export every type it holds must lie in :data:`TRUSTED_PREFIXES` (this project's
+routers, scikit-learn, LightGBM, numpy, scipy; add your own plug-in's with
+``$MODESWITCH_TRUSTED_TYPES``), and its SHA-256 is recorded in the registry (a
+tag on the model version) and in ``meta.json``. :func:`load_router`, which
+``serve`` uses, never unpickles: it downloads the artifacts, checks the hash
+against the registry's record (``models:/`` URIs; other URIs against
+``meta.json``), loads the skops file with exactly the allow-listed types, and
+refuses anything else (a tampered file, an unknown type, an older joblib export)
+unless ``trust_pickle=True`` (``serve --trust-pickle``). MLflow's own
+``mlflow.pyfunc.load_model`` still unpickles the pyfunc wrapper
+(``python_model.pkl``): use it (or ``mlflow models serve``) only on stores you trust.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -32,6 +48,9 @@ ALIAS = "champion"
 #: raw request fields the exported model takes (its signature)
 INPUT_COLUMNS = ("prompt_tokens", "expected_output_tokens", "shared_prefix_tokens",
                  "concurrent_requests", "memory_pressure", "family", "benchmark_suite")
+#: types a stored router may hold (module prefixes); $MODESWITCH_TRUSTED_TYPES adds more
+#: (comma-separated), e.g. a plug-in router's module
+TRUSTED_PREFIXES = ("routers.", "sklearn.", "lightgbm.", "numpy.", "scipy.", "collections.OrderedDict")
 LOWER_IS_BETTER = ("overhead_p50_us", "overhead_p99_us", "energy_ratio", "memory_ratio",
                    "mean_regret", "fallback_rate")
 
@@ -43,10 +62,9 @@ class RouterPyfunc(mlflow.pyfunc.PythonModel):
     interface, whose signature differs from the estimators' ``predict(X)``)."""
 
     def load_context(self, context):
-        import joblib
-
-        self.router_ = joblib.load(context.artifacts["router"])
         self.meta_ = json.loads(Path(context.artifacts["meta"]).read_text())
+        self.router_ = load_router_file(Path(context.artifacts["router"]), self.meta_.get("sha256"),
+                                        trust_pickle=os.environ.get("MODESWITCH_TRUST_PICKLE") == "1")
         self.use_compiled(True)
 
     def use_compiled(self, on: bool = True):
@@ -80,6 +98,49 @@ class RouterPyfunc(mlflow.pyfunc.PythonModel):
         return list(self.router_.predict(features_frame(reqs, "B")))
 
 
+def trusted_prefixes() -> tuple[str, ...]:
+    extra = [p.strip() for p in os.environ.get("MODESWITCH_TRUSTED_TYPES", "").split(",") if p.strip()]
+    return TRUSTED_PREFIXES + tuple(extra)
+
+
+def _vetted_types(types) -> list[str]:
+    """The types skops would not load by itself, each checked against the allow-list."""
+    prefixes = trusted_prefixes()
+    bad = sorted(t for t in types if not t.startswith(prefixes))
+    if bad:
+        raise InputError(f"the router holds types outside the trusted list: {', '.join(bad)} (trusted: "
+                         f"{', '.join(prefixes)}; add a plug-in's module with $MODESWITCH_TRUSTED_TYPES)")
+    return sorted(types)
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_router_file(path: Path, expected_sha256: str | None, trust_pickle: bool = False):
+    """A stored router: a skops file whose hash matches and whose types are all trusted;
+    a pickle (joblib) file only with ``trust_pickle``."""
+    path = Path(path)
+    if path.suffix == ".skops":
+        import skops.io as sio
+
+        got = sha256_of(path)
+        if expected_sha256 is None or got != expected_sha256:
+            raise InputError(f"{path}: its SHA-256 {got[:16]}... does not match the one recorded at export "
+                             f"({(expected_sha256 or 'none')[:16]}...): the file was changed; refusing to load it")
+        return sio.load(path, trusted=_vetted_types(sio.get_untrusted_types(file=path)))
+    if not trust_pickle:
+        raise InputError(f"{path}: a pickle file (an export made before skops): loading it runs whatever code "
+                         "it holds; re-export the router, or pass --trust-pickle if you trust this store")
+    import joblib
+
+    return joblib.load(path)
+
+
 def _cat(v):
     return None if v is None or (isinstance(v, float) and np.isnan(v)) or v in ("", "none") else str(v)
 
@@ -87,7 +148,6 @@ def _cat(v):
 def export_router(router, *, name: str = DEFAULT_NAME, mlruns: str = "mlruns", source_run_id=None,
                   backend: str = "unknown", extra: dict | None = None) -> dict:
     """Log ``router`` as a pyfunc model, register a new version and alias it ``champion``."""
-    import joblib
     import mlflow
     from mlflow.models import infer_signature
 
@@ -101,9 +161,14 @@ def export_router(router, *, name: str = DEFAULT_NAME, mlruns: str = "mlruns", s
     example = pd.DataFrame([{"prompt_tokens": 512.0, "expected_output_tokens": 64.0,
                              "shared_prefix_tokens": 0.0, "concurrent_requests": 1.0,
                              "memory_pressure": 0.0, "family": "none", "benchmark_suite": "none"}])
+    import skops.io as sio
+
     with tempfile.TemporaryDirectory() as tmp:
-        rpath, mpath = Path(tmp) / "router.joblib", Path(tmp) / "meta.json"
-        joblib.dump(router, rpath)
+        rpath, mpath = Path(tmp) / "router.skops", Path(tmp) / "meta.json"
+        sio.dump(router, rpath)
+        meta["format"] = "skops"
+        meta["trusted_types"] = _vetted_types(sio.get_untrusted_types(file=rpath))
+        meta["sha256"] = sha256_of(rpath)
         mpath.write_text(json.dumps(meta, indent=1))
         wrapper = RouterPyfunc()
         wrapper.router_, wrapper.meta_ = router, meta
@@ -120,9 +185,11 @@ def export_router(router, *, name: str = DEFAULT_NAME, mlruns: str = "mlruns", s
                 artifacts={"router": str(rpath), "meta": str(mpath)},
                 signature=signature, input_example=example, registered_model_name=name,
                 metadata=meta,
-                pip_requirements=["scikit-learn", "lightgbm", "pandas", "numpy", "joblib"])
+                pip_requirements=["scikit-learn", "lightgbm", "pandas", "numpy", "skops"])
     version = info.registered_model_version
     client = mlflow.MlflowClient()
+    # the registry's own record of the file's hash: a changed artifact no longer matches it
+    client.set_model_version_tag(name, version, "router_sha256", meta["sha256"])
     client.set_registered_model_alias(name, ALIAS, version)
     return {"name": name, "version": version, "uri": f"models:/{name}@{ALIAS}",
             "model_uri": info.model_uri, "run_id": run.info.run_id, "meta": meta}
@@ -142,8 +209,32 @@ def check_router_uri(uri: str) -> None:
     raise InputError(f"router {uri!r}: not a model URI this can load; use {_URI_FORMS}")
 
 
-def load_router(uri: str, mlruns: str = "mlruns", available_modes=None, compiled: bool = True):
-    """Load an exported router (``models:/NAME@champion`` or any model URI).
+def _registry_sha256(uri: str) -> str | None:
+    """The hash the registry recorded for a ``models:/`` URI's version (None otherwise)."""
+    import mlflow
+
+    if not uri.startswith("models:/"):
+        return None
+    name, _, ref = uri[len("models:/"):].partition("@")
+    client = mlflow.MlflowClient()
+    if ref:
+        mv = client.get_model_version_by_alias(name, ref)
+    else:
+        name, _, version = name.partition("/")
+        if not version.isdigit():  # models:/NAME/latest
+            versions = client.search_model_versions(f"name = '{name}'")
+            if not versions:
+                raise InputError(f"router {uri}: no registered model {name!r}")
+            version = str(max(int(v.version) for v in versions))
+        mv = client.get_model_version(name, version)
+    return mv.tags.get("router_sha256")
+
+
+def load_router(uri: str, mlruns: str = "mlruns", available_modes=None, compiled: bool = True,
+                trust_pickle: bool = False):
+    """Load an exported router (``models:/NAME@champion`` or any model URI) without
+    unpickling anything: see "Safe loading" above; ``trust_pickle`` also accepts an
+    older joblib export.
 
     With ``available_modes`` (the serving engine's), a router that can choose a
     mode the engine lacks is refused with the list of missing modes.
@@ -155,16 +246,24 @@ def load_router(uri: str, mlruns: str = "mlruns", available_modes=None, compiled
     check_router_uri(uri)
     mlflow.set_tracking_uri(tracking_uri(Path(mlruns)))
     try:
-        loaded = mlflow.pyfunc.load_model(uri)
+        recorded = _registry_sha256(uri)
+        local = Path(uri) if Path(uri).is_dir() else Path(mlflow.artifacts.download_artifacts(artifact_uri=uri))
     except mlflow.exceptions.MlflowException as exc:
         if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
             raise InputError(f"router {uri}: {exc.message} (in the store {tracking_uri(Path(mlruns))})") from None
         raise
-    model = loaded.unwrap_python_model()
-    if not isinstance(model, RouterPyfunc):
-        raise InputError(f"{uri} is not a router exported by `modeswitch export`")
-    if not compiled:  # load_context compiled it already
-        model.use_compiled(False)
+    meta_path = local / "artifacts" / "meta.json"
+    files = [p for p in (local / "artifacts").glob("router.*")] if (local / "artifacts").is_dir() else []
+    if not meta_path.exists() or not files:
+        raise InputError(f"{uri} is not a router exported by `modeswitch export` (no artifacts/meta.json "
+                         "and artifacts/router.*)")
+    meta = json.loads(meta_path.read_text())
+    if recorded is not None and meta.get("sha256") not in (None, recorded):
+        raise InputError(f"{uri}: meta.json's hash differs from the registry's record: the artifacts were changed")
+    model = RouterPyfunc()
+    model.meta_ = meta
+    model.router_ = load_router_file(files[0], recorded or meta.get("sha256"), trust_pickle=trust_pickle)
+    model.use_compiled(compiled)
     if available_modes is not None:
         missing = sorted(set(model.modes_) - set(available_modes))
         if missing:

@@ -400,3 +400,61 @@ def test_clients_that_hang_up_leave_nothing_behind_on_the_real_engines(server, r
         assert health(port)["in_flight"] == 0, mode
     out = server["client"].completions.create(model="modeswitch", prompt="def g(x):", max_tokens=4)
     assert out.choices[0].text is not None
+
+
+def _exported_dt(tmp_path):
+    from dataset.workloads import get_workload
+    from oracle.training_table import build_training_table
+    from routers import get_router
+    from routers.export import export_router
+
+    reqs = [r for i, n in enumerate(["short_prompt_short_output", "batch_pressure"])
+            for r in get_workload(n).sample(30, seed=i)]
+    table = build_training_table(synthetic_profile(), reqs)
+    est = get_router("dt").fit(table, table["label"].astype(str))
+    mlruns = str(tmp_path / "mlruns")
+    return est, mlruns, export_router(est, mlruns=mlruns, source_run_id="r1", backend="transformers")
+
+
+def test_a_tampered_router_artifact_is_refused(tmp_path, tiny_models):
+    """The stored router is skops (no pickle), hashed at export in the registry: a changed
+    file is refused by load_router and by `serve`, before anything in it is loaded."""
+    from typer.testing import CliRunner
+
+    from modeswitch.cli import app
+    from routers.export import load_router
+
+    est, mlruns, info = _exported_dt(tmp_path)
+    assert info["meta"]["format"] == "skops" and len(info["meta"]["sha256"]) == 64
+    assert load_router(info["uri"], mlruns).path_ == "compiled"
+    [stored] = list((tmp_path / "mlruns").rglob("router.skops"))
+    assert not list((tmp_path / "mlruns").rglob("router.joblib"))
+    data = bytearray(stored.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    stored.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="does not match the one recorded at export"):
+        load_router(info["uri"], mlruns)
+    res = CliRunner().invoke(app, ["serve", "--router", info["uri"], "--mlruns", mlruns,
+                                   "--model", str(tiny_models.target)])
+    assert res.exit_code == 2 and "does not match" in res.output and "Traceback" not in res.output
+
+
+def test_a_router_with_an_untrusted_type_is_not_exported_and_old_pickles_need_consent(tmp_path, monkeypatch):
+    import joblib
+
+    from routers.export import export_router, load_router_file
+
+    class Sneaky:  # defined here: not a type the allow-list knows
+        modes_ = ["fp16_baseline"]
+
+        def get_params(self):
+            return {}
+
+    with pytest.raises(ValueError, match="types outside the trusted list"):
+        export_router(Sneaky(), mlruns=str(tmp_path / "m"))
+    est, _, _ = _exported_dt(tmp_path / "a")
+    old = tmp_path / "router.joblib"
+    joblib.dump(est, old)
+    with pytest.raises(ValueError, match="a pickle file"):
+        load_router_file(old, None)
+    assert load_router_file(old, None, trust_pickle=True).classes_.tolist() == est.classes_.tolist()

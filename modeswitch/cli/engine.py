@@ -192,6 +192,7 @@ def serve_cmd(
     max_in_flight: Annotated[int, typer.Option(min=1, help="Requests admitted at once, running or waiting (more: HTTP 503 with Retry-After).")] = 256,
     context_tokens: Annotated[int | None, typer.Option(min=1, help="The model's context in tokens; prompt + max_tokens must fit [default: the model config's max_position_embeddings].")] = None,
     mlruns: Annotated[Path, typer.Option(help="MLflow store folder.")] = Path("mlruns"),
+    trust_pickle: Annotated[bool, typer.Option(help="Also load a router stored as a pickle (exports made before skops): it runs whatever code the file holds.")] = False,
 ):
     """Serve an OpenAI-compatible API with the router in front of one engine per mode."""
     import logging
@@ -233,7 +234,8 @@ def serve_cmd(
             return RuleBaselineRouter(available_modes=modes, unavailable="reference").fit()
         from routers.export import load_router
 
-        exported = load_router(router, str(mlruns), available_modes=modes, compiled=compile_router)
+        exported = load_router(router, str(mlruns), available_modes=modes, compiled=compile_router,
+                               trust_pickle=trust_pickle)
         return LoadedRouter(exported, path=exported.path_)
 
     # load once here, so a bad router fails with its reason before the server starts;
