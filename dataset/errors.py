@@ -36,3 +36,15 @@ class InputFileError(ValueError):
         if field is not None:
             where.append(f"field '{field}'")
         super().__init__(f"{', '.join(where)}: {problem}")
+
+
+def read_table(path, reader, **kwargs):
+    """``reader(path, **kwargs)`` (pandas' read_csv / read_parquet) with its failures on
+    a bad file (not text, torn, empty, not parquet) turned into one error naming it."""
+    try:
+        return reader(path, **kwargs)
+    except (ValueError, UnicodeError, OSError) as exc:
+        if isinstance(exc, (InputError, InputFileError, FileNotFoundError)):
+            raise
+        raise InputFileError(path, None, None, f"cannot be read ({type(exc).__name__}: "
+                                               f"{str(exc).splitlines()[0] if str(exc) else ''})") from None

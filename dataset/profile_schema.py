@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import pandera.pandas as pa
 
-from dataset.errors import InputFileError
+from dataset.errors import InputFileError, read_table
 
 ENERGY_SOURCES = ("nvml_counter", "nvml_power_poll", "estimate", "published", "none")
 
@@ -278,9 +278,9 @@ def read_profile(path) -> pd.DataFrame:
         raise FileNotFoundError(f"profile file {path} does not exist")
     if path.suffix.lower() == ".csv":  # text columns stay text where a column is empty
         text = [c for c, col in PROFILE_SCHEMA.columns.items() if str(col.dtype).startswith("str")]
-        df = pd.read_csv(path, dtype={c: "string" for c in text})
+        df = read_table(path, pd.read_csv, dtype={c: "string" for c in text})
     else:
-        df = pd.read_parquet(path)
+        df = read_table(path, pd.read_parquet)
     return validate_profile(df, path=path)
 
 

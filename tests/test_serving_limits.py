@@ -62,11 +62,11 @@ class Fixed:
         return "fp16_baseline"
 
 
-def _server(**cfg_kw):
+def _server(step_s=0.01, **cfg_kw):
     from engine.serving import ServerConfig, create_app
 
     cfg = ServerConfig(model_path="unused", max_tokens_limit=4096, context_tokens=8192, **cfg_kw)
-    app = create_app(lambda: Fixed(), cfg, engine_factory=lambda mode: SlowEngine(mode),
+    app = create_app(lambda: Fixed(), cfg, engine_factory=lambda mode: SlowEngine(mode, step_s),
                      tokenizer=CharTokenizer(), supported_modes=["fp16_baseline"])
     return start(app), app
 

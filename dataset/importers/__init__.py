@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dataset.errors import InputFileError
+from dataset.errors import InputFileError, read_table
 from dataset.profile_schema import conform, validate_profile
 from dataset.registry import Registry, discover_package
 
@@ -56,7 +56,7 @@ def import_file(path, importer: str | None = None) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
-    raw = pd.read_csv(path, keep_default_na=True)
+    raw = read_table(path, pd.read_csv, keep_default_na=True)
     if importer is not None:
         imp = IMPORTERS.get(importer)
         missing = sorted(imp.signature - set(raw.columns))
