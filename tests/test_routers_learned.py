@@ -134,3 +134,29 @@ def test_paper_preset(table, tmp_path):
     assert res["split"].item() == "random" and res["feature_set"].item() == "B"
     params = json.loads(res["params"].item())
     assert params == {"max_depth": 5, "min_samples_leaf": 3, "class_weight": "balanced"}
+
+
+def test_a_failed_training_run_is_marked_failed_with_its_reason(tmp_path, monkeypatch):
+    import mlflow
+
+    import routers.training.trainer as trainer
+    from dataset.workloads import get_workload
+    from oracle.training_table import build_training_table
+    from routers.training.tracking import tracking_uri
+    from routers.training.trainer import TrainConfig, train
+    from tests.helpers import synthetic_profile
+
+    reqs = [r for i, n in enumerate(["short_prompt_short_output", "batch_pressure"])
+            for r in get_workload(n).sample(20, seed=i)]
+    table = build_training_table(synthetic_profile(), reqs)
+
+    def broken(*a, **k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(trainer, "_log_model", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        train(table, TrainConfig(routers=["dt"], trials=1, split="random", mlruns=str(tmp_path / "m")))
+    client = mlflow.MlflowClient(tracking_uri(tmp_path / "m"))
+    exp = [e for e in client.search_experiments() if e.name.startswith("modeswitch-train")][0]
+    [run] = [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" not in r.data.tags]
+    assert run.info.status == "FAILED" and run.data.tags["failure_reason"] == "RuntimeError: disk full"

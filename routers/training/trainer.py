@@ -268,10 +268,16 @@ def train(table: pd.DataFrame, cfg: TrainConfig, progress=None) -> pd.DataFrame:
     results = []
     for family in cfg.routers:
         on_trial = _progress_callback(progress, task, family) if task is not None else None
+        # a failure ends the run FAILED (MLflow's context manager) with the reason as a tag,
+        # so no half-written run looks finished to `score` or the UI
         with mlflow.start_run(run_name=f"{family}-{cfg.split}-{cfg.feature_set}") as parent:
-            results.append({"router": family, "split": cfg.split, "feature_set": cfg.feature_set,
-                            "run_id": parent.info.run_id,
-                            **_train_family(family, cfg, data, on_trial)})
+            try:
+                results.append({"router": family, "split": cfg.split, "feature_set": cfg.feature_set,
+                                "run_id": parent.info.run_id,
+                                **_train_family(family, cfg, data, on_trial)})
+            except BaseException as exc:
+                mlflow.set_tag("failure_reason", f"{type(exc).__name__}: {exc}"[:500])
+                raise
     return pd.DataFrame(results)
 
 
