@@ -25,6 +25,8 @@ Columns (one row per request):
   ``missing_quality`` (the study's rule: unsafe). A latency left empty means the
   mode was not measured there: it cannot be the label.
 
+Ties in latency go to the first mode in name order (the profile oracle's tie rules,
+``latency_tie_rel`` and its energy / memory tie-breaks, are not applied here).
 Errors name the file, the row (1-based, as a spreadsheet counts data rows) and the
 column.
 """

@@ -94,8 +94,11 @@ class CostPredictingRouter(RouterMixin, ClassifierMixin, BaseEstimator):
         missing = [c for c in wanted if c not in X.columns]
         if missing:
             raise ValueError(f"{type(self).__name__}: feature frame lacks {', '.join(missing)}")
+        # dense output whatever the number of categories: the per-mode models, the sample
+        # and the scores all index rows of one array
         return column_prep([c for c in wanted if c not in CATEGORICAL_FEATURES],
-                           [c for c in wanted if c in CATEGORICAL_FEATURES], self._scale)
+                           [c for c in wanted if c in CATEGORICAL_FEATURES], self._scale).set_params(
+                               sparse_threshold=0.0)
 
     def fit(self, X, y=None, sample_weight=None, safe=None):
         if not hasattr(X, "columns"):

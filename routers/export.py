@@ -15,13 +15,17 @@ point the alias ``champion`` at it.
 Safe loading. The router is stored with skops (``router.skops``), a format that
 rebuilds objects of listed types instead of running pickle's arbitrary code; at
 export every type it holds must lie in :data:`TRUSTED_PREFIXES` (this project's
-routers, scikit-learn, LightGBM, numpy, scipy; add your own plug-in's with
-``$MODESWITCH_TRUSTED_TYPES``), and its SHA-256 is recorded in the registry (a
-tag on the model version) and in ``meta.json``. :func:`load_router`, which
-``serve`` uses, never unpickles: it downloads the artifacts, checks the hash
-against the registry's record (``models:/`` URIs; other URIs against
-``meta.json``), loads the skops file with exactly the allow-listed types, and
-refuses anything else (a tampered file, an unknown type, an older joblib export)
+routers, scikit-learn, LightGBM, numpy, scipy, the modules on
+``$MODESWITCH_PLUGINS``; more with ``$MODESWITCH_TRUSTED_TYPES``), and the SHA-256
+of it and of ``meta.json`` are recorded in the registry (tags on the model
+version). :func:`load_router`, which ``serve`` uses, never unpickles: it
+downloads the artifacts, checks both hashes against the registry's record
+(``models:/`` URIs; for ``runs:/`` URIs and folders only against ``meta.json``
+beside the file: a consistency check, not tamper evidence; and the registry's
+tags live in the same store, so they guard against a changed artifact, not
+against someone who can write the whole store), loads the skops file with the
+allow-listed types only, takes the modes it can answer from the router itself,
+and refuses anything else (a tampered file, an unknown type, an older joblib export)
 unless ``trust_pickle=True`` (``serve --trust-pickle``). MLflow's own
 ``mlflow.pyfunc.load_model`` still unpickles the pyfunc wrapper
 (``python_model.pkl``): use it (or ``mlflow models serve``) only on stores you trust.
@@ -99,8 +103,18 @@ class RouterPyfunc(mlflow.pyfunc.PythonModel):
 
 
 def trusted_prefixes() -> tuple[str, ...]:
-    extra = [p.strip() for p in os.environ.get("MODESWITCH_TRUSTED_TYPES", "").split(",") if p.strip()]
-    return TRUSTED_PREFIXES + tuple(extra)
+    """The allow-list: the built-in prefixes, ``$MODESWITCH_TRUSTED_TYPES``, and the modules
+    named in ``$MODESWITCH_PLUGINS`` (code the user already runs on every registry lookup)."""
+    from dataset.registry import PLUGINS_ENV
+
+    extra = [p.strip() for var in ("MODESWITCH_TRUSTED_TYPES", PLUGINS_ENV)
+             for p in os.environ.get(var, "").split(",") if p.strip()]
+    return TRUSTED_PREFIXES + tuple(p if p.endswith(".") or _names_a_type(p) else p + "." for p in extra)
+
+
+def _names_a_type(prefix: str) -> bool:
+    """A prefix naming one type (``pkg.mod.Class``) rather than a module."""
+    return prefix.rsplit(".", 1)[-1][:1].isupper()
 
 
 def _vetted_types(types) -> list[str]:
@@ -125,13 +139,14 @@ def load_router_file(path: Path, expected_sha256: str | None, trust_pickle: bool
     """A stored router: a skops file whose hash matches and whose types are all trusted;
     a pickle (joblib) file only with ``trust_pickle``."""
     path = Path(path)
+    if expected_sha256 is not None or path.suffix == ".skops":
+        got = sha256_of(path)
+        if got != expected_sha256:
+            raise InputError(f"{path}: its SHA-256 {got[:16]}... does not match the one recorded at export "
+                             f"({(expected_sha256 or 'none')[:16]}...): the file was changed; refusing to load it")
     if path.suffix == ".skops":
         import skops.io as sio
 
-        got = sha256_of(path)
-        if expected_sha256 is None or got != expected_sha256:
-            raise InputError(f"{path}: its SHA-256 {got[:16]}... does not match the one recorded at export "
-                             f"({(expected_sha256 or 'none')[:16]}...): the file was changed; refusing to load it")
         return sio.load(path, trusted=_vetted_types(sio.get_untrusted_types(file=path)))
     if not trust_pickle:
         raise InputError(f"{path}: a pickle file (an export made before skops): loading it runs whatever code "
@@ -170,6 +185,7 @@ def export_router(router, *, name: str = DEFAULT_NAME, mlruns: str = "mlruns", s
         meta["trusted_types"] = _vetted_types(sio.get_untrusted_types(file=rpath))
         meta["sha256"] = sha256_of(rpath)
         mpath.write_text(json.dumps(meta, indent=1))
+        meta_sha = sha256_of(mpath)
         wrapper = RouterPyfunc()
         wrapper.router_, wrapper.meta_ = router, meta
         signature = infer_signature(example, [str(wrapper.predict(None, example)[0])])
@@ -188,8 +204,9 @@ def export_router(router, *, name: str = DEFAULT_NAME, mlruns: str = "mlruns", s
                 pip_requirements=["scikit-learn", "lightgbm", "pandas", "numpy", "skops"])
     version = info.registered_model_version
     client = mlflow.MlflowClient()
-    # the registry's own record of the file's hash: a changed artifact no longer matches it
+    # the registry's own record of the files' hashes: a changed artifact no longer matches
     client.set_model_version_tag(name, version, "router_sha256", meta["sha256"])
+    client.set_model_version_tag(name, version, "meta_sha256", meta_sha)
     client.set_registered_model_alias(name, ALIAS, version)
     return {"name": name, "version": version, "uri": f"models:/{name}@{ALIAS}",
             "model_uri": info.model_uri, "run_id": run.info.run_id, "meta": meta}
@@ -202,32 +219,33 @@ def check_router_uri(uri: str) -> None:
     """Refuse a malformed router URI before MLflow turns it into an internal error."""
     import re
 
-    if re.fullmatch(r"models:/[^/@\s]+(@[\w.-]+|/[\w.-]+)", uri) or re.fullmatch(r"runs:/[0-9a-fA-F]+/\S+", uri):
+    if re.fullmatch(r"models:/[^/@\s]+(@[\w.-]+|/\d+|/latest)", uri) or re.fullmatch(r"runs:/[0-9a-fA-F]+/\S+", uri):
         return
     if "://" not in uri and ":" not in uri.split("/", 1)[0] and Path(uri).is_dir():
         return
     raise InputError(f"router {uri!r}: not a model URI this can load; use {_URI_FORMS}")
 
 
-def _registry_sha256(uri: str) -> str | None:
-    """The hash the registry recorded for a ``models:/`` URI's version (None otherwise)."""
+def _registry_sha256(uri: str) -> dict:
+    """The hashes the registry recorded for a ``models:/`` URI's version: {"router_sha256",
+    "meta_sha256"} (empty for other URIs and for versions exported before hashing)."""
     import mlflow
 
     if not uri.startswith("models:/"):
-        return None
+        return {}
     name, _, ref = uri[len("models:/"):].partition("@")
     client = mlflow.MlflowClient()
     if ref:
         mv = client.get_model_version_by_alias(name, ref)
     else:
         name, _, version = name.partition("/")
-        if not version.isdigit():  # models:/NAME/latest
+        if version == "latest":
             versions = client.search_model_versions(f"name = '{name}'")
             if not versions:
                 raise InputError(f"router {uri}: no registered model {name!r}")
             version = str(max(int(v.version) for v in versions))
         mv = client.get_model_version(name, version)
-    return mv.tags.get("router_sha256")
+    return {k: mv.tags[k] for k in ("router_sha256", "meta_sha256") if k in mv.tags}
 
 
 def load_router(uri: str, mlruns: str = "mlruns", available_modes=None, compiled: bool = True,
@@ -257,12 +275,18 @@ def load_router(uri: str, mlruns: str = "mlruns", available_modes=None, compiled
     if not meta_path.exists() or not files:
         raise InputError(f"{uri} is not a router exported by `modeswitch export` (no artifacts/meta.json "
                          "and artifacts/router.*)")
+    if "meta_sha256" in recorded and sha256_of(meta_path) != recorded["meta_sha256"]:
+        raise InputError(f"{uri}: meta.json differs from the one recorded at export: the artifacts were changed")
     meta = json.loads(meta_path.read_text())
-    if recorded is not None and meta.get("sha256") not in (None, recorded):
-        raise InputError(f"{uri}: meta.json's hash differs from the registry's record: the artifacts were changed")
+    name = {"skops": "router.skops"}.get(meta.get("format"), "router.joblib")
+    if not (local / "artifacts" / name).exists():
+        raise InputError(f"{uri}: artifacts/{name} (the format meta.json names) is missing")
     model = RouterPyfunc()
     model.meta_ = meta
-    model.router_ = load_router_file(files[0], recorded or meta.get("sha256"), trust_pickle=trust_pickle)
+    model.router_ = load_router_file(local / "artifacts" / name, recorded.get("router_sha256", meta.get("sha256")),
+                                     trust_pickle=trust_pickle)
+    # the modes it can answer: from the router itself, not from a file beside it
+    model.meta_["modes"] = list(model.router_.modes_)
     model.use_compiled(compiled)
     if available_modes is not None:
         missing = sorted(set(model.modes_) - set(available_modes))
@@ -305,8 +329,8 @@ def best_from_scoring(metric: str, mlruns: str = "mlruns", max_violation_rate: f
             raise InputError(f"scoring run {run.info.run_id} has no metric {metric!r} for {name}; "
                              f"known: {sorted(k for k, v in got.items() if v == v)}")
         if max_violation_rate is not None:
-            viol = sum(got.get(f"violation_rate_{k}", 0.0) or 0.0
-                       for k in ("quality", "energy", "memory", "unmeasured"))
+            rates = [got.get(f"violation_rate_{k}", 0.0) for k in ("quality", "energy", "memory", "unmeasured")]
+            viol = sum(r for r in rates if r is not None and r == r)  # NaN: the figure does not apply
             if viol > max_violation_rate:
                 continue
         scored[name] = got[metric]

@@ -255,3 +255,15 @@ def test_the_sampling_slack_covers_test_noise_at_its_confidence():
         rates = rng.binomial(n, 0.01, size=20_000) / n
         assert (rates > 0.01 + slack).mean() <= 0.1
         assert (rates > 0.01 + slack - 1 / n).mean() > 0.1  # and it is the smallest such slack
+
+
+
+@pytest.mark.parametrize("cls", [LinearCostRouter, LightGBMCostRouter])
+def test_feature_set_b_with_many_families_fits_and_predicts(cls):
+    """Many one-hot categories make the input step's output sparse; the router still fits."""
+    fams = tuple(f"fam{i}" for i in range(40))
+    table = synthetic_table(400, seed=3, families=fams)
+    r = cls(max_risk=0.3, feature_set="B").fit(table)
+    assert r.X_sample_.shape[0] == 400 and r.X_sample_.ndim == 2
+    assert set(r.predict(table)) <= {REF, FAST, QUANT}
+    assert r.compile() is None and "feature set A" in r.compile_reason_

@@ -137,4 +137,7 @@ def test_repeated_rows_are_an_error_within_and_across_files(tmp_path):
 def test_a_csv_profile_with_empty_text_columns_reads_back(tmp_path):
     p = tmp_path / "p.csv"
     validate_profile(good()).to_csv(p, index=False)
-    assert read_profile(p)["latency_ms"].tolist() == [10.0, 5.0]
+    back = read_profile(p)
+    assert back["latency_ms"].tolist() == [10.0, 5.0]
+    assert back["benchmark_suite"].isna().all() and back["evaluation_mode"].isna().all()  # missing, not "nan"
+    assert back["workload"].tolist() == ["w", "w"]

@@ -83,15 +83,21 @@ def _health(port):
     return json.loads(http("GET", f"http://127.0.0.1:{port}/health")[2])
 
 
-def _send_and_leave(port, body: dict, read_bytes: int = 0):
-    """Send a request on a raw socket, read a little (or nothing), then hang up."""
-    data = json.dumps(body).encode()
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
-    if read_bytes:
-        s.recv(read_bytes)
-    s.close()
+def _send_and_leave(port, body: dict, read_bytes: int = 0, errors: list | None = None, wait_s: float = 0.0):
+    """Send a request on a raw socket, read a little (or nothing), then hang up; a failure
+    to connect or send is recorded in ``errors`` (a thread's exception is otherwise lost)."""
+    try:
+        data = json.dumps(body).encode()
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        if read_bytes:
+            assert s.recv(read_bytes)
+        time.sleep(wait_s)
+        s.close()
+    except Exception as exc:  # noqa: BLE001 - reported by the test
+        if errors is not None:
+            errors.append(exc)
 
 
 def _wait_idle(port, timeout=30.0):
@@ -106,17 +112,20 @@ def _wait_idle(port, timeout=30.0):
 def test_fifty_disconnects_leave_nothing_in_flight_and_stop_generating(srv):
     port = srv["port"]
     SlowEngine.produced.clear()
-    threads = []
+    threads, errors = [], []
     for i in range(50):  # streamed (some gone before the first event, some after it) and whole
         body = {"prompt": f"def f{i}():", "max_tokens": 2000, "stream": i % 2 == 0}
-        threads.append(threading.Thread(target=_send_and_leave, args=(port, body, 64 if i % 4 == 0 else 0)))
+        threads.append(threading.Thread(target=_send_and_leave,
+                                        args=(port, body, 64 if i % 4 == 0 else 0, errors)))
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    assert not errors
     assert _wait_idle(port), _health(port)
-    # 2,000 tokens at 10 ms would take 20 s each, 1,000 s one after another: they stopped
-    assert len(SlowEngine.produced) <= 50 and max(SlowEngine.produced, default=0) < 2000
+    # 2,000 tokens at 10 ms would take 20 s each, 1,000 s one after another: the ones that
+    # reached the engine stopped early, the others never started
+    assert 1 <= len(SlowEngine.produced) <= 50 and max(SlowEngine.produced) < 2000
     status, headers, text = http("POST", f"http://127.0.0.1:{port}/v1/completions",
                                  {"prompt": "still", "max_tokens": 3})
     assert status == 200 and json.loads(text)["choices"][0]["text"]
@@ -210,3 +219,47 @@ def test_the_api_docs_are_behind_the_key_when_one_is_set():
     finally:
         server.should_exit = True
         th.join(timeout=30)
+
+
+def test_clients_gone_while_queued_for_a_busy_engine_give_their_slots_back_at_once(srv):
+    """One long request holds the (one-at-a-time) engine; twenty more queue behind it and
+    hang up: their slots come back while the long one still runs."""
+    port = srv["port"]
+    done = []
+    long = threading.Thread(target=lambda: done.append(http(
+        "POST", f"http://127.0.0.1:{port}/v1/completions", {"prompt": "long", "max_tokens": 300})[0]))
+    long.start()
+    time.sleep(0.3)
+    errors = []
+    ts = [threading.Thread(target=_send_and_leave,
+                           args=(port, {"prompt": f"q{i}", "max_tokens": 50, "stream": i % 2 == 0}, 0, errors, 0.3))
+          for i in range(20)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
+    deadline = time.time() + 2.0  # the long request needs 3 s more: well within its run
+    while _health(port)["in_flight"] > 1 and time.time() < deadline:
+        time.sleep(0.05)
+    assert _health(port)["in_flight"] == 1 and not done
+    long.join()
+    assert done == [200] and _wait_idle(port)
+
+
+def test_a_chunked_body_over_the_limit_is_refused_while_it_arrives(srv):
+    s = socket.create_connection(("127.0.0.1", srv["port"]), timeout=10)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Transfer-Encoding: chunked\r\n\r\n")
+    chunk = b'{"prompt": "' + b"x" * 30_000
+    for part in (chunk, b"y" * 30_000, b"z" * 30_000, b'"}'):
+        s.sendall(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+    s.sendall(b"0\r\n\r\n")
+    reply = b""
+    while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+        got = s.recv(65536)
+        if not got:
+            break
+        reply += got
+    s.close()
+    assert reply.startswith(b"HTTP/1.1 413") and b"exceeds this server's limit" in reply

@@ -89,8 +89,8 @@ async def bad_request(request: HttpRequest, exc: RequestValidationError):
     return error_response(400, "invalid request: " + "; ".join(parts))
 
 
-_KINDS = {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error",
-          429: "rate_limit_error", 503: "server_busy"}
+#: OpenAI's error types: 401 authentication, 429 rate limit, any 5xx server_error, else invalid request
+_KINDS = {401: "authentication_error", 429: "rate_limit_error"}
 
 
 async def http_error(request: HttpRequest, exc: StarletteHTTPException):
@@ -100,7 +100,8 @@ async def http_error(request: HttpRequest, exc: StarletteHTTPException):
         detail = f"no endpoint {request.method} {request.url.path} (see /v1/completions, /v1/chat/completions)"
     elif exc.status_code == 405:
         detail = f"{request.method} is not allowed on {request.url.path}"
-    return error_response(exc.status_code, str(detail), _KINDS.get(exc.status_code, "invalid_request_error"),
+    kind = "server_error" if exc.status_code >= 500 else _KINDS.get(exc.status_code, "invalid_request_error")
+    return error_response(exc.status_code, str(detail), kind, code=getattr(exc, "code", None),
                           headers=getattr(exc, "headers", None))
 
 
@@ -159,8 +160,10 @@ public = APIRouter()
 def _check_model(state, body) -> None:
     """OpenAI answers an unknown model 404; this server serves one name."""
     if body.model is not None and body.model != state.config.served_name:
-        raise HTTPException(404, f"model {body.model!r} is not served here; this server serves "
+        exc = HTTPException(404, f"model {body.model!r} is not served here; this server serves "
                                  f"{state.config.served_name!r} (GET /v1/models)")
+        exc.code = "model_not_found"  # OpenAI's code for it
+        raise exc
 
 
 @keyed.post("/v1/completions")

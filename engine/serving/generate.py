@@ -39,7 +39,10 @@ class _Life:
     def __init__(self, state: ServerState, job: Job):
         self.state, self.job = state, job
         self.cancelled = False
+        #: the task running the gated generation (:func:`_gated`)
         self.producer: asyncio.Task | None = None
+        #: generation has started in the engine's thread (it then stops only at a token)
+        self.running = False
         self._done = False
 
     def on_token(self, _rid=None, _ids=None) -> None:
@@ -48,7 +51,12 @@ class _Life:
             raise Cancelled(self.job.id)
 
     def cancel(self) -> None:
+        """Stop: a producer still waiting for its engine's lock is cancelled outright (it
+        gives its slot back now, not once the engine is free); a running one stops at its
+        next token."""
         self.cancelled = True
+        if self.producer is not None and not self.running and not self.producer.done():
+            self.producer.cancel()
 
     async def close(self) -> None:
         if self._done:
@@ -61,6 +69,15 @@ class _Life:
                 self.cancel()
                 await asyncio.gather(self.producer, return_exceptions=True)
             finish(self.state, self.job)
+
+
+async def _gated(engine: Engine, job: Job, gate: AbstractAsyncContextManager, life: _Life, on_token):
+    """The job's generation under its engine's gate; cancellable until it starts."""
+    async with gate:
+        if life.cancelled:
+            raise Cancelled(job.id)
+        life.running = True
+        return await run_in_threadpool(engine.run, [(job.request, job.ids)], False, on_token)
 
 
 async def serve(state: ServerState, endpoint: str, ids: list[int], max_tokens: int, *,
@@ -94,13 +111,13 @@ async def _watch(http, life: _Life, every_s: float = 0.2) -> None:
 # ------------------------------------------------------------------ whole
 async def whole_response(state: ServerState, job: Job, engine: Engine,
                          gate: AbstractAsyncContextManager, life: _Life, http=None):
+    life.producer = asyncio.create_task(_gated(engine, job, gate, life, life.on_token))
     watcher = asyncio.create_task(_watch(http, life)) if http is not None else None
     try:
-        async with gate:
-            if life.cancelled:  # gone while waiting for the engine
-                raise Cancelled(job.id)
-            gens = await run_in_threadpool(engine.run, [(job.request, job.ids)], False, life.on_token)
-    except Cancelled:
+        gens = await asyncio.shield(life.producer)  # our own cancellation is the watcher's
+    except (Cancelled, asyncio.CancelledError):
+        if not life.cancelled:
+            raise  # the handler itself was cancelled (shutdown): not a client gone
         return Response(status_code=499)  # nobody is there to read it
     except Exception as exc:
         state.metrics.errors.labels("generation").inc()
@@ -151,6 +168,7 @@ def stream_response(state: ServerState, job: Job, engine: Engine,
     drains, so each token goes out as soon as it exists."""
     feed = _TokenFeed(life)
     life.producer = asyncio.create_task(_generate(state, job, engine, gate, feed, life))
+    # _generate's own work is the gated generation; cancel() may cancel it while it waits
     return _Stream(life, _events(state, job, feed, life), media_type="text/event-stream", headers=job.headers)
 
 
@@ -178,12 +196,9 @@ class _TokenFeed:
 async def _generate(state: ServerState, job: Job, engine: Engine,
                     gate: AbstractAsyncContextManager, feed: _TokenFeed, life: _Life) -> None:
     try:
-        async with gate:
-            if life.cancelled:
-                raise Cancelled(job.id)
-            await run_in_threadpool(engine.run, [(job.request, job.ids)], False, feed.on_token)
+        await _gated(engine, job, gate, life, feed.on_token)
         feed.end()
-    except Cancelled:
+    except (Cancelled, asyncio.CancelledError):
         feed.end()
     except Exception as exc:  # noqa: BLE001 - reported in the stream
         state.metrics.errors.labels("generation").inc()

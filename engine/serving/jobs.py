@@ -84,10 +84,14 @@ def admit(state: ServerState, endpoint: str, ids: list[int], max_tokens: int, ch
     """Count the request in and route it, with the router installed now (a reload while it
     runs does not change it)."""
     concurrent = state.enter()
-    router = state.router
-    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-    request = request_features(state, rid, ids, max_tokens, concurrent)
-    decision = decide(state, router, request)
+    try:
+        router = state.router
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        request = request_features(state, rid, ids, max_tokens, concurrent)
+        decision = decide(state, router, request)
+    except BaseException:
+        state.leave()
+        raise
     return Job(rid, endpoint, chat, ids, max_tokens, request, decision)
 
 
@@ -96,9 +100,10 @@ async def acquire_engine(state: ServerState, job: Job) -> Engine:
     seconds). A load failure counts the job out before it propagates."""
     try:
         return await run_in_threadpool(state.pool.acquire, job.mode)
-    except Exception:
+    except BaseException as exc:  # a cancelled wait too: the count must not drift
         state.leave()
-        state.metrics.errors.labels("engine_load").inc()
+        if isinstance(exc, Exception):
+            state.metrics.errors.labels("engine_load").inc()
         raise
 
 

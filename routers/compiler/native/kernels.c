@@ -25,7 +25,8 @@
  * kind 0: scikit-learn trees; inputs rounded to float32 first, as scikit-learn does,
  * class probabilities summed in tree order then averaged. kind 1: LightGBM, double
  * comparisons, raw scores summed per class in tree order. kind 2: linear model,
- * scores = W x + b. The prediction is the first index of the largest score.
+ * scores = W x + b. The prediction is the first index of the largest score, or, for a
+ * model with a cost decision (set_cost_decision), the cheapest allowed mode.
  *
  * Early exit (exact): before each group, for the leading class b and every other
  * class k, suffix sums (in walk order) of each tree's least leaf-by-leaf value of
