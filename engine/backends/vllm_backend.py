@@ -289,15 +289,20 @@ class VllmEngine:
 
         params = SamplingParams(max_tokens=req.expected_output_tokens, temperature=0.0,
                                 ignore_eos=ignore_eos, output_kind=RequestOutputKind.DELTA)
+        from contextlib import aclosing
+
         out_ids, times = [], []
-        async for out in self.engine.generate(prompt={"prompt_token_ids": list(ids)}, sampling_params=params,
-                                              request_id=f"{req.id}-{uuid.uuid4().hex[:8]}"):
-            now = (time.perf_counter() - t0) * 1000
-            new = list(out.outputs[0].token_ids) if out.outputs else []
-            out_ids.extend(new)
-            times.extend([now] * len(new))
-            if new and on_token is not None:
-                on_token(req.id, new)
+        # closed at once when on_token raises (the server's client is gone): vLLM aborts the
+        # request on close instead of generating it to the end for nobody
+        async with aclosing(self.engine.generate(prompt={"prompt_token_ids": list(ids)}, sampling_params=params,
+                                                 request_id=f"{req.id}-{uuid.uuid4().hex[:8]}")) as stream:
+            async for out in stream:
+                now = (time.perf_counter() - t0) * 1000
+                new = list(out.outputs[0].token_ids) if out.outputs else []
+                out_ids.extend(new)
+                times.extend([now] * len(new))
+                if new and on_token is not None:
+                    on_token(req.id, new)
         latency = (time.perf_counter() - t0) * 1000
         return Generation(req.id, out_ids, self.tokenizer.decode(out_ids, skip_special_tokens=True),
                           latency, times)
