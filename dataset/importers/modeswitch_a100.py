@@ -133,7 +133,8 @@ def workload_shape(name: str, path: Path, row: int) -> dict:
     else:
         m = _STRESS.match(name)
         if not m:
-            raise InputFileError(path, row, "workload_name", f"unknown published workload {name!r}")
+            raise InputFileError(path, row, "workload_name", "the workload name is empty" if name in ("", "nan")
+                                 else f"unknown published workload {name!r}")
         shared = m.group(1) == "shared"
         return {
             "family": "shared_prefix_long_context" if shared else "long_context",
@@ -208,7 +209,7 @@ def _count(values: pd.Series, path: Path, name: str) -> pd.Series:
     frac = values.notna() & (values != values.round())
     if frac.any():
         row = int(np.flatnonzero(frac.to_numpy())[0])
-        raise InputFileError(path, row, name, f"not a whole number: {values.iloc[row]!r}")
+        raise InputFileError(path, row, name, f"not a whole number: {values.iloc[row]}")
     return values.astype("Int64")
 
 
