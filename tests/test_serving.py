@@ -301,6 +301,34 @@ def test_engine_pool_unloads_least_recently_used_within_budget():
     assert closed == ["b", "c"]
 
 
+def test_the_budget_counts_the_kv_cache_an_engine_reserves(tiny_models):
+    """A continuous-batching engine's paged cache dwarfs the tiny model's weights; the
+    pool counts it (``memory_mb``), so a budget that fits two engines' weights fits one."""
+    from engine.backends.transformers_backend import TransformersEngine
+    from engine.modes import get_mode
+    from engine.serving.pool import EnginePool
+
+    eng = TransformersEngine(get_mode("continuous_batching"), str(tiny_models.target), None, "cpu").load()
+    try:
+        assert eng.cache_mb > 10 * eng.weights_mb and eng.memory_mb == eng.weights_mb + eng.cache_mb
+    finally:
+        eng.close()
+    closed = []
+
+    class Fake:
+        def __init__(self, mode):
+            self.mode, self.weights_mb, self.memory_mb = mode, 1.0, 20.0
+
+        def close(self):
+            closed.append(self.mode)
+
+    pool = EnginePool(Fake, budget_mb=25)
+    pool.acquire("a")
+    pool.release("a")
+    pool.acquire("b")  # 2 MB of weights, but 40 MB with their caches: a goes
+    assert closed == ["a"] and pool.loaded() == ["b"]
+
+
 def test_a_failed_engine_load_leaves_the_mode_unloadable():
     from engine.serving.pool import EnginePool
 

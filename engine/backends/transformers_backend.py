@@ -201,6 +201,36 @@ class TransformersEngine:
             self._weights_mb = self.weights_bytes() / 2**20
         return self._weights_mb
 
+    @property
+    def memory_mb(self) -> float:
+        """What the engine holds once its caches fill: weights plus the KV cache it
+        reserves, so a server's ``--memory-budget-mb`` counts what the pages will take,
+        not the weights alone (the continuous-batching cache is most of it)."""
+        return self.weights_mb + self.cache_mb
+
+    @property
+    def cache_mb(self) -> float:
+        """The KV cache this engine can fill, in MiB: the continuous-batching manager's
+        paged cache (``_cb_config``'s blocks), the prefix store's budget, else one
+        request's cache at the longest context it serves."""
+        conf = self.model.config
+        layers = int(getattr(conf, "num_hidden_layers", 0) or 0)
+        heads = int(getattr(conf, "num_attention_heads", 0) or 0)
+        kv_heads = int(getattr(conf, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(conf, "head_dim", None) or (conf.hidden_size // max(heads, 1)))
+        elem = 4 if str(getattr(self, "dtype", "float32")).endswith("float32") else 2
+        per_token = 2 * layers * kv_heads * head_dim * elem  # keys and values
+        ctx = min(int(getattr(conf, "max_position_embeddings", 4096) or 4096), self.CB_MAX_CONTEXT)
+        if self._cb is not None:
+            cfg = self._cb_config()
+            tokens = cfg.num_blocks * cfg.page_size
+        else:
+            tokens = ctx
+        mb = tokens * per_token / 2**20
+        if self.prefix_store is not None:
+            mb += self.prefix_cache_mb
+        return mb
+
     def weights_bytes(self) -> int:
         from engine.memory import module_bytes
 

@@ -31,7 +31,8 @@ class ServerConfig:
     api_key: str | None = None
     #: a slower routing decision sends the request to the reference mode
     route_budget_us: float = 5_000.0
-    #: weights kept loaded across engines (least recently used unloaded first)
+    #: weights and reserved KV caches kept loaded across engines (least recently used
+    #: unloaded first; an engine's ``memory_mb`` where it has one, else its weights)
     memory_budget_mb: float = 4_096.0
     max_tokens_limit: int = 1_024
     served_name: str = "modeswitch"

@@ -59,7 +59,9 @@ class EnginePool:
             self._busy[mode] -= 1
 
     def _weights_mb(self, eng: Engine) -> float:
-        return float(eng.weights_mb)
+        """An engine's share of the budget: weights and the KV cache it reserves where the
+        engine says (``memory_mb``), else its weights."""
+        return float(getattr(eng, "memory_mb", eng.weights_mb))
 
     def _evict(self):
         total = sum(self._weights_mb(e) for e in self._engines.values())
