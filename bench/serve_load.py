@@ -35,13 +35,21 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     return prev_b
 
 
-def routing_buckets(base: str) -> list[tuple[float, float]]:
+def routing_buckets(base: str, stage: str | None = None) -> list[tuple[float, float]]:
+    """The routing histogram's cumulative buckets, or one stage's of modeswitch_stage_seconds."""
     with urllib.request.urlopen(base + "/metrics") as r:
         text = r.read().decode()
     out = []
-    for m in re.finditer(r'modeswitch_routing_seconds_bucket\{le="([^"]+)"\} ([0-9.e+]+)', text):
-        out.append((float(m.group(1)), float(m.group(2))))
+    name = "modeswitch_routing_seconds_bucket" if stage is None else "modeswitch_stage_seconds_bucket"
+    for line in text.splitlines():
+        if not line.startswith(name + "{") or (stage is not None and f'stage="{stage}"' not in line):
+            continue
+        le = re.search(r'le="([^"]+)"', line).group(1)
+        out.append((float(le), float(line.rsplit(" ", 1)[1])))
     return out
+
+
+STAGES = ("arrive", "tokenize", "features", "route", "serving_route", "load", "wait", "generate")
 
 
 async def run(args):
@@ -49,6 +57,7 @@ async def run(args):
 
     base = args.url.rsplit("/v1", 1)[0]
     before = routing_buckets(base)
+    before_stage = {st: routing_buckets(base, st) for st in STAGES}
     client = openai.AsyncOpenAI(base_url=args.url, api_key=args.api_key, max_retries=0, timeout=args.timeout)
     sem = asyncio.Semaphore(args.concurrency)
     lat, route_us, modes, failures = [], [], collections.Counter(), []
@@ -81,6 +90,13 @@ async def run(args):
         print(f"routing (headers) p50 {np.percentile(route_us, 50):.2f} us, p99 {np.percentile(route_us, 99):.2f} us")
     print(f"routing (/metrics histogram, this run) p50 ~{histogram_quantile(0.5, delta) * 1e6:.2f} us, "
           f"p99 ~{histogram_quantile(0.99, delta) * 1e6:.2f} us")
+    for st in STAGES:
+        got = routing_buckets(base, st)
+        if not got:
+            continue
+        d = [(b, c - dict(before_stage[st]).get(b, 0.0)) for b, c in got]
+        print(f"stage {st:<14} p50 ~{histogram_quantile(0.5, d) * 1e6:10.2f} us, "
+              f"p99 ~{histogram_quantile(0.99, d) * 1e6:10.2f} us (server histogram, bucket estimate)")
     print("modes: " + ", ".join(f"{m} {n}" for m, n in modes.most_common()))
     for f in failures[:5]:
         print("failure:", f)

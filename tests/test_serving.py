@@ -505,3 +505,30 @@ def test_a_router_with_an_untrusted_type_is_not_exported_and_old_pickles_need_co
     with pytest.raises(ValueError, match="a pickle file"):
         load_router_file(old, None)
     assert load_router_file(old, None, trust_pickle=True).classes_.tolist() == est.classes_.tolist()
+
+
+def test_the_prefix_index_agrees_with_comparing_every_recent_prompt():
+    """Random prompts sharing random prefixes: the block index's answer is the brute-force
+    longest shared prefix, or at most min_tokens - 1 short of it, and forgets evicted prompts."""
+    import numpy as np
+
+    from engine.serving.pool import PrefixTracker
+
+    rng = np.random.default_rng(0)
+    t = PrefixTracker(max_prompts=8, min_tokens=16)
+    bases = [list(rng.integers(0, 50, 400)) for _ in range(5)]
+    recent = []
+    for _ in range(300):
+        base = bases[rng.integers(0, 5)]
+        cut = int(rng.integers(0, 400))
+        ids = base[:cut] + list(rng.integers(1000, 2000, int(rng.integers(1, 60))))
+        truth = 0
+        for b in recent[-8:]:
+            n = min(len(ids), len(b))
+            d = next((i for i in range(n) if ids[i] != b[i]), n)
+            truth = max(truth, d)
+        truth = truth if truth >= 16 else 0
+        got = t.observe(ids)
+        assert got <= truth and (truth - got < 16), (got, truth)
+        assert got == 0 or got >= 16
+        recent.append(ids)

@@ -263,3 +263,13 @@ def test_a_chunked_body_over_the_limit_is_refused_while_it_arrives(srv):
         reply += got
     s.close()
     assert reply.startswith(b"HTTP/1.1 413") and b"exceeds this server's limit" in reply
+
+
+def test_metrics_break_a_request_down_by_stage(srv):
+    port = srv["port"]
+    assert http("POST", f"http://127.0.0.1:{port}/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 200
+    text = http("GET", f"http://127.0.0.1:{port}/metrics")[2]
+    for stage in ("arrive", "tokenize", "features", "route", "serving_route", "load", "wait", "generate"):
+        line = next(x for x in text.splitlines()
+                    if x.startswith(f'modeswitch_stage_seconds_count{{stage="{stage}"}}'))
+        assert float(line.split()[-1]) >= 1, stage

@@ -28,6 +28,7 @@ responses.
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException
@@ -123,6 +124,7 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        scope["modeswitch.arrived"] = time.perf_counter()
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             return await error_response(413, _TooBig(self.max_bytes).detail)(scope, receive, send)
@@ -166,19 +168,35 @@ def _check_model(state, body) -> None:
         raise exc
 
 
+def _arrived(state, http: HttpRequest) -> None:
+    """Time from the request's first byte (stamped by BodyLimit) to its handler."""
+    t0 = http.scope.get("modeswitch.arrived")
+    if t0 is not None:
+        state.metrics.stage.labels("arrive").observe(time.perf_counter() - t0)
+
+
+def _tokenized(state, fn, *args):
+    t0 = time.perf_counter()
+    ids = fn(*args)
+    state.metrics.stage.labels("tokenize").observe(time.perf_counter() - t0)
+    return ids
+
+
 @keyed.post("/v1/completions")
 async def completions(body: CompletionBody, state: State, http: HttpRequest):
+    _arrived(state, http)
     _check_model(state, body)
     check_capacity(state)
-    ids = completion_ids(state.tokenizer, body, state.context_tokens)
+    ids = _tokenized(state, completion_ids, state.tokenizer, body, state.context_tokens)
     return await serve(state, "completions", ids, body.max_tokens, stream=body.stream, chat=False, http=http)
 
 
 @keyed.post("/v1/chat/completions")
 async def chat(body: ChatBody, state: State, http: HttpRequest):
+    _arrived(state, http)
     _check_model(state, body)
     check_capacity(state)
-    ids = chat_ids(state.tokenizer, body.messages, state.context_tokens)
+    ids = _tokenized(state, chat_ids, state.tokenizer, body.messages, state.context_tokens)
     return await serve(state, "chat", ids, body.output_tokens, stream=body.stream, chat=True, http=http)
 
 

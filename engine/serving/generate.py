@@ -73,11 +73,18 @@ class _Life:
 
 async def _gated(engine: Engine, job: Job, gate: AbstractAsyncContextManager, life: _Life, on_token):
     """The job's generation under its engine's gate; cancellable until it starts."""
+    t0 = time.perf_counter()
     async with gate:
         if life.cancelled:
             raise Cancelled(job.id)
         life.running = True
-        return await run_in_threadpool(engine.run, [(job.request, job.ids)], False, on_token)
+        stage = life.state.metrics.stage
+        stage.labels("wait").observe(time.perf_counter() - t0)  # the engine's lock
+        t1 = time.perf_counter()
+        try:
+            return await run_in_threadpool(engine.run, [(job.request, job.ids)], False, on_token)
+        finally:
+            stage.labels("generate").observe(time.perf_counter() - t1)
 
 
 async def serve(state: ServerState, endpoint: str, ids: list[int], max_tokens: int, *,

@@ -87,19 +87,27 @@ def admit(state: ServerState, endpoint: str, ids: list[int], max_tokens: int, ch
     try:
         router = state.router
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        t0 = time.perf_counter_ns()
         request = request_features(state, rid, ids, max_tokens, concurrent)
+        features_ns = time.perf_counter_ns() - t0
         decision = decide(state, router, request)
     except BaseException:
         state.leave()
         raise
+    stage = state.metrics.stage
+    stage.labels("features").observe(features_ns / 1e9)
+    stage.labels("serving_route").observe(features_ns / 1e9 + decision.route_us / 1e6)
     return Job(rid, endpoint, chat, ids, max_tokens, request, decision)
 
 
 async def acquire_engine(state: ServerState, job: Job) -> Engine:
     """The job's engine, loaded on its mode's first request (in a thread: loading takes
     seconds). A load failure counts the job out before it propagates."""
+    t0 = time.perf_counter()
     try:
-        return await run_in_threadpool(state.pool.acquire, job.mode)
+        eng = await run_in_threadpool(state.pool.acquire, job.mode)
+        state.metrics.stage.labels("load").observe(time.perf_counter() - t0)
+        return eng
     except BaseException as exc:  # a cancelled wait too: the count must not drift
         state.leave()
         if isinstance(exc, Exception):

@@ -17,6 +17,17 @@ class Metrics:
             "modeswitch_routing_seconds", "Routing decision time (features + predict)",
             buckets=(1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 1e-3, 1e-2, 0.1),
             registry=self.registry)
+        #: where a request's server-side time goes, stage by stage (seconds): ``arrive``
+        #: (first byte to the handler: reading and validating the body), ``tokenize``,
+        #: ``features``, ``route`` (the decision alone, as modeswitch_routing_seconds),
+        #: ``serving_route`` (features + decision: the router's whole cost on the serving
+        #: path), ``load`` (the engine's lease; its load on a mode's first request),
+        #: ``wait`` (for a one-at-a-time engine's lock), ``generate`` (the engine's run)
+        self.stage = Histogram(
+            "modeswitch_stage_seconds", "Server-side time per request stage", ["stage"],
+            buckets=(1e-7, 2.5e-7, 5e-7, 1e-6, 2e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2, 0.1,
+                     1, 10, 60),
+            registry=self.registry)
         self.latency = Histogram("modeswitch_request_seconds", "End-to-end request latency",
                                  ["mode"], registry=self.registry,
                                  buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))

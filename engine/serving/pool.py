@@ -86,30 +86,56 @@ class EnginePool:
 
 
 class PrefixTracker:
-    """Longest prompt prefix shared with a recent prompt (the router's shared-prefix feature)."""
+    """Longest prompt prefix shared with a recent prompt (the router's shared-prefix feature).
+
+    Why not compare with every recent prompt: that was 128 numpy comparisons per request,
+    ~0.4 ms p50 under load, 100x the routing decision itself. Prompts are indexed by
+    chained hashes of their ``min_tokens``-token blocks (the key of block k covers tokens
+    0 .. k*B); a new prompt probes its own keys until one is missing, then is compared
+    once, token by token, with the latest prompt holding the last key found. The answer
+    is exact for that prompt, and never more than ``min_tokens - 1`` short of the longest
+    prefix any recent prompt shares (one that diverges inside the next block); prefixes
+    shorter than ``min_tokens`` count as 0, as before."""
 
     def __init__(self, max_prompts: int = 128, min_tokens: int = 16):
         import numpy as np
 
         self._np = np
-        self.recent: list = []
         self.max_prompts = max_prompts
         self.min_tokens = min_tokens
+        self._index: dict[int, object] = {}  # block-chain key -> latest prompt (array) with it
+        self._recent: list[tuple[object, list[int]]] = []  # (prompt, its keys), oldest first
         self._lock = threading.Lock()
+
+    def _keys(self, ids: list[int]) -> list[int]:
+        b, keys, h = self.min_tokens, [], 0
+        for k in range(len(ids) // b):
+            h = hash((h, tuple(ids[k * b:(k + 1) * b])))
+            keys.append(h)
+        return keys
 
     def observe(self, ids: list[int]) -> int:
         np = self._np
+        keys = self._keys(ids)
         a = np.asarray(ids, dtype=np.int64)
         best = 0
         with self._lock:
-            for b in self.recent:
-                n = min(len(a), len(b))
-                if n <= best:
-                    continue
-                diff = np.flatnonzero(a[:n] != b[:n])
-                best = max(best, int(diff[0]) if len(diff) else n)
-            self.recent.append(a)
-            if len(self.recent) > self.max_prompts:
-                self.recent.pop(0)
+            cand = None
+            for key in keys:
+                hit = self._index.get(key)
+                if hit is None:
+                    break
+                cand = hit
+            if cand is not None:
+                n = min(len(a), len(cand))
+                diff = np.flatnonzero(a[:n] != cand[:n])
+                best = int(diff[0]) if len(diff) else n
+            for key in keys:
+                self._index[key] = a
+            self._recent.append((a, keys))
+            if len(self._recent) > self.max_prompts:
+                old, old_keys = self._recent.pop(0)
+                for key in old_keys:
+                    if self._index.get(key) is old:
+                        del self._index[key]
         return best if best >= self.min_tokens else 0
-
