@@ -49,7 +49,6 @@ def routing_buckets(base: str, stage: str | None = None) -> list[tuple[float, fl
     return out
 
 
-STAGES = ("arrive", "tokenize", "features", "route", "serving_route", "load", "wait", "generate")
 
 
 async def run(args):
@@ -57,6 +56,8 @@ async def run(args):
 
     base = args.url.rsplit("/v1", 1)[0]
     before = routing_buckets(base)
+    from engine.serving.metrics import STAGES
+
     before_stage = {st: routing_buckets(base, st) for st in STAGES}
     client = openai.AsyncOpenAI(base_url=args.url, api_key=args.api_key, max_retries=0, timeout=args.timeout)
     sem = asyncio.Semaphore(args.concurrency)

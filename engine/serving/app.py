@@ -172,13 +172,13 @@ def _arrived(state, http: HttpRequest) -> None:
     """Time from the request's first byte (stamped by BodyLimit) to its handler."""
     t0 = http.scope.get("modeswitch.arrived")
     if t0 is not None:
-        state.metrics.stage.labels("arrive").observe(time.perf_counter() - t0)
+        state.metrics.stages["arrive"].observe(time.perf_counter() - t0)
 
 
 def _tokenized(state, fn, *args):
     t0 = time.perf_counter()
     ids = fn(*args)
-    state.metrics.stage.labels("tokenize").observe(time.perf_counter() - t0)
+    state.metrics.stages["tokenize"].observe(time.perf_counter() - t0)
     return ids
 
 

@@ -78,13 +78,13 @@ async def _gated(engine: Engine, job: Job, gate: AbstractAsyncContextManager, li
         if life.cancelled:
             raise Cancelled(job.id)
         life.running = True
-        stage = life.state.metrics.stage
-        stage.labels("wait").observe(time.perf_counter() - t0)  # the engine's lock
+        stage = life.state.metrics.stages
+        stage["wait"].observe(time.perf_counter() - t0)  # the engine's lock
         t1 = time.perf_counter()
         try:
             return await run_in_threadpool(engine.run, [(job.request, job.ids)], False, on_token)
         finally:
-            stage.labels("generate").observe(time.perf_counter() - t1)
+            stage["generate"].observe(time.perf_counter() - t1)
 
 
 async def serve(state: ServerState, endpoint: str, ids: list[int], max_tokens: int, *,

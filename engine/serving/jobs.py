@@ -94,9 +94,9 @@ def admit(state: ServerState, endpoint: str, ids: list[int], max_tokens: int, ch
     except BaseException:
         state.leave()
         raise
-    stage = state.metrics.stage
-    stage.labels("features").observe(features_ns / 1e9)
-    stage.labels("serving_route").observe(features_ns / 1e9 + decision.route_us / 1e6)
+    stage = state.metrics.stages
+    stage["features"].observe(features_ns / 1e9)
+    stage["serving_route"].observe(features_ns / 1e9 + decision.route_us / 1e6)
     return Job(rid, endpoint, chat, ids, max_tokens, request, decision)
 
 
@@ -106,7 +106,7 @@ async def acquire_engine(state: ServerState, job: Job) -> Engine:
     t0 = time.perf_counter()
     try:
         eng = await run_in_threadpool(state.pool.acquire, job.mode)
-        state.metrics.stage.labels("load").observe(time.perf_counter() - t0)
+        state.metrics.stages["load"].observe(time.perf_counter() - t0)
         return eng
     except BaseException as exc:  # a cancelled wait too: the count must not drift
         state.leave()

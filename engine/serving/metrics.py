@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+STAGES = ("arrive", "tokenize", "features", "route", "serving_route", "load", "wait", "generate")
+
 
 class Metrics:
     """Prometheus metrics in the app's own registry, so several apps may share a process
@@ -28,6 +30,8 @@ class Metrics:
             buckets=(1e-7, 2.5e-7, 5e-7, 1e-6, 2e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2, 0.1,
                      1, 10, 60),
             registry=self.registry)
+        #: each stage's child, bound once: ``labels()`` per observation costs a lock and a lookup
+        self.stages = {name: self.stage.labels(name) for name in STAGES}
         self.latency = Histogram("modeswitch_request_seconds", "End-to-end request latency",
                                  ["mode"], registry=self.registry,
                                  buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))

@@ -56,7 +56,7 @@ def decide(state: ServerState, router: RoutesRequests, request: Request) -> Deci
         mode = state.config.reference
         state.metrics.fallbacks.labels(reason).inc()
     state.metrics.routing.observe(us / 1e6)
-    state.metrics.stage.labels("route").observe(us / 1e6)
+    state.metrics.stages["route"].observe(us / 1e6)
     return Decision(mode, us, reason)
 
 
