@@ -17,15 +17,9 @@ def table_from_args(description: str):
     ap.add_argument("--mlruns", default="mlruns")
     args = ap.parse_args()
     if args.table:
-        import pandas as pd
+        from oracle.external_table import read_training_table
 
-        from oracle import read_cost_table
-
-        if args.table.endswith(".parquet"):
-            table = pd.read_parquet(args.table)
-            if table.attrs.get("modeswitch"):
-                return table, args
-        return read_cost_table(args.table), args
+        return read_training_table(args.table), args
     from dataset.profile_schema import read_profiles
     from dataset.workloads import get_workload, list_workloads
     from oracle import Constraints, build_training_table

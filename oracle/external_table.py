@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dataset.errors import InputError
+from dataset.errors import InputError, read_table
 from dataset.features import features_frame
 from dataset.requests import Request
 from oracle.constraints import Constraints
@@ -54,14 +54,30 @@ CONSTRAINT_NAMES = ("quality", "energy", "memory")
 def _read(path: Path) -> pd.DataFrame:
     if not path.exists():
         raise InputError(f"{path}: no such file")
-    try:
-        if path.suffix.lower() in (".parquet", ".pq"):
-            return pd.read_parquet(path)
-        if path.suffix.lower() in (".csv", ".txt"):
-            return pd.read_csv(path)
-    except Exception as e:  # noqa: BLE001 - the reader's own message, with the file named
-        raise InputError(f"{path}: cannot be read as {path.suffix[1:]} ({type(e).__name__}: {e})") from None
+    if path.suffix.lower() in (".parquet", ".pq"):
+        return read_table(path, pd.read_parquet)
+    if path.suffix.lower() in (".csv", ".txt"):
+        return read_table(path, pd.read_csv)
     raise InputError(f"{path}: a cost table is .csv or .parquet")
+
+
+def read_training_table(path, constraints: Constraints | None = None) -> pd.DataFrame:
+    """A training table from ``dataset build`` (parquet with its metadata), or a cost
+    table (CSV, or parquet without that metadata) labelled here; read once. What
+    ``train --data`` / ``score --data`` and the examples take. The file's path is kept
+    in ``attrs["source_path"]`` (the runs' dataset source)."""
+    path = Path(path)
+    raw = _read(path)
+    if raw.attrs.get("modeswitch"):
+        raw.attrs["source_path"] = str(path.resolve())
+        return raw
+    try:
+        return cost_table(raw, path, constraints)
+    except InputError as exc:
+        if path.suffix.lower() in (".csv", ".txt"):
+            raise
+        raise InputError(f"not a training table from `dataset build` (no metadata), nor a cost table: "
+                         f"{exc}") from None
 
 
 def _numbers(df: pd.DataFrame, col: str, path: Path, *, minimum: float | None = None,
@@ -100,11 +116,15 @@ def _flags(df: pd.DataFrame, col: str, path: Path) -> pd.Series:
 def read_cost_table(path, constraints: Constraints | None = None) -> pd.DataFrame:
     """The training table for a CSV/parquet of requests with per-mode costs (see the
     module docstring for its columns)."""
+    path = Path(path)
+    return cost_table(_read(path), path, constraints)
+
+
+def cost_table(raw: pd.DataFrame, path: Path, constraints: Constraints | None = None) -> pd.DataFrame:
+    """The training table for a read cost table ``raw`` (``path`` names it in errors)."""
     from engine.modes import list_modes, reference_mode
 
-    path = Path(path)
     c = constraints or Constraints()
-    raw = _read(path)
     missing = [col for col in REQUIRED if col not in raw.columns]
     if missing:
         raise InputError(f"{path}: missing column(s) {', '.join(missing)} (a cost table needs "

@@ -27,7 +27,6 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from routers.export import export_router, load_router
@@ -64,17 +63,12 @@ def fit(router, table: pd.DataFrame, **params):
     unfitted estimator. Classifiers learn the ``label`` column; cost-predicting
     routers read the per-mode cost columns themselves; a router with a safety
     threshold also gets the per-mode ``safe__<mode>`` labels."""
-    from oracle.training_table import table_meta
+    from routers.training.trainer import _xy
 
     est = get_router(router, **params) if isinstance(router, str) else router
-    table = table.reset_index(drop=True)
-    y = table["label"].astype(str).to_numpy()
-    accepts = inspect.signature(est.fit).parameters
-    kw = {}
-    if "safe" in accepts and getattr(est, "safety_threshold", None) is not None:
-        modes = table_meta(table)["modes"]
-        kw["safe"] = pd.DataFrame({m: table[f"safe__{m}"].fillna(False).astype(bool).to_numpy() for m in modes})
-    return est.fit(table, y, **kw)
+    table, y, safe, _ = _xy(table.reset_index(drop=True))
+    guarded = "safe" in inspect.signature(est.fit).parameters and getattr(est, "safety_threshold", None) is not None
+    return est.fit(table, y, **({"safe": safe} if guarded else {}))
 
 
 def evaluate(routers: dict, test: pd.DataFrame, decisions: int = 2_000, compiled: bool = True,
@@ -85,8 +79,7 @@ def evaluate(routers: dict, test: pd.DataFrame, decisions: int = 2_000, compiled
     ratio and violation rate with 95 % bootstrap intervals; oracle capture; routing
     overhead measured here, side by side, and charged at its p50)."""
     from oracle.training_table import table_meta
-    from routers.reference import FixedModeRouter, OracleRouter
-    from routers.rule_baseline import RuleBaselineRouter
+    from routers.reference import OracleRouter
     from routers.scoring import overhead as oh
     from routers.scoring.offline import (
         aggregate_scores,
@@ -95,11 +88,10 @@ def evaluate(routers: dict, test: pd.DataFrame, decisions: int = 2_000, compiled
         score_offline,
     )
     from routers.scoring.report import headline_table
+    from routers.scoring.run import baselines
 
     test = test.reset_index(drop=True)
-    modes = table_meta(test)["modes"]
-    everyone = {"reference": FixedModeRouter().fit(),
-                "rule": RuleBaselineRouter(available_modes=modes, unavailable="reference").fit(), **routers}
+    everyone = {**baselines(table_meta(test)["modes"]), **routers}
     requests = requests_from_table(test)
     overhead = oh.measure(everyone, requests, decisions, pipeline_decisions, compiled)
     everyone["oracle"] = OracleRouter().fit(test)
@@ -115,12 +107,10 @@ def log_router(router, table: pd.DataFrame, name: str | None = None, mlruns: str
     logs it), so :func:`export_router` and the MLflow UI treat it like a CLI run.
     Returns the run id."""
     import mlflow
-    import mlflow.sklearn
-    from mlflow.models import infer_signature
 
     from oracle.training_table import frame_hash, table_meta
     from routers.training.tracking import git_commit, log_table_input, setup
-    from routers.training.trainer import NOT_FEATURES, trusted_types
+    from routers.training.trainer import NOT_FEATURES, log_model
 
     setup(Path(mlruns), experiment)
     meta = table_meta(table)
@@ -131,12 +121,5 @@ def log_router(router, table: pd.DataFrame, name: str | None = None, mlruns: str
         params = {k: v for k, v in router.get_params().items() if not hasattr(v, "get_params")}
         mlflow.log_params({f"param_{k}": v for k, v in params.items()})
         log_table_input(table, "training")
-        cols = [c for c in table.columns if "__" not in c and c not in NOT_FEATURES]
-        example = table[cols].iloc[:3]
-        info = mlflow.sklearn.log_model(router, name="model",
-                                        signature=infer_signature(example, np.asarray(router.predict(example))),
-                                        input_example=example,
-                                        pip_requirements=["scikit-learn", "lightgbm", "pandas", "numpy"],
-                                        skops_trusted_types=trusted_types(router))
-        mlflow.set_tag("model_uri", info.model_uri)
+        log_model(router, table[[c for c in table.columns if "__" not in c and c not in NOT_FEATURES]])
         return run.info.run_id

@@ -103,18 +103,16 @@ class RouterPyfunc(mlflow.pyfunc.PythonModel):
 
 
 def trusted_prefixes() -> tuple[str, ...]:
-    """The allow-list: the built-in prefixes, ``$MODESWITCH_TRUSTED_TYPES``, and the modules
-    named in ``$MODESWITCH_PLUGINS`` (code the user already runs on every registry lookup)."""
+    """The allow-list: the built-in prefixes, ``$MODESWITCH_TRUSTED_TYPES`` (prefixes as
+    given), and the modules named in ``$MODESWITCH_PLUGINS`` (code the user already runs
+    on every registry lookup)."""
     from dataset.registry import PLUGINS_ENV
 
-    extra = [p.strip() for var in ("MODESWITCH_TRUSTED_TYPES", PLUGINS_ENV)
-             for p in os.environ.get(var, "").split(",") if p.strip()]
-    return TRUSTED_PREFIXES + tuple(p if p.endswith(".") or _names_a_type(p) else p + "." for p in extra)
+    def listed(var):
+        return [p.strip() for p in os.environ.get(var, "").split(",") if p.strip()]
 
-
-def _names_a_type(prefix: str) -> bool:
-    """A prefix naming one type (``pkg.mod.Class``) rather than a module."""
-    return prefix.rsplit(".", 1)[-1][:1].isupper()
+    return TRUSTED_PREFIXES + tuple(listed("MODESWITCH_TRUSTED_TYPES")) + tuple(
+        m + "." for m in listed(PLUGINS_ENV))
 
 
 def _vetted_types(types) -> list[str]:
@@ -271,10 +269,8 @@ def load_router(uri: str, mlruns: str = "mlruns", available_modes=None, compiled
             raise InputError(f"router {uri}: {exc.message} (in the store {tracking_uri(Path(mlruns))})") from None
         raise
     meta_path = local / "artifacts" / "meta.json"
-    files = [p for p in (local / "artifacts").glob("router.*")] if (local / "artifacts").is_dir() else []
-    if not meta_path.exists() or not files:
-        raise InputError(f"{uri} is not a router exported by `modeswitch export` (no artifacts/meta.json "
-                         "and artifacts/router.*)")
+    if not meta_path.exists():
+        raise InputError(f"{uri} is not a router exported by `modeswitch export` (no artifacts/meta.json)")
     if "meta_sha256" in recorded and sha256_of(meta_path) != recorded["meta_sha256"]:
         raise InputError(f"{uri}: meta.json differs from the one recorded at export: the artifacts were changed")
     meta = json.loads(meta_path.read_text())

@@ -39,7 +39,6 @@ def counter(port, name, **labels) -> float:
 
 
 def health(port) -> dict:
-    import json
 
     return json.loads(http("GET", f"http://127.0.0.1:{port}/health")[2])
 
@@ -400,24 +399,16 @@ def test_export_and_load_round_trip(tmp_path):
 def test_clients_that_hang_up_leave_nothing_behind_on_the_real_engines(server, router):
     """Streamed and whole requests abandoned on the tiny model's engines (the batching one
     too): the in-flight count, engine leases and batch slots all come back."""
-    import socket
     import threading
+
+    from tests.test_serving_limits import _send_and_leave
 
     port = server["port"]
     errors = []
 
-    def leave(i, mode_stream):
-        try:
-            body = json.dumps({"model": "modeswitch", "prompt": f"def f{i}(x):", "max_tokens": 64,
-                               "stream": mode_stream}).encode()
-            s = socket.create_connection(("127.0.0.1", port), timeout=30)
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-            if i % 3 == 0:
-                assert s.recv(64)
-            s.close()
-        except Exception as exc:  # noqa: BLE001 - a thread's failure is reported by the test
-            errors.append(exc)
+    def leave(i, stream):
+        _send_and_leave(port, {"model": "modeswitch", "prompt": f"def f{i}(x):", "max_tokens": 64,
+                               "stream": stream}, 64 if i % 3 == 0 else 0, errors)
 
     for mode in ("continuous_batching", "fp16_baseline"):
         router.mode = mode

@@ -25,7 +25,6 @@ from modeswitch.cli.common import (
     backend_names,
     deferred_help,
     friendly_errors,
-    reading,
 )
 from modeswitch.display import console, frame_table
 
@@ -33,24 +32,9 @@ from modeswitch.display import console, frame_table
 def _read_table(path: Path):
     """A training table from `dataset build`, or your own per-mode cost table (CSV or
     parquet with the columns of :mod:`oracle.external_table`), labelled here."""
-    import pandas as pd
+    from oracle.external_table import read_training_table
 
-    from oracle.external_table import read_cost_table
-
-    if Path(path).suffix.lower() != ".csv":
-        with reading(path):
-            table = pd.read_parquet(path)
-        if table.attrs.get("modeswitch"):
-            table.attrs["source_path"] = str(Path(path).resolve())  # shown as the runs' dataset source
-            return table
-        from dataset.errors import InputError
-
-        try:
-            return read_cost_table(path)
-        except InputError as exc:
-            raise InputError(f"not a training table from `dataset build` (no metadata), nor a cost table: "
-                             f"{exc}") from None
-    return read_cost_table(path)
+    return read_training_table(path)
 
 
 # -------------------------------------------------------------------- train

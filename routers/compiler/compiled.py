@@ -413,21 +413,22 @@ def _lightgbm_tree(structure):
             np.asarray(value, np.float64)[:, None])
 
 
-def _lightgbm_packed(booster, offset: int = 0, sign: float = 1.0) -> list:
-    """A booster's trees as ``_pack`` input, scoring outputs ``offset + tree % k``;
-    ``sign`` -1 negates every leaf (exact: the negated sums are the sums negated)."""
+def _lightgbm_packed(booster, offset: int = 0, sign: float = 1.0) -> tuple[list, int]:
+    """(a booster's trees as ``_pack`` input, scoring outputs ``offset + tree % k``; k, its
+    trees per iteration). ``sign`` -1 negates every leaf (exact: the negated sums are the
+    sums negated). One ``dump_model`` call: it serialises the whole booster."""
     dump = booster.dump_model()
     k = dump["num_tree_per_iteration"]
     out = []
     for i, info in enumerate(dump["tree_info"]):
         f, t, le, ri, v = _lightgbm_tree(info["tree_structure"])
         out.append((f, t, le, ri, v * sign, offset + i % k))
-    return out
+    return out, k
 
 
 def _lightgbm_trees(booster, n_features):
-    k = booster.dump_model()["num_tree_per_iteration"]
-    return _pack(_lightgbm_packed(booster), n_features, k, 1)
+    packed, k = _lightgbm_packed(booster)
+    return _pack(packed, n_features, k, 1)
 
 
 def compile(router, region_budget: tuple | None = None) -> CompiledRouter:  # noqa: A001 - the issue's name
@@ -504,54 +505,37 @@ def compile_cost(router, region_budget: tuple | None = None) -> CompiledRouter:
 
     bias = np.zeros(K)
     cost = dict(n_modes=M, n_constraints=C, ref=modes.index(ref), threshold=thr, cut=_logit(thr))
+    # every output's model: (output index, model, sign of its logit); a constant model
+    # is its output's bias (a ratio as it is, a risk decided against the threshold now)
+    fitted = []
+    for j, m in enumerate(modes):
+        if m == ref:
+            continue
+        outputs = [(j, router.ratio_models_[m], None)]
+        outputs += [(M + j * C + c, router.risk_models_[m][name], None) for c, name in enumerate(CONSTRAINTS)]
+        for k, mdl, _ in outputs:
+            if isinstance(mdl, _Constant):
+                bias[k] = mdl.value if k < M else const_logit(mdl.value)
+            else:  # a risk's logit is of P(True): classes_[1] True, else negated
+                fitted.append((k, mdl, 1.0 if k < M or mdl.classes_[1] else -1.0))
     if isinstance(router, LinearCostRouter):
         sc = router.prep_.named_transformers_["num"]
         mu, sd = sc.mean_, sc.scale_
         W = np.zeros((K, d))
-
-        def fold(coef, intercept, k):
+        for k, mdl, sign in fitted:  # the scaling folded into the weights
+            coef = sign * np.ravel(np.asarray(mdl.coef_, float))
+            intercept = sign * float(np.ravel(mdl.intercept_)[0])
             W[k] = coef / sd
             bias[k] = intercept - (coef * mu / sd).sum()
-
-        for j, m in enumerate(modes):
-            if m == ref:
-                continue
-            reg = router.ratio_models_[m]
-            if isinstance(reg, _Constant):
-                bias[j] = reg.value
-            else:
-                fold(np.asarray(reg.coef_, float), float(reg.intercept_), j)
-            for c, name in enumerate(CONSTRAINTS):
-                k = M + j * C + c
-                mdl = router.risk_models_[m][name]
-                if isinstance(mdl, _Constant):
-                    bias[k] = const_logit(mdl.value)
-                    continue
-                sign = 1.0 if mdl.classes_[1] else -1.0  # the logit of P(True)
-                fold(sign * mdl.coef_[0], sign * float(mdl.intercept_[0]), k)
         arrays = dict(weights=np.ascontiguousarray(W), bias=bias, n_classes=K, cost=cost)
         return CompiledRouter(router, 2, modes, d, [], [], arrays)
     if isinstance(router, LightGBMCostRouter):
-        packed = []
-        for j, m in enumerate(modes):
-            if m == ref:
-                continue
-            reg = router.ratio_models_[m]
-            if isinstance(reg, _Constant):
-                bias[j] = reg.value
-            else:
-                packed += _lightgbm_packed(reg.booster_, j)
-            for c, name in enumerate(CONSTRAINTS):
-                k = M + j * C + c
-                mdl = router.risk_models_[m][name]
-                if isinstance(mdl, _Constant):
-                    bias[k] = const_logit(mdl.value)
-                else:
-                    packed += _lightgbm_packed(mdl.booster_, k, 1.0 if mdl.classes_[1] else -1.0)
-        if not packed:  # every model a constant: the biases are the whole decision
+        if not fitted:  # every model a constant: the biases are the whole decision
             return CompiledRouter(router, 2, modes, d, [], [],
                                   dict(weights=np.zeros((K, d)), bias=bias, n_classes=K, cost=cost))
-        packed.sort(key=lambda t: t[5])  # stable: each output's trees one run, in its model's order
+        # sorted by output: each output's trees are one run, in its model's order
+        packed = [t for k, mdl, sign in sorted(fitted, key=lambda f: f[0])
+                  for t in _lightgbm_packed(mdl.booster_, k, sign)[0]]
         arrays = _pack(packed, d, K, 1, bounds=False)
         counts = np.bincount([t[5] for t in packed], minlength=K)
         arrays.update(bias=bias, cost=cost, out_start=np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))

@@ -315,9 +315,11 @@ def log_to_mlflow(out: Path, mlruns: Path, head: pd.DataFrame, context: dict,
     the parent's id."""
     import mlflow
 
-    from routers.training.tracking import git_commit, log_table_input, setup
+    from routers.training.tracking import git_commit, log_table_input, setup, table_input
 
     setup(Path(mlruns), "modeswitch-score")
+    dataset = table_input(table) if table is not None else None
+    commit = git_commit()
 
     def number(v) -> float:
         return float(v) if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) \
@@ -326,15 +328,15 @@ def log_to_mlflow(out: Path, mlruns: Path, head: pd.DataFrame, context: dict,
     live = live_summary.set_index("router") if live_summary is not None else None
     live_cols = [c for c in live.columns if pd.api.types.is_numeric_dtype(live[c])] if live is not None else []
     with mlflow.start_run(run_name=context.get("name", out.name)) as run:
-        mlflow.set_tags({"git_commit": git_commit(), "router_run_ids": json.dumps(router_runs),
+        mlflow.set_tags({"git_commit": commit, "router_run_ids": json.dumps(router_runs),
                          **{f"router_run.{k}": v for k, v in router_runs.items()},
                          **{f"context.{k}": str(v)[:500] for k, v in context.items()}})
         if table is not None:
-            log_table_input(table, "scoring")
+            log_table_input(table, "scoring", dataset)
         for r, row in head.iterrows():
             with mlflow.start_run(run_name=str(r), nested=True):
                 mlflow.set_tags({"router": str(r), "router_family": str(r),
-                                 "router_kind": _router_kind(str(r)), "git_commit": git_commit(),
+                                 "router_kind": _router_kind(str(r)), "git_commit": commit,
                                  **({"training_run_id": router_runs[r]} if r in router_runs else {}),
                                  **{f"context.{k}": str(v)[:500] for k, v in context.items()}})
                 metrics = {str(k): number(v) for k, v in row.items()}
@@ -343,6 +345,6 @@ def log_to_mlflow(out: Path, mlruns: Path, head: pd.DataFrame, context: dict,
                                     for k in live_cols})
                 mlflow.log_metrics(metrics)
                 if table is not None:
-                    log_table_input(table, "scoring")
+                    log_table_input(table, "scoring", dataset)
         mlflow.log_artifacts(str(out), artifact_path="report")
         return run.info.run_id

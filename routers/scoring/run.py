@@ -194,6 +194,13 @@ def held_out_family_routers(table: pd.DataFrame, trained: list[TrainedRouter]) -
     return out
 
 
+def baselines(modes: list[str]) -> dict:
+    """The routers every scoring sets the learned ones beside: the reference mode alone,
+    and the rule baseline over the table's modes."""
+    return {"reference": FixedModeRouter().fit(),
+            "rule": RuleBaselineRouter(available_modes=modes, unavailable="reference").fit()}
+
+
 def score_routers(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=None) -> dict:
     """Run the whole scoring; returns the tables and figures (the report is written to ``out``)."""
     from routers.scoring import overhead as oh
@@ -213,7 +220,7 @@ def score_routers(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=Non
     trained = load_routers(table, cfg.mlruns, cfg.run_ids)
     test = table.iloc[held_out_rows(table, trained)].reset_index(drop=True)
     test.attrs = table.attrs
-    routers = {"reference": FixedModeRouter().fit(), "rule": RuleBaselineRouter(available_modes=modes, unavailable="reference").fit()}
+    routers = baselines(modes)
     routers.update({t.name: t.estimator for t in trained})
     requests = requests_from_table(test)
     say("measuring routing overhead")

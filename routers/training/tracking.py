@@ -58,15 +58,14 @@ def git_commit() -> str:
         return "unknown"
 
 
-def log_table_input(table, context: str, name: str = "training-table") -> None:
-    """Log ``table`` (a training table) as the open run's input, so the UI's Dataset
-    column shows what the run used: its content hash as the digest, where it was
-    read from as the source (``in-memory`` when it was built in Python), and the
-    source profile's hash and path as the input's tags."""
+def table_input(table, name: str = "training-table"):
+    """``table`` (a training table) as an MLflow dataset and its input tags: its content
+    hash as the digest, where it was read from as the source (``in-memory`` when it was
+    built in Python), the source profile's hash and path as tags. Built once and logged
+    on every run that used it (:func:`log_table_input`): MLflow profiles the whole frame."""
     import json
     import warnings
 
-    import mlflow
     import mlflow.data
 
     from oracle.training_table import frame_hash
@@ -80,4 +79,13 @@ def log_table_input(table, context: str, name: str = "training-table") -> None:
         ds = mlflow.data.from_pandas(table, source=source, name=name,
                                      targets="label" if "label" in table else None,
                                      digest=tags["training_table_hash"])
-        mlflow.log_input(ds, context=context, tags=tags)
+    return ds, tags
+
+
+def log_table_input(table, context: str, prepared=None) -> None:
+    """Log ``table`` as the open run's input (the UI's Dataset column); ``prepared``: a
+    :func:`table_input` result already built for it."""
+    import mlflow
+
+    ds, tags = prepared or table_input(table)
+    mlflow.log_input(ds, context=context, tags=tags)

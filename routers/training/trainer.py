@@ -424,13 +424,18 @@ def _log_artifacts(family, held: HeldOut, data: TrainingData):
 
 
 def _log_model(est, data: TrainingData) -> str:
-    """Log the fitted router with its signature and an input example; returns its URI
-    (also tagged on the run, so the scorer can find the model from the run)."""
+    return log_model(est, data.table[data.feature_cols])
+
+
+def log_model(est, features: pd.DataFrame) -> str:
+    """Log the fitted router in the open run with its signature and an input example (the
+    first rows of ``features``); returns its URI (also tagged on the run, so the scorer
+    can find the model from the run)."""
     import mlflow
     import mlflow.sklearn
     from mlflow.models import infer_signature
 
-    example = data.table[data.feature_cols].iloc[:3]
+    example = features.iloc[:3]
     signature = infer_signature(example, est.predict(example))
     info = mlflow.sklearn.log_model(
         est, name="model", signature=signature, input_example=example,
