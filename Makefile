@@ -16,7 +16,7 @@ PIP     := $(BIN)/pip --disable-pip-version-check
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(PIP) install --progress-bar off -q --upgrade pip
-	$(PIP) install --progress-bar off -e '.[dev]'
+	$(PIP) install --progress-bar off -e '.[dev,distributed]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -66,6 +66,8 @@ PROVENANCE_COLUMNS = (
     "run_id",
     "measured_at",
     "source",
+    "worker",
+    "device",
 )
 PROFILE_COLUMNS = (
     IDENTITY_COLUMNS + SHAPE_COLUMNS + TIMING_COLUMNS + NOISE_COLUMNS + RESOURCE_COLUMNS
@@ -130,6 +132,8 @@ PROFILE_SCHEMA = pa.DataFrameSchema(
         "run_id": _text(nullable=False),
         "measured_at": _text(),
         "source": _text(),
+        "worker": _text(),
+        "device": _text(),
     },
     strict=False,
     ordered=False,

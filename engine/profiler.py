@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import platform
+import socket
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -294,6 +295,10 @@ class RowProvenance:
     hardware: str
     software: str
     run_id: str
+    #: who measured: ``host:pid`` of a serial run, ``ray:<node ip>:<actor id>`` of a Ray worker
+    worker: str = ""
+    #: the device the engine ran on (``cpu``, ``cuda:<index>``)
+    device: str = ""
 
 
 @dataclass
@@ -423,6 +428,7 @@ def _provenance_columns(prov: RowProvenance, m: Measurement, notes: list[str]) -
         "graph_capture": bool(m.info.get("graph_capture", False)), "backend": prov.backend,
         "model": prov.model,
         "hardware": prov.hardware, "software": prov.software, "run_id": prov.run_id,
+        "worker": prov.worker or None, "device": prov.device or None,
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "source": "; ".join(notes), "output_text": m.text,
     }
@@ -461,6 +467,7 @@ class Profiler:
         self.on_row = on_row
         self.journal_path = self.out.with_name(self.out.name + ".journal.jsonl")
         self._run: ProfileRun | None = None
+        self._nvml_index: int | None = None
 
     @cached_property
     def backend(self):
@@ -515,12 +522,13 @@ class Profiler:
 
         return ProfileRun(
             journal=journal,
-            meter=make_meter(self.spec.device, watts_per_core=self.spec.watts_per_core,
+            meter=make_meter(self.spec.device, self.nvml_index, watts_per_core=self.spec.watts_per_core,
                              include_children=self.backend.child_processes),
             provenance=RowProvenance(
                 backend=self.spec.backend, reference_mode=reference,
                 model=model_id(self.model_path), hardware=hardware_string(self.spec.device),
-                software=software_string(), run_id=journal.run_id),
+                software=software_string(), run_id=journal.run_id,
+                worker=f"{socket.gethostname()}:{os.getpid()}", device=self.spec.device),
             units=units, done=journal.keys(),
             ref_output={r["request_id"]: r["output_text"] for r in journal.rows
                         if r["mode"] == reference and r["trial"] == 0 and not r.get("attempt")},
@@ -719,10 +727,30 @@ class Profiler:
 
     def _measure(self, engine, mode, unit, trial, bar: _Bar, attempt: int = 0):
         """Time one unit in one mode and journal its row (before the next one starts)."""
+        bar.show(f"{mode}: {unit.family}" + (f" (re-measure {attempt})" if attempt else ""))
+        self._journal_row(self.measure_row(engine, mode, unit, trial, attempt))
+        bar.advance()
+
+    def _journal_row(self, row: dict):
+        """Score ``row``'s output against the reference's (ROUGE-L), journal it, tell
+        ``on_row``. The reference mode's first trial sets the unit's reference text, so
+        a unit's reference row must be journalled before its other modes' rows."""
         from engine.quality import rouge_l
 
         run = self._run
-        bar.show(f"{mode}: {unit.family}" + (f" (re-measure {attempt})" if attempt else ""))
+        uid = row["request_id"]
+        if row["mode"] == run.reference and row["trial"] == 0 and not row.get("attempt"):
+            run.ref_output[uid] = row["output_text"]
+        base = run.ref_output.get(uid)
+        row["rouge_l_vs_baseline"] = None if base is None else rouge_l(row["output_text"], base)
+        run.journal.add(row)
+        if self.on_row:
+            self.on_row(row)
+
+    def measure_row(self, engine, mode, unit, trial, attempt: int = 0) -> dict:
+        """One timed engine call of ``unit`` in ``mode``, as its profile row (with the
+        output text; ROUGE-L not yet scored). A Ray worker calls this too."""
+        run = self._run
         group = run.prepared[unit.id]
         ignore_eos = not any(r.benchmark_suite for r, _ in group)
         if run.primers[unit.id]:
@@ -735,18 +763,19 @@ class Profiler:
         energy = run.meter.stop()
         m = Measurement(unit, mode, trial, group, gens, energy, self._peak_mb(engine, sampler),
                         engine.info, clock=clock, attempt=attempt)
-        row = self._row(m)
-        if mode == run.reference and trial == 0 and attempt == 0:
-            run.ref_output[unit.id] = m.text
-        base = run.ref_output.get(unit.id)
-        row["rouge_l_vs_baseline"] = None if base is None else rouge_l(m.text, base)
-        run.journal.add(row)
-        bar.advance()
-        if self.on_row:
-            self.on_row(row)
+        return self._row(m)
 
     def _cuda(self) -> bool:
         return self.spec.device.startswith("cuda")
+
+    @property
+    def nvml_index(self) -> int:
+        """The GPU's index as NVML counts them (all GPUs, whatever CUDA_VISIBLE_DEVICES
+        shows torch); a Ray worker sets its assigned GPU's."""
+        if self._nvml_index is not None:
+            return self._nvml_index
+        device = self.spec.device
+        return int(device.split(":")[1]) if ":" in device else 0
 
     def _memory_sampler(self):
         """A peak-memory sampler for one engine call. An engine that computes in child
@@ -759,8 +788,7 @@ class Profiler:
 
             torch.cuda.reset_peak_memory_stats()
             if self.backend.child_processes:
-                device = self.spec.device
-                return GpuMemoryPeak(int(device.split(":")[1]) if ":" in device else 0)
+                return GpuMemoryPeak(self.nvml_index)
         return PeakRSS(children=self.backend.child_processes)
 
     def _peak_mb(self, engine, sampler) -> float:

@@ -99,3 +99,72 @@ def http(method, url, body=None, headers=None):
             return r.status, dict(r.headers), r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers), e.read().decode()
+
+
+def postgres_bin():
+    """The folder of PostgreSQL's server programs (Debian: /usr/lib/postgresql/<v>/bin)."""
+    import glob
+    import shutil
+    from pathlib import Path
+
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if found:
+        return Path(found[-1]).parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+class PostgresCluster:
+    """A private PostgreSQL cluster on loopback for one test module: initdb in a new
+    folder, started on a free port, trust authentication for 127.0.0.1 only, stopped
+    and removed afterwards. As root (PostgreSQL refuses root) it runs as the
+    ``postgres`` user that Debian's package creates. ``url(db)`` creates ``db`` and
+    returns its SQLAlchemy URL."""
+
+    USER = "modeswitch"
+
+    def __init__(self):
+        import os
+        import tempfile
+        from pathlib import Path
+
+        self.bin = postgres_bin()
+        self.dir = Path(tempfile.mkdtemp(prefix="modeswitch-pg-"))
+        self.port = free_port()
+        self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+    def _run(self, *args):
+        import subprocess
+
+        subprocess.run([*self.as_user, *map(str, args)], check=True, capture_output=True, text=True)
+
+    def start(self):
+        import os
+        import shutil
+
+        if self.as_user:
+            shutil.chown(self.dir, "postgres", "postgres")
+        os.chmod(self.dir, 0o700)
+        data = self.dir / "data"
+        self._run(self.bin / "initdb", "-D", data, "-A", "trust", "-U", self.USER, "--no-sync",
+                  "--no-instructions")
+        self._run(self.bin / "pg_ctl", "-D", data, "-l", self.dir / "log", "-w", "-t", "60", "-o",
+                  f"-h 127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off", "start")
+        return self
+
+    def url(self, db: str) -> str:
+        import psycopg
+
+        with psycopg.connect(host="127.0.0.1", port=self.port, user=self.USER, dbname="postgres",
+                             autocommit=True) as conn:
+            if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (db,)).fetchone() is None:
+                conn.execute(f'CREATE DATABASE "{db}"')
+        return f"postgresql://{self.USER}@127.0.0.1:{self.port}/{db}"
+
+    def stop(self):
+        import shutil
+        import subprocess
+
+        subprocess.run([*self.as_user, str(self.bin / "pg_ctl"), "-D", str(self.dir / "data"), "-m",
+                        "immediate", "stop"], capture_output=True)
+        shutil.rmtree(self.dir, ignore_errors=True)

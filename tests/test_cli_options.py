@@ -137,6 +137,8 @@ class Captured(Exception):
 
 
 def _capture(monkeypatch, target: str):
+    import engine.distributed  # noqa: F401 - subclasses the Profiler: imported before it is replaced
+
     module, _, name = target.rpartition(".")
 
     def consumer(*args, **kwargs):
@@ -189,6 +191,30 @@ def test_profile_with_no_options_builds_the_default_spec(monkeypatch, fake_model
     assert _built(["profile", *out, "--quick", "--requests", "2"]).requests == 2
 
 
+def test_profile_ray_takes_an_optional_address(monkeypatch, fake_models, tmp_path):
+    """``--ray`` alone starts a local Ray (or joins $RAY_ADDRESS: Ray reads it); with
+    ``--ray-address`` it joins that cluster; the spec (and so the journal's identity) is
+    the serial run's either way."""
+    import engine.distributed
+    from engine.profiler import ProfileSpec
+
+    got = {}
+
+    def consumer(spec, *a, **kw):
+        got.update(kw, spec=spec)
+        raise Captured(spec)
+
+    monkeypatch.setattr(engine.distributed, "RayProfiler", consumer)
+    out = ["-o", str(tmp_path / "p.parquet")]
+    assert _built(["profile", *out, "--ray"]) == ProfileSpec(model=str(TARGET))
+    assert got["address"] is None and got["workers"] is None
+    _built(["profile", *out, "--ray", "--ray-address", "ray://head:10001", "--ray-workers", "4",
+            "--ray-cpus-per-worker", "2"])
+    assert (got["address"], got["workers"], got["cpus_per_worker"]) == ("ray://head:10001", 4, 2)
+    res = runner.invoke(app, ["profile", *out, "--ray-workers", "2"])
+    assert res.exit_code == 2 and "--ray" in res.output
+
+
 def test_train_with_no_options_builds_the_default_config(monkeypatch, table):
     from routers.training.trainer import TrainConfig
 
@@ -221,11 +247,12 @@ SET_ALL = {
     "train": [["train", "--routers", "dt", "--feature-set", "B", "--split", "lofo",
                "--test-size", "0.5", "--trials", "2", "--seed", "1", "--unsafe-penalty", "2",
                "--safety-threshold", "0.5", "--fallback", "reference", "--labels", "measured", "--storage",
-               "sqlite:///x.db", "--target-violation-rate", "0.05", "--mlruns", "m2", "--preset", "modeswitch-paper"]],
+               "sqlite:///x.db", "--target-violation-rate", "0.05", "--mlruns", "m2", "--preset", "modeswitch-paper",
+               "--workers", "3", "--tracking-uri", "http://127.0.0.1:5999"]],
     "score": [["score", "--run", "r1", "--no-compile", "--decisions", "5",
                "--pipeline-decisions", "6", "--live", "--live-requests", "3", "--live-per-family", "4", "--live-trials", "2", "--model", "/m",
                "--draft-model", "/d", "--device", "cuda", "--backend", "vllm", "--mlruns", "m2",
-               "--seed", "1", "--labels", "measured"]],
+               "--seed", "1", "--labels", "measured", "--tracking-uri", "http://127.0.0.1:5999"]],
 }
 CONSUMER = {"serve": "engine.serving.supported_modes", "profile": "engine.profiler.Profiler",
             "train": "routers.training.trainer.train", "score": "routers.scoring.run.score_routers"}

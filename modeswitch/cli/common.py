@@ -181,3 +181,24 @@ def deferred_help(config: str | None = None, **values: Callable[[], object]) -> 
 
 def _joined(value, sep: str) -> str:
     return sep.join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+# ------------------------------------------------------------- Ray options
+# `profile` and `study run` take the same four; `--ray` is a plain flag because typer
+# has no option with an optional value (Ray itself reads $RAY_ADDRESS when none is given)
+RayFlag = Annotated[bool, typer.Option("--ray", help="Shard the profiling cells over Ray workers (a local Ray on this machine unless --ray-address or $RAY_ADDRESS names a cluster). Needs the `distributed` extra.")]
+RayAddress = Annotated[str | None, typer.Option(help="With --ray: the cluster to join (auto, host:6379, ray://host:10001) [$RAY_ADDRESS, else a local Ray].")]
+RayWorkers = Annotated[int | None, typer.Option(min=1, help="With --ray: actors to start (default: one per GPU, or per --ray-cpus-per-worker CPUs).")]
+RayCpus = Annotated[int | None, typer.Option(min=1, help="With --ray on CPU: CPUs (and torch threads) per actor [--threads, else 1].")]
+
+
+def ray_options(ray: bool, address, workers, cpus_per_worker):
+    """The :class:`engine.distributed.RayOptions` of a command's Ray options (None: serial)."""
+    from dataset.errors import InputError
+    from engine.distributed import RayOptions
+
+    if not ray:
+        if address is not None or workers is not None or cpus_per_worker is not None:
+            raise InputError("--ray-address, --ray-workers and --ray-cpus-per-worker apply to a --ray run only")
+        return None
+    return RayOptions(address, workers, cpus_per_worker)

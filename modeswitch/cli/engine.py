@@ -15,12 +15,17 @@ from typing import Annotated
 import typer
 
 from modeswitch.cli.common import (
+    RayAddress,
+    RayCpus,
+    RayFlag,
+    RayWorkers,
     _split,
     app,
     backend_name,
     backend_names,
     deferred_help,
     friendly_errors,
+    ray_options,
     reading,
 )
 from modeswitch.display import console, frame_table
@@ -95,13 +100,17 @@ def profile_cmd(
     checkpoint: Annotated[list[str] | None, typer.Option(help="vLLM: pre-quantized checkpoint per mode, KEY=PATH with KEY int8, gptq_4bit or awq_4bit.")] = None,
     conditions: Annotated[Path | None, typer.Option(help="TOML file whose [conditions] table draws each request's concurrency, shared prefix and memory pressure across families (default: each family's own fixed condition).")] = None,
     length_scale: Annotated[float, typer.Option(help="Every family's prompt, output and prefix lengths times this.")] = 1.0,
+    ray: RayFlag = False,
+    ray_address: RayAddress = None,
+    ray_workers: RayWorkers = None,
+    ray_cpus_per_worker: RayCpus = None,
 ):
     """Measure modes on workloads and write a validated, resumable profile table."""
     from rich.progress import Progress
 
     from dataset.errors import InputError
     from engine.models.resolve import resolve_models
-    from engine.profiler import Profiler, ProfileSpec
+    from engine.profiler import ProfileSpec
 
     checkpoints = {}
     for item in _split(checkpoint):
@@ -131,7 +140,10 @@ def profile_cmd(
         conditions=_conditions(conditions),
         **{k: v for k, v in defaults.items() if v is not None},
     )
-    profiler = Profiler(spec, target, draft, output, console=console)
+    from engine.distributed import make_profiler
+
+    ray_opts = ray_options(ray, ray_address, ray_workers, ray_cpus_per_worker)
+    profiler = make_profiler(spec, target, draft, output, console=console, ray=ray_opts)
     df = profiler.run()
     from engine.noise import clean_trials
 
@@ -192,6 +204,7 @@ def serve_cmd(
     max_in_flight: Annotated[int, typer.Option(min=1, help="Requests admitted at once, running or waiting (more: HTTP 503 with Retry-After).")] = 256,
     context_tokens: Annotated[int | None, typer.Option(min=1, help="The model's context in tokens; prompt + max_tokens must fit [default: the model config's max_position_embeddings].")] = None,
     mlruns: Annotated[Path, typer.Option(help="MLflow store folder.")] = Path("mlruns"),
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking store holding the router's registry [$MLFLOW_TRACKING_URI, else SQLite in --mlruns].")] = None,
     trust_pickle: Annotated[bool, typer.Option(help="Also load a router stored as a pickle (exports made before skops): it runs whatever code the file holds.")] = False,
 ):
     """Serve an OpenAI-compatible API with the router in front of one engine per mode."""
@@ -233,7 +246,9 @@ def serve_cmd(
 
             return RuleBaselineRouter(available_modes=modes, unavailable="reference").fit()
         from routers.export import load_router
+        from routers.training.tracking import use_tracking_uri
 
+        use_tracking_uri(tracking_uri)
         exported = load_router(router, str(mlruns), available_modes=modes, compiled=compile_router,
                                trust_pickle=trust_pickle)
         return LoadedRouter(exported, path=exported.path_)

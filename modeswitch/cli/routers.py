@@ -28,6 +28,9 @@ from modeswitch.cli.common import (
 )
 from modeswitch.display import console, frame_table
 
+TRACKING_HELP = ("MLflow tracking store, e.g. http://HOST:5000 (an `mlflow server`, PostgreSQL "
+                 "backend for several writers) [$MLFLOW_TRACKING_URI, else SQLite in --mlruns].")
+
 
 def _read_table(path: Path):
     """A training table from `dataset build`, or your own per-mode cost table (CSV or
@@ -53,8 +56,10 @@ def train_cmd(
     fallback: Annotated[Fallback, typer.Option(help="What decides when no mode looks safe.")] = "rule",
     labels: Annotated[Labels, typer.Option(help="Train and score on all rows, or only on labels from the requests' own measurements.")] = "all",
     target_violation_rate: Annotated[float, typer.Option(help="Routers with a certifiable threshold (cost-predicting): violation rate on new requests at most this, with 90 % confidence (Learn then Test on held-out training rows); 0: the tuned threshold.")] = 0.01,
-    storage: Annotated[str | None, typer.Option(help="Optuna storage URL (default: optuna.db in --mlruns).")] = None,
+    storage: Annotated[str | None, typer.Option(help="Optuna storage URL (default: optuna.db in --mlruns); postgresql://USER:PASS@HOST/DB lets several train processes, here or on other machines, tune one study.")] = None,
+    workers: Annotated[int, typer.Option(min=1, help="Local processes tuning each family's study together.")] = 1,
     mlruns: Annotated[Path, typer.Option(help="MLflow/Optuna store folder.")] = Path("mlruns"),
+    tracking_uri: Annotated[str | None, typer.Option(help=TRACKING_HELP)] = None,
     preset: Annotated[str | None, typer.Option(help="modeswitch-paper: the study's setup (split, test size, seed, feature set).")] = None,
 ):
     """Tune and train learned routers with Optuna; track everything in MLflow."""
@@ -73,7 +78,8 @@ def train_cmd(
     families = {"routers": _split([routers])} if routers is not None else {}
     cfg = TrainConfig(feature_set=feature_set, split=split, test_size=test_size, trials=trials,
                       seed=seed, unsafe_penalty=unsafe_penalty, safety_threshold=safety_threshold,
-                      fallback=fallback, storage=storage, mlruns=str(mlruns), preset=preset,
+                      fallback=fallback, storage=storage, workers=workers, mlruns=str(mlruns),
+                      tracking_uri=tracking_uri, preset=preset,
                       labels=labels, target_violation_rate=target_violation_rate, **families)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeRemainingColumn(), console=console) as progress:
@@ -106,6 +112,7 @@ def score_cmd(
     decisions: Annotated[int, typer.Option(help="Single decisions timed per router.")] = 20_000,
     pipeline_decisions: Annotated[int, typer.Option(help="Single decisions timed per scikit-learn pipeline (slower; at most --decisions).")] = 300,
     mlruns: Annotated[Path, typer.Option(help="MLflow store folder.")] = Path("mlruns"),
+    tracking_uri: Annotated[str | None, typer.Option(help=TRACKING_HELP)] = None,
     seed: Annotated[int, typer.Option(help="Live stream seed.")] = 0,
     labels: Annotated[Labels, typer.Option(help="Score on all rows, or only measured labels (as the routers were trained with `train --labels`).")] = "all",
 ):
@@ -118,7 +125,7 @@ def score_cmd(
     out = output or Path("reports") / f"score-{datetime.now():%Y%m%d-%H%M%S}"
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} already holds a report; choose a new folder")
-    cfg = ScoreConfig(mlruns=str(mlruns), run_ids=_split(run), compiled=compile_routers,
+    cfg = ScoreConfig(mlruns=str(mlruns), tracking_uri=tracking_uri, run_ids=_split(run), compiled=compile_routers,
                       decisions=decisions, pipeline_decisions=pipeline_decisions, live=live,
                       live_requests=live_requests, live_per_family=live_per_family, live_trials=live_trials, model=model, draft_model=draft_model,
                       device=device, backend=backend, seed=seed, name=out.name, labels=labels)
@@ -166,9 +173,13 @@ def export_cmd(
     max_violation_rate: Annotated[float | None, typer.Option(help="With --best: skip routers whose summed violation rate exceeds this.")] = None,
     name: Annotated[str, typer.Option(help="Registered model name.")] = "modeswitch-router",
     mlruns: Annotated[Path, typer.Option(help="MLflow store folder.")] = Path("mlruns"),
+    tracking_uri: Annotated[str | None, typer.Option(help=TRACKING_HELP)] = None,
 ):
     """Register a trained router in MLflow as a pyfunc model and alias it `champion`."""
     from dataset.errors import InputError
+    from routers.training.tracking import use_tracking_uri
+
+    use_tracking_uri(tracking_uri)
 
     if (run is None) == (best is None):
         raise InputError("give exactly one of --run RUN_ID or --best METRIC")

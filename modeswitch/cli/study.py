@@ -8,7 +8,17 @@ from typing import Annotated
 
 import typer
 
-from modeswitch.cli.common import _split, app, friendly_errors, reading
+from modeswitch.cli.common import (
+    RayAddress,
+    RayCpus,
+    RayFlag,
+    RayWorkers,
+    _split,
+    app,
+    friendly_errors,
+    ray_options,
+    reading,
+)
 from modeswitch.display import console
 
 study_app = typer.Typer(help="The study end to end, from one TOML file; resumable.", no_args_is_help=True)
@@ -22,6 +32,10 @@ def study_run_cmd(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Study folder (overrides [study] output).")] = None,
     only: Annotated[list[str] | None, typer.Option(help="Run only these steps (e.g. profile, train, score:random); the others must be done.")] = None,
     redo: Annotated[list[str] | None, typer.Option(help="Run these finished steps again (e.g. report after a change to it); a score report is moved aside, not overwritten.")] = None,
+    ray: RayFlag = False,
+    ray_address: RayAddress = None,
+    ray_workers: RayWorkers = None,
+    ray_cpus_per_worker: RayCpus = None,
 ):
     """Run (or resume) the study: every step not finished yet, each step's time printed."""
     from modeswitch.study import Study, StudyConfig
@@ -30,7 +44,7 @@ def study_run_cmd(
         cfg = StudyConfig.from_toml(config)
     if output is not None:
         cfg = cfg.replace(output=str(output))
-    study = Study(cfg, console=console)
+    study = Study(cfg, console=console, ray=ray_options(ray, ray_address, ray_workers, ray_cpus_per_worker))
     console.print(f"study {cfg.name} in {study.out} (settings {cfg.identity()}); steps: "
                   + ", ".join(study.steps()))
     for step in _split(redo):

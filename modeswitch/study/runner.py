@@ -45,8 +45,12 @@ class StepRecord:
 class Study:
     """One study folder: its config, its state, its steps."""
 
-    def __init__(self, cfg: StudyConfig, console=None, log: Callable[[str], None] | None = None):
+    def __init__(self, cfg: StudyConfig, console=None, log: Callable[[str], None] | None = None,
+                 ray=None):
         self.cfg = cfg
+        #: :class:`engine.distributed.RayOptions`: profile over Ray (None: in this process);
+        #: how the cells are spread is not a study setting, so it is not in ``cfg``
+        self.ray = ray
         self.out = Path(cfg.output)
         self.console = console
         self.log = log or (self._print if console is not None else print)
@@ -175,11 +179,12 @@ class Study:
             conditions=c.condition_draw().to_dict(), length_scale=c.length_scale)
 
     def _step_profile(self) -> dict:
-        from engine.profiler import Profiler
+        from engine.distributed import make_profiler
 
         target, draft, _ = self._models()
         path = self.out / "profile.parquet"
-        profiler = Profiler(self.profile_spec(target, draft), target, draft, path, console=self.console)
+        profiler = make_profiler(self.profile_spec(target, draft), target, draft, path,
+                                 console=self.console, ray=self.ray)
         df = profiler.run()
         noise = profiler.noise_
         return {"profile": str(path), "rows": len(df), "units": int(df["request_id"].nunique()),

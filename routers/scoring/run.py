@@ -31,6 +31,8 @@ LIVE_PER_FAMILY = 6
 @dataclass
 class ScoreConfig:
     mlruns: str = "mlruns"
+    #: MLflow tracking store; None: $MLFLOW_TRACKING_URI, else SQLite in ``mlruns``
+    tracking_uri: str | None = None
     run_ids: list[str] = field(default_factory=list)
     compiled: bool = True
     decisions: int = 20_000
@@ -211,8 +213,10 @@ def score_routers(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=Non
         if progress:
             progress(msg)
 
+    from routers.training.tracking import use_tracking_uri
     from routers.training.trainer import select_labels
 
+    use_tracking_uri(cfg.tracking_uri)
     table = select_labels(table, cfg.labels)
     meta = table_meta(table)
     modes = meta["modes"]

@@ -1,15 +1,19 @@
 """MLflow set-up: SQLite backend and artifacts under the project's ``mlruns/``.
 
-Nothing is written outside ``mlruns/`` unless the user sets ``MLFLOW_TRACKING_URI``
-(then that server or store is used as is). The user's setting is read once, at
-import: ``mlflow.set_tracking_uri`` itself writes that variable, so reading it
-later could not tell the user's choice from ours.
+Nothing is written outside ``mlruns/`` unless the user names another store:
+``--tracking-uri`` (:func:`use_tracking_uri`) or ``MLFLOW_TRACKING_URI`` — e.g. an
+``mlflow server`` with a PostgreSQL backend store and proxied artifacts, which
+several processes and machines can write at once (SQLite serialises writers). That
+store is then used as is, its artifacts where the server puts them. The
+environment's setting is read once, at import: ``mlflow.set_tracking_uri`` itself
+writes that variable, so reading it later could not tell the user's choice from ours.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 _USER_URI = os.environ.get("MLFLOW_TRACKING_URI")
@@ -18,6 +22,14 @@ _USER_URI = os.environ.get("MLFLOW_TRACKING_URI")
 #: (traces, an empty overview). Ours are model training: runs, metrics, charts.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
+
+
+def use_tracking_uri(uri: str | None) -> None:
+    """Track in ``uri`` (``--tracking-uri``) instead of ``mlruns/`` for the rest of this
+    process; None leaves the choice as it is."""
+    global _USER_URI
+    if uri:
+        _USER_URI = uri
 
 
 def tracking_uri(mlruns: Path) -> str:
@@ -88,4 +100,13 @@ def log_table_input(table, context: str, prepared=None) -> None:
     import mlflow
 
     ds, tags = prepared or table_input(table)
-    mlflow.log_input(ds, context=context, tags=tags)
+    for attempt in range(3):
+        try:
+            mlflow.log_input(ds, context=context, tags=tags)
+            return
+        except mlflow.exceptions.MlflowException as exc:
+            # two processes logging the same new dataset at once on a server store: MLflow
+            # inserts it twice and the second insert fails; the retry finds it and links it
+            if attempt == 2 or "already exists" not in str(exc):
+                raise
+            time.sleep(0.2)

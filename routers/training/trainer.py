@@ -13,6 +13,8 @@ its signature) and one nested run per trial (optuna-integration's callback).
 from __future__ import annotations
 
 import json
+import os
+import socket
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -51,8 +53,15 @@ class TrainConfig:
     seed: int = 42
     test_size: float = 0.25
     unsafe_penalty: float = UNSAFE_PENALTY
+    #: Optuna storage URL; None: SQLite in ``mlruns``. Several processes or machines
+    #: tuning one study together: a PostgreSQL URL (see routers.training.parallel)
     storage: str | None = None
+    #: local processes tuning each family's study together
+    workers: int = 1
     mlruns: str = "mlruns"
+    #: MLflow tracking store (e.g. an ``mlflow server``); None: $MLFLOW_TRACKING_URI, else
+    #: SQLite in ``mlruns``
+    tracking_uri: str | None = None
     preset: str | None = None
     safety_threshold: float | None = None
     fallback: str = "rule"
@@ -66,6 +75,8 @@ class TrainConfig:
     target_violation_rate: float = 0.01
 
     def __post_init__(self):
+        if self.workers < 1:
+            raise InputError(f"--workers {self.workers}: must be at least 1")
         if not 0 <= self.target_violation_rate < 1:
             raise InputError(f"--target-violation-rate {self.target_violation_rate}: must lie in "
                              "[0, 1) (0: no certification)")
@@ -125,22 +136,37 @@ def refit(est, table: pd.DataFrame, rows, use_weights: bool = False,
     return clone(est).fit(sub, y[rows], sample_weight=w, safe=safe.iloc[rows] if guarded else None)
 
 
-def tune(family, cfg: TrainConfig, table, y, safe, modes, train_idx, study_name, callbacks=()):
-    """Optuna search over the family's space; returns the study."""
+def tune(family, cfg: TrainConfig, table, y, safe, modes, train_idx, study_name, callbacks=(),
+         worker: int = 0, parent_run_id: str | None = None):
+    """Optuna search over the family's space, until the study holds ``cfg.trials``
+    finished trials (whoever ran them); returns the study. Worker 0 with
+    ``cfg.workers > 1`` starts the other workers on the same study first
+    (:mod:`routers.training.parallel`)."""
     import optuna
+    from optuna.study import MaxTrialsCallback
+
+    from routers.training import parallel
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = cfg.storage or f"sqlite:///{(Path(cfg.mlruns).resolve() / 'optuna.db')}"
+    if cfg.storage is None:
+        Path(cfg.mlruns).mkdir(parents=True, exist_ok=True)
+    url = cfg.storage or f"sqlite:///{(Path(cfg.mlruns).resolve() / 'optuna.db')}"
+    # shared: other processes may tune this study too (an explicit storage, or workers here)
+    shared = cfg.storage is not None or cfg.workers > 1
     study = optuna.create_study(
-        study_name=study_name, storage=storage, direction="minimize", load_if_exists=True,
-        sampler=optuna.samplers.TPESampler(seed=cfg.seed),
+        study_name=study_name, storage=parallel.optuna_storage(url, shared), direction="minimize",
+        load_if_exists=True,
+        sampler=optuna.samplers.TPESampler(seed=parallel.sampler_seed(cfg.seed, worker, cfg.storage is not None)),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0),
     )
     train = table.iloc[train_idx]
     folds = inner_folds(train, cfg.split, cfg.seed)
     space = get_family(family).factory.search_space
+    worker_id = f"{socket.gethostname()}:{os.getpid()}"
 
     def objective(trial):
+        if shared:  # which process ran it
+            trial.set_user_attr("worker", worker_id)
         params = space(trial)
         use_w = trial.suggest_categorical("regret_weights", [False, True])
         scores = []
@@ -154,8 +180,18 @@ def tune(family, cfg: TrainConfig, table, y, safe, modes, train_idx, study_name,
                 raise optuna.TrialPruned()
         return float(np.mean(scores))
 
-    remaining = max(0, cfg.trials - len([t for t in study.trials if t.state.is_finished()]))
-    study.optimize(objective, n_trials=remaining, callbacks=list(callbacks))
+    states = parallel.finished_states()
+    remaining = max(0, cfg.trials - len(study.get_trials(deepcopy=False, states=states)))
+    procs = []
+    if worker == 0 and cfg.workers > 1 and remaining:
+        job = {"cfg": cfg, "family": family, "table": table, "y": y, "safe": safe, "modes": modes,
+               "train_idx": train_idx, "study_name": study_name}
+        procs = parallel.tune_in_workers(cfg.workers, job, parent_run_id)
+    try:
+        study.optimize(objective, n_trials=remaining,
+                       callbacks=[MaxTrialsCallback(cfg.trials, states=states), *callbacks])
+    finally:
+        parallel.join_workers(procs)
     return study
 
 
@@ -256,10 +292,11 @@ def train(table: pd.DataFrame, cfg: TrainConfig, progress=None) -> pd.DataFrame:
     """Tune, fit, score and log every requested router family; one result row each."""
     import mlflow
 
-    from routers.training.tracking import setup
+    from routers.training.tracking import setup, use_tracking_uri
 
     cfg.apply_preset()
     data = _training_data(table, cfg)
+    use_tracking_uri(cfg.tracking_uri)
     setup(Path(cfg.mlruns), data.experiment)
     task = None
     if progress is not None:
@@ -364,26 +401,33 @@ def _tune_or_preset(family, cfg: TrainConfig, data: TrainingData, on_trial=None)
     whose folds each train on different rows, on every row; its inner folds still
     hold whole families out)."""
     import mlflow
-    from optuna_integration.mlflow import MLflowCallback
-
-    from routers.training.tracking import tracking_uri
 
     if cfg.preset:
         return Tuned(dict(PAPER_PRESET["params"].get(family, {})), False, None)
-    with warnings.catch_warnings():
-        # optuna 4.9+ flags the callback for a future move; it is the
-        # integration the project is asked to use and still works
-        warnings.simplefilter("ignore", FutureWarning)
-        mlflow_cb = MLflowCallback(tracking_uri=tracking_uri(Path(cfg.mlruns)), metric_name="objective",
-            create_experiment=False, mlflow_kwargs={"nested": True})
-    cbs = [mlflow_cb] + ([on_trial] if on_trial is not None else [])
+    cbs = [mlflow_callback(cfg, {"nested": True})] + ([on_trial] if on_trial is not None else [])
     study_name = f"{data.experiment}-{family}-{cfg.split}-{cfg.feature_set}-s{cfg.seed}"
     train_idx = data.folds[0][0] if cfg.split != "lofo" else np.arange(len(data.table))
-    study = tune(family, cfg, data.table, data.y, data.safe, data.modes, train_idx, study_name, cbs)
+    study = tune(family, cfg, data.table, data.y, data.safe, data.modes, train_idx, study_name, cbs,
+                 parent_run_id=mlflow.active_run().info.run_id)
     params = dict(study.best_params)
     use_w = bool(params.pop("regret_weights", False))
     mlflow.log_metric("best_validation_objective", study.best_value)
     return Tuned(params, use_w, study.best_value)
+
+
+def mlflow_callback(cfg: TrainConfig, mlflow_kwargs: dict):
+    """optuna-integration's callback: one MLflow run per trial (``mlflow_kwargs``: nested
+    under the open run, or tagged with its parent's id from a worker process)."""
+    from optuna_integration.mlflow import MLflowCallback
+
+    from routers.training.tracking import tracking_uri
+
+    with warnings.catch_warnings():
+        # optuna 4.9+ flags the callback for a future move; it is the
+        # integration the project is asked to use and still works
+        warnings.simplefilter("ignore", FutureWarning)
+        return MLflowCallback(tracking_uri=tracking_uri(Path(cfg.mlruns)), metric_name="objective",
+                              create_experiment=False, mlflow_kwargs=mlflow_kwargs)
 
 
 def _cross_fit(family, tuned: Tuned, cfg: TrainConfig, data: TrainingData) -> HeldOut:

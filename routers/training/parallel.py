@@ -1,0 +1,119 @@
+"""One Optuna study tuned by several processes: ``train --workers N`` on one machine,
+or several ``train`` runs (on many machines) sharing ``--storage postgresql://...``.
+
+Optuna already does the coordination: every process asks the shared RDB storage
+for its next trial and writes its result there, so the study holds the union of
+all processes' trials, each once. What this module adds:
+
+* :func:`optuna_storage`: the storage, with heartbeats when it is shared, so a trial whose process
+  crashed (no heartbeat for :data:`GRACE_PERIOD_S`) is marked FAIL by the next
+  process that starts optimising, instead of staying RUNNING for ever.
+* :func:`tune_in_workers`: ``N - 1`` extra local processes on the same study
+  (spawned, so each has its own interpreter and BLAS threads), stopping together
+  when the study holds the requested number of finished trials (Optuna's
+  ``MaxTrialsCallback``; trials already running then still finish, so a study may
+  end up to ``N - 1`` trials over). Their trials are logged as nested MLflow runs
+  under the family's training run, like the main process's.
+
+Each process seeds its sampler differently (the config's seed plus the worker's
+index; plus the process id when the storage is shared with other ``train`` runs),
+or all of them would propose the same first parameters. So a parallel study is
+not reproducible trial by trial; a one-process run on a fresh study still is.
+
+SQLite (the embedded default) serialises writers: fine for one process, workable
+for a few on one machine, wrong across machines. Switch to PostgreSQL when several
+processes write at once.
+"""
+
+from __future__ import annotations
+
+import os
+
+#: a running trial writes a heartbeat this often ...
+HEARTBEAT_INTERVAL_S = 30
+#: ... and counts as crashed (FAIL) after this long without one
+GRACE_PERIOD_S = 120
+
+
+def optuna_storage(url: str, shared: bool = True, attempts: int = 5):
+    """An RDB storage for ``url`` (sqlite:///..., postgresql://...); with heartbeats when
+    ``shared`` (several processes on the study: a lone process has no one to fail its
+    crashed trial for, and each heartbeat is a database write).
+
+    Processes starting together on an empty database race to create Optuna's tables
+    (PostgreSQL then refuses the loser's ``CREATE TYPE``): the loser waits and
+    connects to the tables the winner made."""
+    import time
+
+    from optuna.storages import RDBStorage
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    engine_kwargs = {"pool_pre_ping": True} if url.startswith("postgresql") else {}
+    for attempt in range(attempts):
+        try:
+            beat = {"heartbeat_interval": HEARTBEAT_INTERVAL_S, "grace_period": GRACE_PERIOD_S} if shared else {}
+            return RDBStorage(url, engine_kwargs=engine_kwargs, **beat)
+        except (IntegrityError, ProgrammingError):
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+
+
+def finished_states():
+    from optuna.trial import TrialState
+
+    return (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+def sampler_seed(seed: int, worker: int, shared: bool) -> int:
+    """Worker ``worker``'s sampler seed (see the module docstring)."""
+    return seed + worker + (os.getpid() if shared and worker == 0 else 0)
+
+
+def tune_in_workers(workers: int, job: dict, parent_run_id: str | None) -> list:
+    """Start ``workers - 1`` processes running :func:`worker_main` on ``job``; returns
+    them started (the caller optimises in its own process meanwhile, then
+    :func:`join_workers`)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = []
+    for k in range(1, workers):
+        p = ctx.Process(target=worker_main, args=(job, k, parent_run_id), name=f"optuna-worker-{k}",
+                        daemon=True)
+        p.start()
+        procs.append(p)
+    return procs
+
+
+def join_workers(procs) -> None:
+    from dataset.errors import InputError
+
+    for p in procs:
+        p.join()
+    bad = [f"{p.name} (exit {p.exitcode})" for p in procs if p.exitcode != 0]
+    if bad:
+        raise InputError(f"tuning workers failed: {', '.join(bad)}; their finished trials are in the "
+                         "study, rerun to complete it")
+
+
+def worker_main(job: dict, worker: int, parent_run_id: str | None) -> None:
+    """One extra tuning process: the same study, objective and stop rule as the main
+    one; its trials nested under ``parent_run_id`` in MLflow."""
+    from pathlib import Path
+
+    from routers.training import trainer
+    from routers.training.tracking import tracking_uri, use_tracking_uri
+
+    cfg = job["cfg"]
+    callbacks = []
+    if parent_run_id is not None:
+        import mlflow
+
+        use_tracking_uri(cfg.tracking_uri)
+        mlflow.set_tracking_uri(tracking_uri(Path(cfg.mlruns)))
+        mlflow.set_experiment(experiment_id=mlflow.MlflowClient().get_run(parent_run_id).info.experiment_id)
+        # MLflow's nesting is this tag (the callback passes no parent_run_id on)
+        callbacks.append(trainer.mlflow_callback(cfg, {"tags": {"mlflow.parentRunId": parent_run_id}}))
+    trainer.tune(job["family"], cfg, job["table"], job["y"], job["safe"], job["modes"],
+                 job["train_idx"], job["study_name"], callbacks, worker=worker)
