@@ -11,7 +11,7 @@ RUN_DIR := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 endif
 PIP     := $(BIN)/pip --disable-pip-version-check
 
-.PHONY: install demo study test test-vllm ui lint clean-venv
+.PHONY: install demo study test test-vllm bench-serve ui lint clean-venv
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -91,6 +91,12 @@ test-vllm: $(STAMP) $(VSTAMP)
 		print(build_models("$(VBUILD)", TEST_RECIPE, log=lambda *a: None).target.parent)') && \
 	MODESWITCH_VLLM_MODELS=$$models VLLM_CACHE_ROOT=$(VBUILD)/cache VLLM_CPU_KVCACHE_SPACE=1 \
 		$(VVENV)/bin/python -m pytest -q -p no:cacheprovider tests/backend_vllm
+
+# The router's server against vLLM's own OpenAI server, same engine settings, alternating
+# rounds at 16, 64 and 256 requests in flight (bench/serve_vs_engine.py; BENCH_ARGS adds
+# options, e.g. BENCH_ARGS="--rounds 5 --levels 64").
+bench-serve: $(STAMP) $(VSTAMP)
+	VLLM_CPU_KVCACHE_SPACE=1 $(VVENV)/bin/python bench/serve_vs_engine.py $(BENCH_ARGS)
 
 # MLflow UI over the project's store, bound to loopback.
 # MLflow 3.17's UI opens every experiment in its GenAI view until "Model training"

@@ -45,6 +45,8 @@ Cell = tuple[str, str, int, int]
 #: replacement actors started over a run before it gives up (dying workers are a
 #: cluster problem the user must see, not something to paper over for ever)
 MAX_REPLACEMENTS = 8
+#: a run in which no cell finishes for this long (seconds) is stopped with an error
+STALL_S = 1800
 
 
 class _NoBar:
@@ -186,14 +188,26 @@ class RayProfiler(Profiler):
         return ray
 
     def _plan(self, ray) -> RayPlan:
+        """Actors and their resources, checked against the cluster: an actor it cannot
+        place would wait for ever. On CPU the thread count is the journal's when a
+        resumed run has one (its rows were measured with it, and the contention rule
+        compares trials at one thread count)."""
         res = ray.cluster_resources()
         if self._cuda():
             gpus = int(res.get("GPU", 0))
             if gpus < 1:
                 raise InputError(f"--device {self.spec.device}: the Ray cluster has no GPUs ({res})")
+            if self.workers is not None and self.workers > gpus:
+                raise InputError(f"--ray-workers {self.workers}: the cluster has {gpus} GPU(s), one per worker")
             return RayPlan(self.workers or gpus, 1, 1, None, res)
-        per = self.cpus_per_worker or self.spec.threads or 1
+        journalled = self._run.journal.meta.get("threads", {}).get("threads")
+        per = self.cpus_per_worker or self.spec.threads or journalled or 1
+        if journalled and per != journalled:
+            raise InputError(f"{self.journal_path} was measured with {journalled} thread(s); resume it with "
+                             f"--ray-cpus-per-worker {journalled} (or start a new output)")
         cpus = int(res.get("CPU", 1))
+        if per > cpus or (self.workers or 1) * per > cpus:
+            raise InputError(f"{self.workers or 1} worker(s) x {per} CPU(s): the cluster has {cpus} CPUs")
         n = self.workers or max(1, cpus // per)
         return RayPlan(n, per, 0, per, res)
 
@@ -201,7 +215,7 @@ class RayProfiler(Profiler):
         cls = ray.remote(num_cpus=plan.num_cpus, num_gpus=plan.num_gpus, max_restarts=0,
                          max_task_retries=0)(ProfileWorker)
         name = f"worker-{i}"
-        handle = cls.options(name=f"modeswitch-profile-{self._run.journal.run_id}-{i}").remote(
+        handle = cls.remote(
             dataclasses.asdict(self.spec), str(self.model_path),
             str(self.draft_path) if self.draft_path else None, self._run.journal.run_id,
             self._run.reference, plan.threads)
@@ -212,6 +226,9 @@ class RayProfiler(Profiler):
         if self.out.exists() and not self.journal_path.exists():
             raise FileExistsError(f"{self.out} already exists and is not a run in progress; "
                                   "choose another output path")
+        if self.spec.interleave:
+            raise InputError("--interleave keeps every mode's engine loaded in one process; a --ray run "
+                             "spreads modes over workers: use one or the other")
         ray = self._connect()
         caps, modes, skipped = self.plan()
         for m, why in skipped.items():
@@ -301,7 +318,10 @@ class RayProfiler(Profiler):
                         break
                     actor.busy = True
                     flying[actor.handle.measure.remote(*cell)] = (actor, cell)
-            ready, _ = ray.wait(list(flying), num_returns=1)
+            ready, _ = ray.wait(list(flying), num_returns=1, timeout=STALL_S)
+            if not ready:
+                raise RuntimeError(f"no Ray worker finished a cell in {STALL_S / 60:.0f} minutes (workers that "
+                                   "cannot be placed, or a hung engine); the journal keeps every row so far")
             for ref in ready:
                 actor, cell = flying.pop(ref)
                 try:
@@ -310,8 +330,19 @@ class RayProfiler(Profiler):
                     self._replace(ray, plan, actor, exc)
                     queues.setdefault(self._key(cell), deque()).appendleft(cell)
                     continue
+                except Exception:  # the measurement failed: keep what the others finish, then stop
+                    self._land_finished(ray, flying)
+                    raise
                 actor.busy = False
                 self._land(row)
+
+    def _land_finished(self, ray, flying: dict):
+        """Journal the cells still in flight that finish, before a failure ends the run."""
+        for ref in list(flying):
+            try:
+                self._land(ray.get(ref, timeout=STALL_S))
+            except Exception:  # noqa: BLE001 - failed or lost too: measured again on rerun
+                pass
 
     def _land(self, row: dict):
         key = (row["request_id"], row["mode"], row["trial"], row.get("attempt", 0))
@@ -330,6 +361,10 @@ class RayProfiler(Profiler):
                                "the journal keeps every row measured so far: rerun to resume") from exc
         self._say(f"[yellow]worker {actor.name} died[/yellow] ({type(exc).__name__}); its cell goes "
                   "to another worker and a new worker starts")
+        try:  # "unavailable" may be transient: a live actor would keep its GPU
+            ray.kill(actor.handle, no_restart=True)
+        except Exception:  # noqa: BLE001 - dead already
+            pass
         i = self.actors_.index(actor)
         self.actors_[i] = self._start_actor(ray, plan, self._next_actor)
         self._next_actor += 1

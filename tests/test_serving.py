@@ -431,6 +431,73 @@ def test_clients_that_hang_up_leave_nothing_behind_on_the_real_engines(server, r
     assert out.choices[0].text is not None
 
 
+def test_requests_on_a_loaded_batching_engine_hold_no_worker_thread(server, router, monkeypatch):
+    """Once the continuous-batching engine is loaded, a request's whole path (the state
+    dependency, taking the engine, generation, whole or streamed) runs on the event loop:
+    with every thread-pool hop made to fail, requests still succeed."""
+    import fastapi.dependencies.utils
+    import starlette.concurrency
+
+    import engine.serving.generate
+    import engine.serving.jobs
+
+    c = server["client"]
+    router.mode = "continuous_batching"
+    c.completions.create(model="modeswitch", prompt="def warm(x):", max_tokens=2)  # loads it
+
+    def no_thread(*a, **k):
+        raise AssertionError("a request took a worker thread")
+
+    for mod in (engine.serving.generate, engine.serving.jobs, fastapi.dependencies.utils,
+                starlette.concurrency):
+        monkeypatch.setattr(mod, "run_in_threadpool", no_thread)
+    with ThreadPoolExecutor(8) as pool:
+        outs = list(pool.map(lambda i: c.completions.create(model="modeswitch", prompt=f"def f{i}(x):",
+                                                             max_tokens=12), range(8)))
+    assert all(o.usage.completion_tokens == 12 for o in outs)
+    chunks = list(c.completions.create(model="modeswitch", prompt="def f0(x):", max_tokens=12, stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks) == outs[0].choices[0].text
+    assert sum(1 for ch in chunks if ch.choices[0].text) >= 2  # streamed as generated
+
+
+def test_a_cancelled_batching_call_leaves_the_batch(tiny_models):
+    """``arun`` on the continuous-batching engine: cancelling the awaiting task takes its
+    request out of the running batch and its slot back; the engine serves on."""
+    import asyncio
+
+    from dataset.requests import Request
+    from engine.backends.transformers_backend import TransformersEngine
+
+    eng = TransformersEngine("continuous_batching", tiny_models.target).load()
+    cancelled = []
+    real_cancel = eng._cb.cancel_request
+    eng._cb.cancel_request = lambda rid: (cancelled.append(rid), real_cancel(rid))
+    try:
+        ids = eng.tokenizer("def f(x):")["input_ids"]
+
+        async def scenario():
+            got, holder = [], {}
+
+            def on_token(rid, new):  # cancels its own call a few tokens in
+                got.extend(new)
+                if len(got) >= 3:
+                    holder["task"].cancel()
+
+            holder["task"] = task = asyncio.create_task(eng.arun(
+                [(Request(id="long", prompt_tokens=len(ids), expected_output_tokens=400), ids)], True, on_token))
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert not eng._waiters and len(got) < 400
+            assert [r.split("#")[0] for r in cancelled] == ["long"]  # taken out of the running batch
+            return await eng.arun([(Request(id="short", prompt_tokens=len(ids), expected_output_tokens=6), ids)], True)
+
+        out = asyncio.run(scenario())
+        assert out[0].output_tokens == 6
+        assert out[0].output_ids == eng.run([(Request(id="again", prompt_tokens=len(ids), expected_output_tokens=6), ids)])[0].output_ids
+    finally:
+        eng.close()
+
+
 def _exported_dt(tmp_path):
     from dataset.workloads import get_workload
     from oracle.training_table import build_training_table

@@ -105,6 +105,11 @@ class Engine(Protocol):
     def run(self, group: list[tuple[Request, list[int]]], ignore_eos: bool = True,
             on_token: Callable | None = None) -> list[Generation]: ...
 
+    # Optional: ``async def arun(group, ignore_eos=True, on_token=None)``, the same as
+    # ``run`` awaited on the caller's event loop without holding a thread for the call
+    # (the server uses it where an engine has it: vLLM's AsyncLLM, the continuous-batching
+    # manager). Cancelling the awaiting task stops the group's requests.
+
     def weights_bytes(self) -> int: ...
 
     def close(self) -> None: ...

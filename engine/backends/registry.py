@@ -64,9 +64,13 @@ class Backend:
         """Every mode an engine of this backend can serve with these settings."""
         return self.plan(settings)[1]
 
-    def load(self, mode: str, settings: EngineSettings) -> Engine:
-        """An engine for ``mode``, loaded and warmed up."""
-        engine = self.engine(mode, settings).load()
+    def load(self, mode: str, settings: EngineSettings, loop=None) -> Engine:
+        """An engine for ``mode``, loaded and warmed up. ``loop``: the server's event loop,
+        for an engine that can serve on it (``use_loop``: vLLM's AsyncLLM)."""
+        engine = self.engine(mode, settings)
+        if loop is not None and hasattr(engine, "use_loop"):
+            engine.use_loop(loop)
+        engine.load()
         engine.warmup()
         return engine
 

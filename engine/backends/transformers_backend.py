@@ -10,6 +10,7 @@ reference output token for token.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import queue
@@ -102,7 +103,7 @@ class TransformersEngine:
         self.model = self.draft = self.tokenizer = self.prefix_store = self._cb = None
         self.info: dict = {}
         self._weights_mb = None
-        self._waiters: dict = {}  # continuous batching: request id -> the queue its run() reads
+        self._waiters: dict = {}  # continuous batching: request id -> where its run() takes results
         self._waiters_lock = threading.Lock()
         self._dispatcher = None
         self._serial = itertools.count()
@@ -344,72 +345,135 @@ class TransformersEngine:
                     time.sleep(0.2)
                 continue
             with self._waiters_lock:
-                q = self._waiters.get(res.request_id)
-            if q is not None:
-                q.put(res)
+                deliver = self._waiters.get(res.request_id)
+            if deliver is not None:
+                try:
+                    deliver(res)
+                except RuntimeError:  # its caller's event loop is gone: nobody waits for it
+                    pass
 
     def _fail_waiters(self, why: str) -> None:
         with self._waiters_lock:
             waiting, self._waiters = self._waiters, {}
-        for rid, q in waiting.items():
-            q.put(RuntimeError(f"continuous batching: {why} before request {rid} finished"))
+        for rid, deliver in waiting.items():
+            try:
+                deliver(RuntimeError(f"continuous batching: {why} before request {rid} finished"))
+            except RuntimeError:  # its caller's event loop is gone
+                pass
 
     def _run_continuous(self, group, ignore_eos: bool, on_token=None) -> list[Generation]:
-        """Add the group's requests to the running batch and wait for them; requests of
-        other concurrent calls join the same batch. With ``on_token`` the requests
-        stream (the manager reports every step) and new tokens are passed on."""
-        t0 = time.perf_counter()
-        eos = -1 if ignore_eos else self.tokenizer.eos_token_id
+        """Add the group's requests to the running batch and wait for them (this thread
+        blocks); requests of other concurrent calls join the same batch."""
+        call = _BatchCall(self, group, ignore_eos, on_token)
         results: queue.Queue = queue.Queue()
-        rids: dict[str, Request] = {}
-        for req, _ in group:
-            rid = f"{req.id}#{next(self._serial)}"  # a request may run more than once
-            rids[rid] = req
-        done: dict[str, Generation] = {}
-        with self._waiters_lock:
-            self._waiters.update({rid: results for rid in rids})
-            self.info["max_requests_in_batch"] = max(self.info.get("max_requests_in_batch", 0),
-                                                     len(self._waiters))
         try:
-            for (req, ids), rid in zip(group, rids):
-                self._cb.add_request(list(ids), request_id=rid, max_new_tokens=req.expected_output_tokens,
-                                     streaming=on_token is not None, record_timestamps=True, eos_token_id=eos)
-            seen = dict.fromkeys(rids, 0)
-            while len(done) < len(rids):
+            call.start(results.put)
+            while not call.finished:
                 try:  # a long batch may take minutes; a stopped manager fails its waiters
                     res = results.get(timeout=5)
                 except queue.Empty:
-                    if self._cb is None or not self._cb.is_running():
-                        raise RuntimeError("continuous batching stopped before the requests finished") from None
+                    call.check_running()
                     continue
-                if isinstance(res, Exception):
-                    raise res
-                if res.error:
-                    raise RuntimeError(f"continuous batching failed: {res.error}")
-                toks = list(res.generated_tokens)
-                if on_token is not None and len(toks) > seen[res.request_id]:
-                    on_token(rids[res.request_id].id, toks[seen[res.request_id]:])
-                    seen[res.request_id] = len(toks)
-                if not res.is_finished():
-                    continue
-                now = time.perf_counter()
-                times = [(t - t0) * 1000 for t in (res.timestamps or [])][: len(toks)]
-                done[res.request_id] = Generation(
-                    rids[res.request_id].id, toks, self.tokenizer.decode(toks, skip_special_tokens=True),
-                    (now - t0) * 1000, times)
+                call.take(res)
         finally:
-            with self._waiters_lock:
-                for rid in rids:
-                    self._waiters.pop(rid, None)
-            # left early (the caller's token callback raised: its client is gone): take the
-            # unfinished requests out of the running batch instead of generating for nobody
-            for rid in rids:
-                if rid not in done and self._cb is not None:
-                    try:
-                        self._cb.cancel_request(rid)
-                    except Exception:  # noqa: BLE001 - finished or already gone
-                        pass
-        return [done[rid] for rid in rids]
+            call.end()
+        return call.generations()
+
+    async def arun(self, group: list[tuple[Request, list[int]]], ignore_eos: bool = True,
+                   on_token=None) -> list[Generation]:
+        """``run`` awaited on the caller's event loop. Continuous batching holds no thread:
+        the manager's results reach the loop through ``call_soon_threadsafe``, and
+        cancelling the caller takes its requests out of the batch. Other modes generate
+        in the calling thread's stead in a worker thread (one per engine at a time: the
+        server serialises them)."""
+        if self._cb is None:
+            return await asyncio.to_thread(self.run, group, ignore_eos, on_token)
+        loop = asyncio.get_running_loop()
+        results: asyncio.Queue = asyncio.Queue()
+        call = _BatchCall(self, group, ignore_eos, on_token)
+        try:
+            call.start(lambda res: loop.call_soon_threadsafe(results.put_nowait, res))
+            while not call.finished:
+                try:
+                    res = await asyncio.wait_for(results.get(), timeout=5)
+                except TimeoutError:
+                    call.check_running()
+                    continue
+                call.take(res)
+        finally:
+            call.end()
+        return call.generations()
+
+
+class _BatchCall:
+    """One ``run``/``arun`` call's requests in the continuous-batching manager's running
+    batch: registered with the engine's result dispatcher (``deliver`` gets each of their
+    results, or the exception that ended the manager), added to the batch, their results
+    taken in as they come (new tokens passed to ``on_token``: the requests stream when it
+    is given), and on the way out unregistered, with whatever has not finished cancelled
+    (the caller left early: its token callback raised, its task was cancelled)."""
+
+    def __init__(self, engine: TransformersEngine, group, ignore_eos: bool, on_token=None):
+        self.engine, self.group, self.on_token = engine, group, on_token
+        self.t0 = time.perf_counter()
+        self.eos = -1 if ignore_eos else engine.tokenizer.eos_token_id
+        # a request may run more than once: each run gets its own id in the batch
+        self.rids: dict[str, Request] = {f"{req.id}#{next(engine._serial)}": req for req, _ in group}
+        self.seen = dict.fromkeys(self.rids, 0)
+        self.done: dict[str, Generation] = {}
+
+    @property
+    def finished(self) -> bool:
+        return len(self.done) == len(self.rids)
+
+    def start(self, deliver) -> None:
+        eng = self.engine
+        with eng._waiters_lock:
+            eng._waiters.update(dict.fromkeys(self.rids, deliver))
+            eng.info["max_requests_in_batch"] = max(eng.info.get("max_requests_in_batch", 0),
+                                                    len(eng._waiters))
+        for (req, ids), rid in zip(self.group, self.rids):
+            eng._cb.add_request(list(ids), request_id=rid, max_new_tokens=req.expected_output_tokens,
+                                streaming=self.on_token is not None, record_timestamps=True,
+                                eos_token_id=self.eos)
+
+    def check_running(self) -> None:
+        cb = self.engine._cb
+        if cb is None or not cb.is_running():
+            raise RuntimeError("continuous batching stopped before the requests finished")
+
+    def take(self, res) -> None:
+        if isinstance(res, Exception):
+            raise res
+        if res.error:
+            raise RuntimeError(f"continuous batching failed: {res.error}")
+        rid = res.request_id
+        toks = list(res.generated_tokens)
+        if self.on_token is not None and len(toks) > self.seen[rid]:
+            self.on_token(self.rids[rid].id, toks[self.seen[rid]:])
+            self.seen[rid] = len(toks)
+        if not res.is_finished():
+            return
+        now = time.perf_counter()
+        times = [(t - self.t0) * 1000 for t in (res.timestamps or [])][: len(toks)]
+        self.done[rid] = Generation(self.rids[rid].id, toks,
+                                    self.engine.tokenizer.decode(toks, skip_special_tokens=True),
+                                    (now - self.t0) * 1000, times)
+
+    def end(self) -> None:
+        eng = self.engine
+        with eng._waiters_lock:
+            for rid in self.rids:
+                eng._waiters.pop(rid, None)
+        for rid in self.rids:
+            if rid not in self.done and eng._cb is not None:
+                try:
+                    eng._cb.cancel_request(rid)
+                except Exception:  # noqa: BLE001 - finished or already gone
+                    pass
+
+    def generations(self) -> list[Generation]:
+        return [self.done[rid] for rid in self.rids]
 
 
 def _set_torch_threads(n: int) -> None:

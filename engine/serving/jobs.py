@@ -101,9 +101,14 @@ def admit(state: ServerState, endpoint: str, ids: list[int], max_tokens: int, ch
 
 
 async def acquire_engine(state: ServerState, job: Job) -> Engine:
-    """The job's engine, loaded on its mode's first request (in a thread: loading takes
-    seconds). A load failure counts the job out before it propagates."""
+    """The job's engine: taken on the event loop when it is loaded (every request but a
+    mode's first), else loaded in a thread (loading takes seconds). A load failure counts
+    the job out before it propagates."""
     t0 = time.perf_counter()
+    eng = state.pool.try_acquire(job.mode)
+    if eng is not None:
+        state.metrics.stages["load"].observe(time.perf_counter() - t0)
+        return eng
     try:
         eng = await run_in_threadpool(state.pool.acquire, job.mode)
         state.metrics.stages["load"].observe(time.perf_counter() - t0)

@@ -28,7 +28,13 @@ class EnginePool:
         self._engines: OrderedDict[str, Engine] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
         self._busy: dict[str, int] = {}
+        #: one load (or unload) at a time; held across ``factory`` and ``close``
         self._load_lock = threading.Lock()
+        #: the table and the lease counts; held only for dictionary work, never across a
+        #: load or a close, so the event loop (``release``, ``try_acquire``) never waits on
+        #: a load, and a load that needs the loop (a vLLM engine serving on it warms up
+        #: there) cannot deadlock with it
+        self._state = threading.Lock()
         self.loads = 0
         self.unloads = 0
 
@@ -37,25 +43,48 @@ class EnginePool:
             self._locks[mode] = asyncio.Lock()
         return self._locks[mode]
 
+    def _lease(self, mode: str) -> Engine | None:
+        """Under ``_state``: ``mode``'s engine with one more lease, or None."""
+        eng = self._engines.get(mode)
+        if eng is not None:
+            self._busy[mode] = self._busy.get(mode, 0) + 1
+            self._engines.move_to_end(mode)
+        return eng
+
     def acquire(self, mode: str) -> Engine:
         """The engine for ``mode`` (loading it if needed); call ``release`` when done.
 
         A load that fails leaves the mode idle: it raises with nothing to release, and
         the engine a later load makes can still be unloaded.
         """
+        with self._state:
+            eng = self._lease(mode)
+        if eng is not None:
+            return eng
         with self._load_lock:
-            eng = self._engines.get(mode)
-            if eng is None:
-                eng = self.factory(mode)
+            with self._state:  # loaded by the load this one waited for
+                eng = self._lease(mode)
+            if eng is not None:
+                return eng
+            eng = self.factory(mode)
+            with self._state:
                 self._engines[mode] = eng
                 self.loads += 1
-            self._busy[mode] = self._busy.get(mode, 0) + 1
-            self._engines.move_to_end(mode)
-            self._evict()
+                self._lease(mode)
+                victims = self._victims()
+            for v in victims:  # closed outside _state: a close may need the event loop
+                v.close()
             return eng
 
+    def try_acquire(self, mode: str) -> Engine | None:
+        """``mode``'s engine if it is loaded, else None (then :meth:`acquire`, in a thread).
+        Never waits on a load: the server calls it on its event loop for every request, so
+        a loaded engine costs no thread."""
+        with self._state:
+            return self._lease(mode)
+
     def release(self, mode: str):
-        with self._load_lock:
+        with self._state:
             self._busy[mode] -= 1
 
     def _weights_mb(self, eng: Engine) -> float:
@@ -63,8 +92,11 @@ class EnginePool:
         engine says (``memory_mb``), else its weights."""
         return float(getattr(eng, "memory_mb", eng.weights_mb))
 
-    def _evict(self):
+    def _victims(self) -> list[Engine]:
+        """Under ``_state``: idle engines taken out of the table, least recently used first,
+        until the rest fit the budget (the caller closes them)."""
         total = sum(self._weights_mb(e) for e in self._engines.values())
+        out = []
         for mode in list(self._engines):
             if total <= self.budget_mb:
                 break
@@ -72,17 +104,19 @@ class EnginePool:
                 continue
             eng = self._engines.pop(mode)
             total -= self._weights_mb(eng)
-            eng.close()
+            out.append(eng)
             self.unloads += 1
+        return out
 
     def loaded(self) -> list[str]:
         return list(self._engines)
 
     def close(self):
         with self._load_lock:
-            for eng in self._engines.values():
+            with self._state:
+                engines, self._engines = list(self._engines.values()), OrderedDict()
+            for eng in engines:
                 eng.close()
-            self._engines.clear()
 
 
 class PrefixTracker:
@@ -98,13 +132,10 @@ class PrefixTracker:
     shorter than ``min_tokens`` count as 0, as before."""
 
     def __init__(self, max_prompts: int = 128, min_tokens: int = 16):
-        import numpy as np
-
-        self._np = np
         self.max_prompts = max_prompts
         self.min_tokens = min_tokens
-        self._index: dict[int, object] = {}  # block-chain key -> latest prompt (array) with it
-        self._recent: list[tuple[object, list[int]]] = []  # (prompt, its keys), oldest first
+        self._index: dict[int, list[int]] = {}  # block-chain key -> latest prompt with it
+        self._recent: list[tuple[list[int], list[int]]] = []  # (prompt, its keys), oldest first
         self._lock = threading.Lock()
 
     def _keys(self, ids: list[int]) -> list[int]:
@@ -114,22 +145,33 @@ class PrefixTracker:
             keys.append(h)
         return keys
 
+    @staticmethod
+    def _shared(a: list[int], cand: list[int], blocks: int, b: int) -> int:
+        """Tokens ``a`` shares with ``cand`` from the start: the ``blocks`` whole blocks their
+        keys say match (checked, as one C-level list comparison: a hash collision must not
+        count), then token by token inside the next block, where they differ."""
+        n = min(len(a), len(cand))
+        known = min(blocks * b, n)
+        if a[:known] != cand[:known]:  # a collision: compare from the start
+            known = 0
+        i = known
+        while i < n and a[i] == cand[i]:
+            i += 1
+        return i
+
     def observe(self, ids: list[int]) -> int:
-        np = self._np
         keys = self._keys(ids)
-        a = np.asarray(ids, dtype=np.int64)
+        a = list(ids)
         best = 0
         with self._lock:
-            cand = None
+            cand, blocks = None, 0
             for key in keys:
                 hit = self._index.get(key)
                 if hit is None:
                     break
-                cand = hit
+                cand, blocks = hit, blocks + 1
             if cand is not None:
-                n = min(len(a), len(cand))
-                diff = np.flatnonzero(a[:n] != cand[:n])
-                best = int(diff[0]) if len(diff) else n
+                best = self._shared(a, cand, blocks, self.min_tokens)
             for key in keys:
                 self._index[key] = a
             self._recent.append((a, keys))

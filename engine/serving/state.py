@@ -7,6 +7,7 @@ tests and benches can read the same typed state (``app.state.serving``).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol
@@ -96,7 +97,8 @@ async def start_state(cfg: ServerConfig, metrics: Metrics, router_loader: Router
     tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(cfg.model_path)
     modes = list(modes) if modes is not None else supported_modes(cfg)
     loaded = LoadedRouter.of(await run_in_threadpool(router_loader))
-    pool = EnginePool(engine_factory or backend_engine_factory(cfg), cfg.memory_budget_mb)
+    pool = EnginePool(engine_factory or backend_engine_factory(cfg, asyncio.get_running_loop()),
+                      cfg.memory_budget_mb)
     return ServerState(config=cfg, tokenizer=tokenizer, modes=modes, router=loaded.router,
                        router_path=loaded.path, load_router=router_loader, pool=pool, metrics=metrics,
                        context_tokens=cfg.context_tokens or _context_of(cfg.model_path))
@@ -127,5 +129,12 @@ def server_state(request: HttpRequest) -> ServerState:
     return request.app.state.serving
 
 
+async def _state_dependency(request: HttpRequest) -> ServerState:
+    """The dependency form, ``async``: FastAPI runs a plain ``def`` dependency in its
+    thread pool, so every request waited for a free thread (40, shared with generation)
+    before its handler started."""
+    return request.app.state.serving
+
+
 #: a handler parameter typed ``State`` receives the app's :class:`ServerState`
-State = Annotated[ServerState, Depends(server_state)]
+State = Annotated[ServerState, Depends(_state_dependency)]

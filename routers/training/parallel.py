@@ -15,10 +15,10 @@ all processes' trials, each once. What this module adds:
   end up to ``N - 1`` trials over). Their trials are logged as nested MLflow runs
   under the family's training run, like the main process's.
 
-Each process seeds its sampler differently (the config's seed plus the worker's
-index; plus the process id when the storage is shared with other ``train`` runs),
-or all of them would propose the same first parameters. So a parallel study is
-not reproducible trial by trial; a one-process run on a fresh study still is.
+On a shared study (an explicit storage, or several workers) each process seeds its
+sampler from the config's seed, its host, process id and worker index, or all of
+them would propose the same first parameters. So such a study is not reproducible
+trial by trial; a one-process run on the default storage still is.
 
 SQLite (the embedded default) serialises writers: fine for one process, workable
 for a few on one machine, wrong across machines. Switch to PostgreSQL when several
@@ -66,8 +66,16 @@ def finished_states():
 
 
 def sampler_seed(seed: int, worker: int, shared: bool) -> int:
-    """Worker ``worker``'s sampler seed (see the module docstring)."""
-    return seed + worker + (os.getpid() if shared and worker == 0 else 0)
+    """A sampler seed: ``seed`` for a study no other process tunes; on a shared study
+    (an explicit storage, or several workers) one of its own per process, from the seed,
+    host, process id and worker index, so no two processes propose the same trials."""
+    if not shared:
+        return seed
+    import hashlib
+    import socket
+
+    key = f"{seed}:{socket.gethostname()}:{os.getpid()}:{worker}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
 
 
 def tune_in_workers(workers: int, job: dict, parent_run_id: str | None) -> list:
@@ -84,6 +92,15 @@ def tune_in_workers(workers: int, job: dict, parent_run_id: str | None) -> list:
         p.start()
         procs.append(p)
     return procs
+
+
+def stop_workers(procs) -> None:
+    """The main process failed or was interrupted: its workers stop now (their running
+    trials are left to the heartbeat), instead of using up the budget meanwhile."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.join(30)
 
 
 def join_workers(procs) -> None:

@@ -156,7 +156,7 @@ def tune(family, cfg: TrainConfig, table, y, safe, modes, train_idx, study_name,
     study = optuna.create_study(
         study_name=study_name, storage=parallel.optuna_storage(url, shared), direction="minimize",
         load_if_exists=True,
-        sampler=optuna.samplers.TPESampler(seed=parallel.sampler_seed(cfg.seed, worker, cfg.storage is not None)),
+        sampler=optuna.samplers.TPESampler(seed=parallel.sampler_seed(cfg.seed, worker, shared)),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0),
     )
     train = table.iloc[train_idx]
@@ -190,8 +190,10 @@ def tune(family, cfg: TrainConfig, table, y, safe, modes, train_idx, study_name,
     try:
         study.optimize(objective, n_trials=remaining,
                        callbacks=[MaxTrialsCallback(cfg.trials, states=states), *callbacks])
-    finally:
-        parallel.join_workers(procs)
+    except BaseException:
+        parallel.stop_workers(procs)
+        raise
+    parallel.join_workers(procs)
     return study
 
 

@@ -120,3 +120,44 @@ def test_profiler_writes_valid_rows_through_vllm(models, tmp_path):
     import psutil
 
     assert not psutil.Process().children(recursive=True), "engine processes left behind"
+
+
+def test_the_server_runs_vllm_on_its_own_event_loop(models):
+    """``modeswitch serve --backend vllm``: the engine serves on the server's event loop (no
+    loop thread of its own, no thread per request), concurrent requests to the batching
+    mode share its batch, streamed tokens arrive as generated, and the greedy text is the
+    engine's own (as ``run`` gives it)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    from engine.serving import ServerConfig, create_app
+    from tests.helpers import start
+
+    class Fixed:
+        def route(self, request):
+            return "continuous_batching"
+
+    target, draft = models
+    cfg = ServerConfig(model_path=str(target), draft_path=str(draft), backend="vllm", max_tokens_limit=64)
+    app = create_app(lambda: Fixed(), cfg, supported_modes=["fp16_baseline", "continuous_batching"])
+    srv, th, port = start(app)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        first = client.completions.create(model="modeswitch", prompt="def f(x):", max_tokens=12, temperature=0)
+        eng = app.state.serving.pool._engines["continuous_batching"]
+        assert eng._shared_loop is not None and eng._thread is None  # the server's loop, no thread of its own
+        assert not any(t.name.startswith("vllm-") for t in threading.enumerate())
+        with ThreadPoolExecutor(6) as pool:
+            outs = list(pool.map(lambda i: client.completions.create(
+                model="modeswitch", prompt="def f(x):", max_tokens=12, temperature=0), range(6)))
+        assert all(o.choices[0].text == first.choices[0].text for o in outs)
+        chunks = list(client.completions.create(model="modeswitch", prompt="def f(x):", max_tokens=12,
+                                                temperature=0, stream=True))
+        assert "".join(c.choices[0].text for c in chunks) == first.choices[0].text
+        assert sum(1 for c in chunks if c.choices[0].text) >= 2
+        assert first.usage.completion_tokens == 12
+    finally:
+        srv.should_exit = True
+        th.join(timeout=120)

