@@ -216,3 +216,29 @@ def test_mlflow_models_serve_answers_with_load_routers_decisions(table, tmp_path
     assert len(got) == len(expected) == 50
     assert got == list(expected)
     assert len(set(got)) >= 2  # the requests differ enough to get different modes
+
+
+def test_tuning_turns_heartbeats_on_only_for_a_shared_study(table, tmp_path, monkeypatch):
+    """An explicit storage (other processes may join) gets heartbeats; the default
+    one-process SQLite study does not (each heartbeat is a database write)."""
+    from routers.training import parallel
+    from routers.training.trainer import TrainConfig, train
+
+    seen = []
+    real = parallel.optuna_storage
+
+    def spy(url, shared=True):
+        seen.append(shared)
+        return real(url, shared)
+
+    monkeypatch.setattr(parallel, "optuna_storage", spy)
+    data = pd.read_parquet(table)
+    for storage in (f"sqlite:///{tmp_path / 'shared.db'}", None):
+        train(data, TrainConfig(routers=["dt"], trials=2, split="random", mlruns=str(tmp_path / "m"),
+                                storage=storage))
+    assert seen == [True, False]
+    import optuna
+
+    study = optuna.load_study(study_name=optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'shared.db'}")[0]
+                              .study_name, storage=f"sqlite:///{tmp_path / 'shared.db'}")
+    assert all("worker" in t.user_attrs for t in study.trials)  # which process ran each trial
