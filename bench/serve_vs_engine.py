@@ -98,14 +98,13 @@ class Server:
 
 async def load(url: str, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
     """Every prompt once, at most ``concurrency`` in flight; streamed completions."""
-    import httpx
     import openai
 
-    limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
-    client = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600,
-                                http_client=openai.DefaultAsyncHttpxClient(limits=limits))
+    # the client's own connection pool (up to 1,000 connections) holds 256 streams
+    client = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
     sem = asyncio.Semaphore(concurrency)
     ttft, lat, tokens, failures = [], [], [], []
+    modes: dict[str, int] = {}  # modeswitch serve: the routed mode (its first chunk's field)
 
     async def one(p):
         async with sem:
@@ -116,6 +115,9 @@ async def load(url: str, prompts: list[str], concurrency: int, max_tokens: int) 
                 stream = await client.completions.create(model="modeswitch", prompt=p, max_tokens=max_tokens,
                                                          temperature=0.0, stream=True)
                 async for chunk in stream:
+                    routed = (chunk.model_extra or {}).get("modeswitch")
+                    if routed:
+                        modes[routed["mode"]] = modes.get(routed["mode"], 0) + 1
                     if chunk.choices and chunk.choices[0].text:
                         first = first or time.perf_counter()
                         n += 1
@@ -135,7 +137,7 @@ async def load(url: str, prompts: list[str], concurrency: int, max_tokens: int) 
             "ttft_p99": np.percentile(ttft, 99) if ttft else float("nan"),
             "p50": np.percentile(lat, 50) if lat else float("nan"),
             "p99": np.percentile(lat, 99) if lat else float("nan"),
-            "chunks": float(np.mean(tokens)) if tokens else float("nan"),
+            "chunks": float(np.mean(tokens)) if tokens else float("nan"), "modes": modes,
             "failed": len(failures), "first_failure": failures[0] if failures else ""}
 
 
@@ -205,6 +207,7 @@ def main():
                     print(f"round {r + 1} {name:<18} in flight {lv:>4}: {res['req_s']:7.2f} req/s, TTFT p50 "
                           f"{res['ttft_p50']:7.0f} ms, latency p50 {res['p50']:7.0f} ms p99 {res['p99']:7.0f} ms, "
                           f"{res['chunks']:.1f} text chunks/request"
+                          + (f", modes {res['modes']}" if len(res["modes"]) > 1 else "")
                           + (f", {res['failed']} failed ({res['first_failure'][:80]})" if res["failed"] else ""),
                           flush=True)
             finally:
