@@ -113,9 +113,6 @@ class ProfileWorker:
             self.engine.close()
         self.engine, self.loaded = None, None
 
-    def pid(self) -> int:
-        return os.getpid()
-
 
 @dataclass(frozen=True)
 class RayOptions:

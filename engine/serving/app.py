@@ -178,8 +178,8 @@ def _arrived(state, http: HttpRequest) -> None:
 
 
 #: prompts longer than this many characters are tokenised in a small pool of their own,
-#: not on the event loop (a 4k-character prompt takes well under a millisecond; the
-#: body limit admits ones that take seconds)
+#: not on the event loop (the tiny model's tokenizer, median of 20: 4,096 characters
+#: 0.86 ms, 100,000 characters 28 ms; the body limit admits far longer ones)
 INLINE_TOKENIZE_CHARS = 4096
 #: threads for those: sized for the tokeniser's work, not for the requests in flight
 TOKENIZE_THREADS = 2

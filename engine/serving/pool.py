@@ -161,7 +161,7 @@ class PrefixTracker:
 
     def observe(self, ids: list[int]) -> int:
         keys = self._keys(ids)
-        a = list(ids)
+        a = ids  # kept as given: the server never changes a request's ids
         best = 0
         with self._lock:
             cand, blocks = None, 0

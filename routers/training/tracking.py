@@ -52,8 +52,14 @@ def setup(mlruns: Path, experiment: str) -> str:
     exp = mlflow.get_experiment_by_name(experiment)
     if exp is None:
         artifacts = None if _USER_URI else (Path(mlruns).resolve() / "artifacts" / experiment).as_uri()
-        exp_id = mlflow.create_experiment(experiment, artifact_location=artifacts,
-                                          tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        try:
+            exp_id = mlflow.create_experiment(experiment, artifact_location=artifacts,
+                                              tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        except mlflow.exceptions.MlflowException as exc:
+            # another process (a second `train` on a shared store) created it meanwhile
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            exp_id = mlflow.get_experiment_by_name(experiment).experiment_id
     else:
         exp_id = exp.experiment_id
         if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:  # made before the tag existed
