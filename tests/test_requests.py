@@ -4,7 +4,7 @@ import pytest
 
 from dataset.errors import InputFileError
 from dataset.features import FEATURE_SET_A, FEATURE_SET_B, features_frame, request_features
-from dataset.requests import Request, read_requests
+from dataset.requests import Request, read_requests, serving_request
 from dataset.workloads import get_workload, list_workloads
 
 
@@ -96,3 +96,22 @@ def test_a_stratified_draw_spans_the_spread_routers_see():
         assert len(set(p)) == 10  # evenly spread, no two alike
     # a random draw of ten does not promise that; the stratified one is reproducible
     assert [r.prompt_tokens for r in w.sample(10, seed=0, stratified=True)] == [r.prompt_tokens for r in prof]
+
+
+def test_the_serving_constructor_builds_the_same_frozen_request():
+    """The server's cheap constructor: equal to ``Request(...)`` field for field (the
+    defaults it leaves out included), hashable alike, frozen, and it survives pickling
+    and ``asdict`` (the features and the engines read it like any other request)."""
+    import dataclasses
+    import pickle
+
+    fast = serving_request("cmpl-1", 30, 32, 16, 4, 0.25)
+    slow = Request(id="cmpl-1", prompt_tokens=30, expected_output_tokens=32, shared_prefix_tokens=16,
+                   concurrent_requests=4, memory_pressure=0.25)
+    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    assert fast.to_dict() == slow.to_dict() and fast.family is None and fast.prompt_token_ids is None
+    assert pickle.loads(pickle.dumps(fast)) == slow
+    assert request_features(fast, "B") == request_features(slow, "B")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.prompt_tokens = 31
+    assert dataclasses.replace(fast, family="chat") == dataclasses.replace(slow, family="chat")

@@ -269,7 +269,7 @@ def test_metrics_break_a_request_down_by_stage(srv):
     port = srv["port"]
     assert http("POST", f"http://127.0.0.1:{port}/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 200
     text = http("GET", f"http://127.0.0.1:{port}/metrics")[2]
-    for stage in ("arrive", "tokenize", "features", "route", "serving_route", "load", "wait", "generate"):
+    for stage in ("arrive", "tokenize", "prefix", "features", "route", "serving_route", "load", "wait", "generate"):
         line = next(x for x in text.splitlines()
                     if x.startswith(f'modeswitch_stage_seconds_count{{stage="{stage}"}}'))
         assert float(line.split()[-1]) >= 1, stage

@@ -88,15 +88,18 @@ def admit(state: ServerState, endpoint: str, ids: list[int], max_tokens: int, ch
         router = state.router
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         t0 = time.perf_counter_ns()
-        request = request_features(state, rid, ids, max_tokens, concurrent)
-        features_ns = time.perf_counter_ns() - t0
+        shared = state.prefix.observe(ids)
+        t1 = time.perf_counter_ns()
+        request = request_features(state, rid, len(ids), max_tokens, shared, concurrent)
+        t2 = time.perf_counter_ns()
         decision = decide(state, router, request)
     except BaseException:
         state.leave()
         raise
     stage = state.metrics.stages
-    stage["features"].observe(features_ns / 1e9)
-    stage["serving_route"].observe(features_ns / 1e9 + decision.route_us / 1e6)
+    stage["prefix"].observe((t1 - t0) / 1e9)
+    stage["features"].observe((t2 - t1) / 1e9)
+    stage["serving_route"].observe((t2 - t1) / 1e9 + decision.route_us / 1e6)
     return Job(rid, endpoint, chat, ids, max_tokens, request, decision)
 
 

@@ -12,7 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from dataset.requests import Request
+from dataset.requests import Request, serving_request
 from engine.serving.state import RoutesRequests, ServerState
 
 log = logging.getLogger("modeswitch.serve")
@@ -27,14 +27,14 @@ class Decision:
     fallback: str | None
 
 
-def request_features(state: ServerState, rid: str, ids: list[int], max_tokens: int,
-                     concurrent: int) -> Request:
+def request_features(state: ServerState, rid: str, prompt_tokens: int, max_tokens: int,
+                     shared_prefix: int, concurrent: int) -> Request:
     """The router's view of a request: taken from the request itself and the server now,
     with the same meaning as in the profiles it was trained on (``max_tokens`` as the
-    expected output; memory pressure 0 on CPU, as in the profiler)."""
-    return Request(id=rid, prompt_tokens=len(ids), expected_output_tokens=max_tokens,
-                   shared_prefix_tokens=state.prefix.observe(ids), concurrent_requests=concurrent,
-                   memory_pressure=memory_pressure(state.config.device))
+    expected output; memory pressure 0 on CPU, as in the profiler). ``shared_prefix``
+    comes from the server's prefix index (a stage of its own: it indexes the prompt too)."""
+    return serving_request(rid, prompt_tokens, max_tokens, shared_prefix, concurrent,
+                           memory_pressure(state.config.device))
 
 
 def memory_pressure(device: str) -> float:
