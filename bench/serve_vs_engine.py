@@ -129,16 +129,44 @@ async def load(url: str, prompts: list[str], concurrency: int, max_tokens: int) 
             lat.append((end - t0) * 1000)
             tokens.append(n)
 
+    base = url.rsplit("/v1", 1)[0]
+    before = server_stages(base)
     t0 = time.perf_counter()
     await asyncio.gather(*(one(p) for p in prompts))
     wall = time.perf_counter() - t0
     await client.close()
-    return {"req_s": len(lat) / wall, "ttft_p50": np.percentile(ttft, 50) if ttft else float("nan"),
+    return {"stages": stage_quantiles(before, server_stages(base)),"req_s": len(lat) / wall, "ttft_p50": np.percentile(ttft, 50) if ttft else float("nan"),
             "ttft_p99": np.percentile(ttft, 99) if ttft else float("nan"),
             "p50": np.percentile(lat, 50) if lat else float("nan"),
             "p99": np.percentile(lat, 99) if lat else float("nan"),
             "chunks": float(np.mean(tokens)) if tokens else float("nan"), "modes": modes,
             "failed": len(failures), "first_failure": failures[0] if failures else ""}
+
+
+ROUTING_STAGES = ("prefix", "features", "route", "serving_route")
+
+
+def server_stages(base: str) -> dict:
+    """``modeswitch serve``'s routing-stage histograms now ({} from a server without them)."""
+    from serve_load import routing_buckets
+
+    try:
+        return {st: routing_buckets(base, st) for st in ROUTING_STAGES}
+    except OSError:  # vLLM's server: its /metrics has no such stages
+        return {}
+
+
+def stage_quantiles(before: dict, after: dict) -> dict:
+    """(p50, p99) in microseconds per routing stage over the requests between two reads."""
+    from serve_load import histogram_quantile
+
+    out = {}
+    for st, got in after.items():
+        old = dict(before.get(st, []))
+        d = [(b, c - old.get(b, 0.0)) for b, c in got]
+        if d and d[-1][1] > 0:
+            out[st] = (histogram_quantile(0.5, d) * 1e6, histogram_quantile(0.99, d) * 1e6)
+    return out
 
 
 def prompts_for(n: int, seed: int) -> list[str]:
@@ -208,6 +236,8 @@ def main():
                           f"{res['ttft_p50']:7.0f} ms, latency p50 {res['p50']:7.0f} ms p99 {res['p99']:7.0f} ms, "
                           f"{res['chunks']:.1f} text chunks/request"
                           + (f", modes {res['modes']}" if len(res["modes"]) > 1 else "")
+                          + ("".join(f", {st} p50/p99 {q[0]:.2f}/{q[1]:.1f} us" for st, q in res["stages"].items())
+                             if "serving_route" in res["stages"] else "")
                           + (f", {res['failed']} failed ({res['first_failure'][:80]})" if res["failed"] else ""),
                           flush=True)
             finally:
@@ -227,6 +257,18 @@ def main():
               f"{mb['req_s']:8.2f} ({span[b][0]:.1f}-{span[b][1]:.1f}) | {mb['req_s'] / ma['req_s']:5.2f} | "
               f"{ma['p50']:5.0f} / {mb['p50']:5.0f} | {mb['p50'] / ma['p50']:5.2f} | "
               f"{ma['p99']:5.0f} / {mb['p99']:5.0f} | {ma['ttft_p50']:5.0f} / {mb['ttft_p50']:5.0f}")
+    # each round measured both servers back to back: the per-round ratio pairs them, so a
+    # slow spell of the machine falls on both sides of one ratio (the medians above do not)
+    from oracle.uncertainty import paired_ratio
+
+    print("\nper-round paired ratios (b / a), median [95% bootstrap interval over rounds]:")
+    for lv in levels:
+        ra, rb = results[a][lv], results[b][lv]
+        thr = paired_ratio([x["req_s"] for x in rb], [x["req_s"] for x in ra])
+        p50 = paired_ratio([x["p50"] for x in rb], [x["p50"] for x in ra])
+        each = ", ".join(f"{y['req_s'] / x['req_s']:.2f}" for x, y in zip(ra, rb))
+        print(f"{lv:>9} in flight: throughput {thr.estimate:.2f} [{thr.low:.2f}, {thr.high:.2f}] "
+              f"(rounds: {each}); p50 latency {p50.estimate:.2f} [{p50.low:.2f}, {p50.high:.2f}]")
     print(f"server logs: {logs}")
 
 

@@ -300,6 +300,35 @@ def test_engine_pool_unloads_least_recently_used_within_budget():
     assert closed == ["b", "c"]
 
 
+def test_the_budget_counts_the_server_s_own_memory(caplog):
+    """``base_mb`` (the server before any engine) counts against the budget: with 15 MB of
+    its own, a 25 MB budget holds one 10 MB engine, not two; an engine in use that cannot
+    fit is kept, with a warning saying the budget is exceeded."""
+    import logging
+
+    from engine.serving.pool import EnginePool
+    from engine.serving.state import process_base_mb
+
+    closed = []
+
+    class Fake:
+        def __init__(self, mode):
+            self.mode, self.weights_mb = mode, 10.0
+
+        def close(self):
+            closed.append(self.mode)
+
+    pool = EnginePool(Fake, budget_mb=25, base_mb=15)
+    pool.acquire("a")
+    pool.release("a")
+    pool.acquire("b")  # 15 + 20 > 25: a (idle) goes
+    assert closed == ["a"] and pool.loaded() == ["b"]
+    with caplog.at_level(logging.WARNING, logger="modeswitch.serve"):
+        pool.acquire("c")  # b busy: 15 + 20 > 25 stays, said once
+    assert pool.loaded() == ["b", "c"] and "over the memory budget of 25 MB" in caplog.text
+    assert process_base_mb("cuda:0") == 0.0 and 50 < process_base_mb("cpu") < 10_000  # this test process
+
+
 def test_the_budget_counts_the_kv_cache_an_engine_reserves(tiny_models):
     """A continuous-batching engine's paged cache dwarfs the tiny model's weights; the
     pool counts it (``memory_mb``), so a budget that fits two engines' weights fits one."""

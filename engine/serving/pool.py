@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -11,6 +12,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from engine.backends.base import Engine
 
+log = logging.getLogger("modeswitch.serve")
+
 
 class EnginePool:
     """One engine per mode, created by ``factory(mode)`` on first use.
@@ -18,13 +21,19 @@ class EnginePool:
     ``lock(mode)`` serialises requests on one engine (transformers generation is
     not re-entrant; the server skips it for batching engines, whose running batch
     takes concurrent requests); requests for different modes run in parallel
-    threads. When the loaded engines' weights exceed ``budget_mb``, idle engines are
-    unloaded, least recently used first; an engine in use is never unloaded.
+    threads. When ``base_mb`` and the loaded engines' memory (weights and the caches they
+    reserve) exceed ``budget_mb``, idle engines are unloaded, least recently used first;
+    an engine in use is never unloaded (a warning says when that leaves the budget
+    exceeded).
     """
 
-    def __init__(self, factory: Callable[[str], Engine], budget_mb: float = 4096.0):
+    def __init__(self, factory: Callable[[str], Engine], budget_mb: float = 4096.0, base_mb: float = 0.0):
         self.factory = factory
         self.budget_mb = budget_mb
+        #: what the process holds before any engine (the server's Python, torch, tokenizer
+        #: and router: ~460 MB on CPU here), counted against the budget so that it bounds
+        #: the server's memory, not only its engines'
+        self.base_mb = base_mb
         self._engines: OrderedDict[str, Engine] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
         self._busy: dict[str, int] = {}
@@ -95,7 +104,7 @@ class EnginePool:
     def _victims(self) -> list[Engine]:
         """Under ``_state``: idle engines taken out of the table, least recently used first,
         until the rest fit the budget (the caller closes them)."""
-        total = sum(self._weights_mb(e) for e in self._engines.values())
+        total = self.base_mb + sum(self._weights_mb(e) for e in self._engines.values())
         out = []
         for mode in list(self._engines):
             if total <= self.budget_mb:
@@ -106,6 +115,10 @@ class EnginePool:
             total -= self._weights_mb(eng)
             out.append(eng)
             self.unloads += 1
+        if total > self.budget_mb:
+            log.warning("engines in use (%s) and the server's own %.0f MB hold %.0f MB, over the memory "
+                        "budget of %.0f MB: raise --memory-budget-mb or serve fewer modes",
+                        ", ".join(self._engines), self.base_mb, total, self.budget_mb)
         return out
 
     def loaded(self) -> list[str]:

@@ -98,7 +98,7 @@ async def start_state(cfg: ServerConfig, metrics: Metrics, router_loader: Router
     modes = list(modes) if modes is not None else supported_modes(cfg)
     loaded = LoadedRouter.of(await run_in_threadpool(router_loader))
     pool = EnginePool(engine_factory or backend_engine_factory(cfg, asyncio.get_running_loop()),
-                      cfg.memory_budget_mb)
+                      cfg.memory_budget_mb, base_mb=process_base_mb(cfg.device))
     return ServerState(config=cfg, tokenizer=tokenizer, modes=modes, router=loaded.router,
                        router_path=loaded.path, load_router=router_loader, pool=pool, metrics=metrics,
                        context_tokens=cfg.context_tokens or _context_of(cfg.model_path))
@@ -138,3 +138,13 @@ async def _state_dependency(request: HttpRequest) -> ServerState:
 
 #: a handler parameter typed ``State`` receives the app's :class:`ServerState`
 State = Annotated[ServerState, Depends(_state_dependency)]
+
+
+def process_base_mb(device: str) -> float:
+    """The server's own memory before any engine loads, in MiB: its resident set on CPU
+    (where engines share that memory), 0 on CUDA (the budget counts device memory there)."""
+    if device.startswith("cuda"):
+        return 0.0
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20

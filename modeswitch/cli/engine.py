@@ -197,7 +197,7 @@ def serve_cmd(
     served_name: Annotated[str, typer.Option(help="Model name the API reports (/v1/models, responses).")] = "modeswitch",
     max_tokens_limit: Annotated[int, typer.Option(help="Largest max_tokens a request may ask for (larger: HTTP 400).")] = 1024,
     route_budget_us: Annotated[float, typer.Option(help="A slower routing decision falls back to the reference.")] = 5000.0,
-    memory_budget_mb: Annotated[float, typer.Option(help="Weights and reserved KV caches kept loaded across engines (least recently used unloaded).")] = 4096.0,
+    memory_budget_mb: Annotated[float, typer.Option(help="The server's memory: its own (on CPU) plus the engines' weights and reserved KV caches; least recently used engines are unloaded to stay within it.")] = 4096.0,
     compile_router: Annotated[bool, typer.Option("--compile/--no-compile", help="Compiled router or the scikit-learn pipeline.")] = True,
     batch_across_requests: Annotated[bool, typer.Option("--batch-across-requests/--one-at-a-time", help="Concurrent requests routed to a continuous-batching engine share its batch, or every engine serves one request at a time.")] = True,
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body (larger: HTTP 413, before parsing).")] = 8 * 1024 * 1024,

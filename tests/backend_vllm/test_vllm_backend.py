@@ -66,7 +66,8 @@ def outputs(models, tokenizer):
             follow = eng.run(p_shared[1:])
             batch = eng.run(p_group)
             out[mode] = {"single": single, "follow": follow, "batch": batch, "tokens": tokens,
-                         "info": dict(eng.info), "args": dict(eng.args)}
+                         "info": dict(eng.info), "args": dict(eng.args),
+                         "memory": (eng.weights_mb, eng.cache_mb, eng.memory_mb, eng.kv_bytes_per_token())}
         finally:
             eng.close()
     return out
@@ -93,6 +94,23 @@ def test_settings_are_what_the_mode_asks_and_the_graph_setting_is_shared(outputs
     assert outputs["chunked_prefill"]["args"]["enable_chunked_prefill"] is True
     assert outputs["ngram_speculative_decoding"]["args"]["speculative_config"]["method"] == "ngram"
     assert {o["info"]["graph_capture"] for o in outputs.values()} == {False}
+
+
+def test_the_memory_budget_counts_the_kv_cache_vllm_reserved(outputs, models):
+    """An engine's share of the server's memory budget is its weights plus the cache read
+    back from vLLM (blocks x block size x bytes per token), which on CPU is the whole
+    ``VLLM_CPU_KVCACHE_SPACE`` reservation (1 GiB here), not the weights alone."""
+    import json
+
+    conf = json.loads((models[0] / "config.json").read_text())
+    per_token = 2 * conf["num_hidden_layers"] * conf.get("num_key_value_heads", conf["num_attention_heads"]) * \
+        (conf["hidden_size"] // conf["num_attention_heads"]) * 4  # float32 on CPU
+    space_mb = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 1) * 1024
+    for mode, o in outputs.items():
+        weights, cache, total, kv = o["memory"]
+        assert kv == per_token, mode
+        assert 0.9 * space_mb <= cache <= space_mb * 1.001, (mode, cache)  # whole blocks of it
+        assert total == pytest.approx(weights + cache) and weights > 0, mode
 
 
 def test_batching_mode_serves_the_group_together(outputs):
