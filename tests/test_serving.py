@@ -303,7 +303,8 @@ def test_engine_pool_unloads_least_recently_used_within_budget():
 def test_the_budget_counts_the_server_s_own_memory(caplog):
     """``base_mb`` (the server before any engine) counts against the budget: with 15 MB of
     its own, a 25 MB budget holds one 10 MB engine, not two; an engine in use that cannot
-    fit is kept, with a warning saying the budget is exceeded."""
+    fit is kept, with a warning saying the budget is exceeded, and the idle one goes when
+    its request ends."""
     import logging
 
     from engine.serving.pool import EnginePool
@@ -326,6 +327,14 @@ def test_the_budget_counts_the_server_s_own_memory(caplog):
     with caplog.at_level(logging.WARNING, logger="modeswitch.serve"):
         pool.acquire("c")  # b busy: 15 + 20 > 25 stays, said once
     assert pool.loaded() == ["b", "c"] and "over the memory budget of 25 MB" in caplog.text
+    pool.release("b")  # now idle while over budget: unloaded (closed in a thread)
+    deadline = time.time() + 10
+    while closed != ["a", "b"] and time.time() < deadline:
+        time.sleep(0.01)
+    assert closed == ["a", "b"] and pool.loaded() == ["c"] and pool.unloads == 2
+    pool.release("c")  # within budget: stays
+    time.sleep(0.05)
+    assert pool.loaded() == ["c"] and closed == ["a", "b"]
     assert process_base_mb("cuda:0") == 0.0 and 50 < process_base_mb("cpu") < 10_000  # this test process
 
 

@@ -196,6 +196,7 @@ class VllmEngine:
                      "backend": NAME}
         self.engine = None
         self._weights_mb = None
+        self._memory_mb = None
         self._loop = None
         self._thread = None
         #: serving: the server's own event loop, which then runs the engine's requests
@@ -270,16 +271,20 @@ class VllmEngine:
     def memory_mb(self) -> float:
         """What the engine holds: weights plus the KV cache vLLM reserved, so a server's
         ``--memory-budget-mb`` counts the cache pages (most of a vLLM engine's memory),
-        not the weights alone."""
-        return self.weights_mb + self.cache_mb
+        not the weights alone. Fixed once loaded, so computed once (the pool reads it under
+        its lock on every load)."""
+        if self._memory_mb is None and self.engine is not None:
+            self._memory_mb = self.weights_mb + self.cache_mb
+        return self._memory_mb if self._memory_mb is not None else self.weights_mb + self.cache_mb
 
     @property
     def cache_mb(self) -> float:
         """The KV cache vLLM reserved, in MiB. Once loaded, read back from the engine: its
         cache blocks (the engine core reports how many it allocated at start-up) x block
-        size x bytes per cached token. Before that, the reservation it is given: on CPU
-        ``$VLLM_CPU_KVCACHE_SPACE`` GiB (vLLM allocates it whole at start), on CUDA
-        ``gpu_memory_utilization`` of the device less the weights."""
+        size x bytes per cached token over every attention layer that takes blocks from the
+        pool, the draft model's too (vLLM sizes its blocks over both). Before that, the
+        reservation it is given: on CPU ``$VLLM_CPU_KVCACHE_SPACE`` GiB (vLLM allocates it
+        whole at start), on CUDA ``gpu_memory_utilization`` of the device less the weights."""
         cfg = getattr(getattr(self.engine, "vllm_config", None), "cache_config", None)
         blocks, per_token = getattr(cfg, "num_gpu_blocks", None), self.kv_bytes_per_token()
         if blocks and per_token:
@@ -293,19 +298,26 @@ class VllmEngine:
         return max(0.0, float(self.args["gpu_memory_utilization"]) * total_mb - self.weights_mb)
 
     def kv_bytes_per_token(self) -> int:
-        """Keys and values of one token over every layer, from the checkpoint's config
-        (0 where it does not say)."""
-        try:
-            conf = json.loads((Path(self.args["model"]) / "config.json").read_text())
-        except (OSError, ValueError):
-            return 0
-        conf = conf.get("text_config", conf)
-        heads = int(conf.get("num_attention_heads") or 0)
-        kv_heads = int(conf.get("num_key_value_heads") or heads)
-        head_dim = int(conf.get("head_dim") or (int(conf.get("hidden_size") or 0) // max(heads, 1)))
+        """Keys and values of one cached token over every layer of the model and, with a
+        draft model, the draft's (0 where a config does not say). Standard attention: a
+        model whose layers share or compress their cache (MLA, sliding-window groups) holds
+        less than this per token, so its ``cache_mb`` reads high."""
+        spec = self.args.get("speculative_config") or {}
+        roots = [Path(self.args["model"])] + ([Path(spec["model"])] if spec.get("model") else [])
         kv_dtype = str(self.args.get("kv_cache_dtype") or "auto")
         elem = 1 if kv_dtype.startswith("fp8") else 4 if str(self.args.get("dtype")) == "float32" else 2
-        return 2 * int(conf.get("num_hidden_layers") or 0) * kv_heads * head_dim * elem
+        total = 0
+        for root in roots:
+            try:
+                conf = json.loads((root / "config.json").read_text())
+            except (OSError, ValueError):
+                return 0
+            conf = conf.get("text_config", conf)
+            heads = int(conf.get("num_attention_heads") or 0)
+            kv_heads = int(conf.get("num_key_value_heads") or heads)
+            head_dim = int(conf.get("head_dim") or (int(conf.get("hidden_size") or 0) // max(heads, 1)))
+            total += 2 * int(conf.get("num_hidden_layers") or 0) * kv_heads * head_dim * elem
+        return total
 
     def weights_bytes(self) -> int:
         """Size of the checkpoint's weight files (the engine core runs in another process)."""

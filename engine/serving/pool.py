@@ -24,7 +24,7 @@ class EnginePool:
     threads. When ``base_mb`` and the loaded engines' memory (weights and the caches they
     reserve) exceed ``budget_mb``, idle engines are unloaded, least recently used first;
     an engine in use is never unloaded (a warning says when that leaves the budget
-    exceeded).
+    exceeded, and idle engines then go as their requests finish).
     """
 
     def __init__(self, factory: Callable[[str], Engine], budget_mb: float = 4096.0, base_mb: float = 0.0):
@@ -80,7 +80,10 @@ class EnginePool:
                 self._engines[mode] = eng
                 self.loads += 1
                 self._lease(mode)
-                victims = self._victims()
+                victims, over = self._victims()
+                names = list(self._engines)
+            if over:
+                self._warn_over(over, names)
             for v in victims:  # closed outside _state: a close may need the event loop
                 v.close()
             return eng
@@ -93,17 +96,43 @@ class EnginePool:
             return self._lease(mode)
 
     def release(self, mode: str):
+        """Hand a lease back. When engines that were in use at a load had left the pool
+        over its budget, the idle ones now go (least recently used first), closed in a
+        thread: ``release`` runs on the server's event loop, and closing an engine may
+        need that loop (a vLLM engine serving on it) or take seconds."""
         with self._state:
             self._busy[mode] -= 1
+            victims = self._victims()[0] if self._over_budget() else []
+        if victims:
+            threading.Thread(target=self._close_all, args=(victims,), daemon=True,
+                             name="modeswitch-unload").start()
+
+    def _close_all(self, engines: list[Engine]):
+        with self._load_lock:  # one load or unload at a time
+            for eng in engines:
+                try:
+                    eng.close()
+                except Exception as exc:  # noqa: BLE001 - an engine that fails to close is gone anyway
+                    log.warning("closing an unloaded engine failed: %s: %s", type(exc).__name__, exc)
+
+    def _over_budget(self) -> bool:
+        return self.base_mb + sum(self._weights_mb(e) for e in self._engines.values()) > self.budget_mb
+
+    def _warn_over(self, total: float, names: list[str]):
+        log.warning("engines in use (%s) and the server's own %.0f MB hold %.0f MB, over the memory budget "
+                    "of %.0f MB: idle ones are unloaded as their requests finish; raise --memory-budget-mb "
+                    "or serve fewer modes at once", ", ".join(names), self.base_mb, total, self.budget_mb)
 
     def _weights_mb(self, eng: Engine) -> float:
         """An engine's share of the budget: weights and the KV cache it reserves where the
         engine says (``memory_mb``), else its weights."""
         return float(getattr(eng, "memory_mb", eng.weights_mb))
 
-    def _victims(self) -> list[Engine]:
+    def _victims(self) -> tuple[list[Engine], float]:
         """Under ``_state``: idle engines taken out of the table, least recently used first,
-        until the rest fit the budget (the caller closes them)."""
+        until the rest fit the budget (the caller closes them), and the memory still held
+        when engines in use keep it over the budget (else 0; the caller warns, outside the
+        lock)."""
         total = self.base_mb + sum(self._weights_mb(e) for e in self._engines.values())
         out = []
         for mode in list(self._engines):
@@ -115,14 +144,15 @@ class EnginePool:
             total -= self._weights_mb(eng)
             out.append(eng)
             self.unloads += 1
-        if total > self.budget_mb:
-            log.warning("engines in use (%s) and the server's own %.0f MB hold %.0f MB, over the memory "
-                        "budget of %.0f MB: raise --memory-budget-mb or serve fewer modes",
-                        ", ".join(self._engines), self.base_mb, total, self.budget_mb)
-        return out
+        return out, (total if total > self.budget_mb else 0.0)
 
     def loaded(self) -> list[str]:
         return list(self._engines)
+
+    def memory_mb(self) -> dict[str, float]:
+        """Each loaded engine's share of the budget, in MiB (as the budget counts it)."""
+        with self._state:
+            return {m: round(self._weights_mb(e), 1) for m, e in self._engines.items()}
 
     def close(self):
         with self._load_lock:

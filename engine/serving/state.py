@@ -143,8 +143,10 @@ State = Annotated[ServerState, Depends(_state_dependency)]
 def process_base_mb(device: str) -> float:
     """The server's own memory before any engine loads, in MiB: its resident set on CPU
     (where engines share that memory), 0 on CUDA (the budget counts device memory there)."""
-    if device.startswith("cuda"):
-        return 0.0
+    return 0.0 if device.startswith("cuda") else process_rss_mb()
+
+
+def process_rss_mb() -> float:
     import psutil
 
     return psutil.Process().memory_info().rss / 2**20

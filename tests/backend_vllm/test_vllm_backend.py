@@ -102,13 +102,16 @@ def test_the_memory_budget_counts_the_kv_cache_vllm_reserved(outputs, models):
     ``VLLM_CPU_KVCACHE_SPACE`` reservation (1 GiB here), not the weights alone."""
     import json
 
-    conf = json.loads((models[0] / "config.json").read_text())
-    per_token = 2 * conf["num_hidden_layers"] * conf.get("num_key_value_heads", conf["num_attention_heads"]) * \
-        (conf["hidden_size"] // conf["num_attention_heads"]) * 4  # float32 on CPU
+    def per_token(root):
+        conf = json.loads((root / "config.json").read_text())
+        return 2 * conf["num_hidden_layers"] * conf.get("num_key_value_heads", conf["num_attention_heads"]) * \
+            (conf["hidden_size"] // conf["num_attention_heads"]) * 4  # float32 on CPU
+
     space_mb = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 1) * 1024
     for mode, o in outputs.items():
         weights, cache, total, kv = o["memory"]
-        assert kv == per_token, mode
+        # a draft model's layers take their blocks from the same pool
+        assert kv == per_token(models[0]) + (per_token(models[1]) if mode == "speculative_decoding" else 0), mode
         assert 0.9 * space_mb <= cache <= space_mb * 1.001, (mode, cache)  # whole blocks of it
         assert total == pytest.approx(weights + cache) and weights > 0, mode
 
