@@ -7,8 +7,8 @@ same engine settings (both from :func:`engine.backends.vllm_backend.engine_args`
 MODE), both started once; at each concurrency level ``--rounds`` bursts of the same
 completion requests (streamed, so the first token is timed) alternate between them,
 back to back, so each round's pair of bursts meets the same machine (this machine's
-speed drifts by up to 2x over minutes: one server's throughput at 16 in flight ranged
-22-41 req/s over five rounds when each round restarted the servers,
+speed drifts by up to 1.8x over minutes: one server's throughput at 16 in flight ranged
+22-39 req/s over five rounds when each round restarted the servers,
 ``--restart-each-round``). Prints per level the median over rounds of each server's
 throughput, TTFT and latency p50/p99 and the ratios modeswitch / vLLM, then the
 per-round paired ratios with a bootstrap interval.
@@ -231,7 +231,9 @@ def main():
 
     def measure(name: str, url: str, lv: int, r: int):
         n = args.requests or max(64, 4 * lv)
-        res = asyncio.run(load(url, prompts_for(n, lv), lv, args.max_tokens))
+        # new prompts every round (both servers of a round get the same ones): a repeated
+        # prompt is a shared prefix to modeswitch's prefix index, which a router may act on
+        res = asyncio.run(load(url, prompts_for(n, lv * 1000 + r), lv, args.max_tokens))
         results[name][lv].append(res)
         print(f"round {r + 1} {name:<18} in flight {lv:>4}: {res['req_s']:7.2f} req/s, TTFT p50 "
               f"{res['ttft_p50']:7.0f} ms, latency p50 {res['p50']:7.0f} ms p99 {res['p99']:7.0f} ms, "

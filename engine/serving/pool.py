@@ -35,6 +35,9 @@ class EnginePool:
         #: the server's memory, not only its engines'
         self.base_mb = base_mb
         self._engines: OrderedDict[str, Engine] = OrderedDict()
+        #: each loaded engine's share of the budget, read once at its load (fixed while it
+        #: stays loaded), so the check on every ``release`` is a sum over a few floats
+        self._counted: dict[str, float] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._busy: dict[str, int] = {}
         #: one load (or unload) at a time; held across ``factory`` and ``close``
@@ -76,8 +79,10 @@ class EnginePool:
             if eng is not None:
                 return eng
             eng = self.factory(mode)
+            counted = self._weights_mb(eng)
             with self._state:
                 self._engines[mode] = eng
+                self._counted[mode] = counted
                 self.loads += 1
                 self._lease(mode)
                 victims, over = self._victims()
@@ -116,7 +121,7 @@ class EnginePool:
                     log.warning("closing an unloaded engine failed: %s: %s", type(exc).__name__, exc)
 
     def _over_budget(self) -> bool:
-        return self.base_mb + sum(self._weights_mb(e) for e in self._engines.values()) > self.budget_mb
+        return self.base_mb + sum(self._counted.values()) > self.budget_mb
 
     def _warn_over(self, total: float, names: list[str]):
         log.warning("engines in use (%s) and the server's own %.0f MB hold %.0f MB, over the memory budget "
@@ -133,7 +138,7 @@ class EnginePool:
         until the rest fit the budget (the caller closes them), and the memory still held
         when engines in use keep it over the budget (else 0; the caller warns, outside the
         lock)."""
-        total = self.base_mb + sum(self._weights_mb(e) for e in self._engines.values())
+        total = self.base_mb + sum(self._counted.values())
         out = []
         for mode in list(self._engines):
             if total <= self.budget_mb:
@@ -141,7 +146,7 @@ class EnginePool:
             if self._busy.get(mode, 0) > 0:
                 continue
             eng = self._engines.pop(mode)
-            total -= self._weights_mb(eng)
+            total -= self._counted.pop(mode)
             out.append(eng)
             self.unloads += 1
         return out, (total if total > self.budget_mb else 0.0)
@@ -152,12 +157,13 @@ class EnginePool:
     def memory_mb(self) -> dict[str, float]:
         """Each loaded engine's share of the budget, in MiB (as the budget counts it)."""
         with self._state:
-            return {m: round(self._weights_mb(e), 1) for m, e in self._engines.items()}
+            return {m: round(mb, 1) for m, mb in self._counted.items()}
 
     def close(self):
         with self._load_lock:
             with self._state:
                 engines, self._engines = list(self._engines.values()), OrderedDict()
+                self._counted = {}
             for eng in engines:
                 eng.close()
 
