@@ -30,6 +30,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from tests.helpers import free_port, synthetic_table  # noqa: E402
+
+#: the workload families of the training tables the CLI cases and the exported router use
+FAMILIES = ("short_prompt_short_output", "batch_pressure")
 
 ROWS: list[tuple[str, str, str, bool, bool, bool]] = []  # group, case, got, traceback, 5xx, as documented
 
@@ -66,13 +70,9 @@ def tables(tmp: Path) -> dict[str, Path]:
     import numpy as np
     import pandas as pd
 
-    from dataset.workloads import get_workload
-    from oracle.training_table import build_training_table
     from tests.helpers import synthetic_profile
 
-    reqs = [r for i, n in enumerate(["short_prompt_short_output", "batch_pressure"])
-            for r in get_workload(n).sample(30, seed=i)]
-    table = build_training_table(synthetic_profile(), reqs)
+    table = synthetic_table(FAMILIES, 30)
     out = {}
     one = table[table["label"] == table["label"].iloc[0]].copy()
     out["one_class"] = tmp / "one_class.parquet"
@@ -172,7 +172,7 @@ def _half_written_runs(mlruns: Path) -> int:
 # --------------------------------------------------------------------- the server
 class Server:
     def __init__(self, args: list[str], tmp: Path):
-        self.port = _free_port()
+        self.port = free_port()
         self.log = open(tmp / f"serve-{self.port}.log", "w")  # noqa: SIM115 - closed in stop
         self.proc = subprocess.Popen([sys.executable, "-m", "modeswitch", "serve", "--port", str(self.port), *args],
                                      cwd=tmp, stdout=self.log, stderr=subprocess.STDOUT)
@@ -219,12 +219,6 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def openai_shaped(body: bytes) -> bool:
@@ -367,15 +361,10 @@ def server_cases(tmp: Path, key: str, disconnects: int, budget: float, mlruns: P
 
 
 def exported_router(tmp: Path) -> tuple[Path, str]:
-    from dataset.workloads import get_workload
-    from oracle.training_table import build_training_table
     from routers import get_router
     from routers.export import export_router
-    from tests.helpers import synthetic_profile
 
-    reqs = [r for i, n in enumerate(["short_prompt_short_output", "batch_pressure"])
-            for r in get_workload(n).sample(30, seed=i)]
-    table = build_training_table(synthetic_profile(), reqs)
+    table = synthetic_table(FAMILIES, 30)
     est = get_router("dt").fit(table, table["label"].astype(str))
     mlruns = tmp / "mlruns"
     info = export_router(est, mlruns=str(mlruns), source_run_id="hardening", backend="transformers")

@@ -35,10 +35,15 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     return prev_b
 
 
-def routing_buckets(base: str, stage: str | None = None) -> list[tuple[float, float]]:
-    """The routing histogram's cumulative buckets, or one stage's of modeswitch_stage_seconds."""
+def metrics_text(base: str) -> str:
     with urllib.request.urlopen(base + "/metrics") as r:
-        text = r.read().decode()
+        return r.read().decode()
+
+
+def routing_buckets(base: str, stage: str | None = None, text: str | None = None) -> list[tuple[float, float]]:
+    """The routing histogram's cumulative buckets, or one stage's of modeswitch_stage_seconds,
+    from ``text`` (one read of ``/metrics`` for several stages) or a fresh read."""
+    text = metrics_text(base) if text is None else text
     out = []
     name = "modeswitch_routing_seconds_bucket" if stage is None else "modeswitch_stage_seconds_bucket"
     for line in text.splitlines():
@@ -58,7 +63,8 @@ async def run(args):
     before = routing_buckets(base)
     from engine.serving.metrics import STAGES
 
-    before_stage = {st: routing_buckets(base, st) for st in STAGES}
+    text = metrics_text(base)
+    before_stage = {st: routing_buckets(base, st, text) for st in STAGES}
     client = openai.AsyncOpenAI(base_url=args.url, api_key=args.api_key, max_retries=0, timeout=args.timeout)
     sem = asyncio.Semaphore(args.concurrency)
     lat, route_us, modes, failures = [], [], collections.Counter(), []
@@ -91,8 +97,9 @@ async def run(args):
         print(f"routing (headers) p50 {np.percentile(route_us, 50):.2f} us, p99 {np.percentile(route_us, 99):.2f} us")
     print(f"routing (/metrics histogram, this run) p50 ~{histogram_quantile(0.5, delta) * 1e6:.2f} us, "
           f"p99 ~{histogram_quantile(0.99, delta) * 1e6:.2f} us")
+    after_text = metrics_text(base)
     for st in STAGES:
-        got = routing_buckets(base, st)
+        got = routing_buckets(base, st, after_text)
         if not got:
             continue
         d = [(b, c - dict(before_stage[st]).get(b, 0.0)) for b, c in got]

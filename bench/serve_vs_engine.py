@@ -38,14 +38,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.helpers import free_port  # noqa: E402
 
 
 def vllm_flags(args: dict) -> list[str]:
@@ -152,10 +145,11 @@ ROUTING_STAGES = ("prefix", "features", "route", "serving_route")
 
 def server_stages(base: str) -> dict:
     """``modeswitch serve``'s routing-stage histograms now ({} from a server without them)."""
-    from serve_load import routing_buckets
+    from serve_load import metrics_text, routing_buckets
 
     try:
-        return {st: routing_buckets(base, st) for st in ROUTING_STAGES}
+        text = metrics_text(base)
+        return {st: routing_buckets(base, st, text) for st in ROUTING_STAGES}
     except OSError:  # vLLM's server: its /metrics has no such stages
         return {}
 

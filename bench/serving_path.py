@@ -39,16 +39,13 @@ def main():
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from dataset.requests import Request, serving_request
-    from dataset.workloads import get_workload
     from engine.serving.pool import PrefixTracker
-    from oracle.training_table import build_training_table
     from routers import get_router
     from routers.rule_baseline import RuleBaselineRouter
-    from tests.helpers import synthetic_profile
+    from tests.helpers import synthetic_table
 
-    names = ["short_prompt_short_output", "long_prompt_short_output", "shared_prefix_chat", "batch_pressure"]
-    reqs = [r for i, n in enumerate(names) for r in get_workload(n).sample(300, seed=i)]
-    table = build_training_table(synthetic_profile(), reqs)
+    table = synthetic_table(["short_prompt_short_output", "long_prompt_short_output", "shared_prefix_chat",
+                             "batch_pressure"], 300)
     rule = RuleBaselineRouter().fit()
     lgbm = get_router("lgbm", feature_set="A", n_estimators=100).fit(table, table["label"].astype(str))
     compiled = lgbm.compile()

@@ -64,6 +64,16 @@ def synthetic_profile():
     return profile(rows)
 
 
+def synthetic_table(families, n: int):
+    """A training table: ``n`` requests drawn from each workload family (seed = its
+    position) labelled against :func:`synthetic_profile`."""
+    from dataset.workloads import get_workload
+    from oracle.training_table import build_training_table
+
+    reqs = [r for i, f in enumerate(families) for r in get_workload(f).sample(n, seed=i)]
+    return build_training_table(synthetic_profile(), reqs)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -274,10 +274,9 @@ def test_api_key_is_enforced(tiny_models):
         th.join(timeout=30)
 
 
-def test_engine_pool_unloads_least_recently_used_within_budget():
-    from engine.serving.pool import EnginePool
-
-    closed = []
+def ten_mb_engines(closed: list):
+    """An engine factory for the pool tests: 10 MB engines that record their mode in
+    ``closed`` when closed."""
 
     class Fake:
         def __init__(self, mode):
@@ -286,6 +285,14 @@ def test_engine_pool_unloads_least_recently_used_within_budget():
         def close(self):
             closed.append(self.mode)
 
+    return Fake
+
+
+def test_engine_pool_unloads_least_recently_used_within_budget():
+    from engine.serving.pool import EnginePool
+
+    closed = []
+    Fake = ten_mb_engines(closed)
     pool = EnginePool(Fake, budget_mb=25)
     for m in ("a", "b"):
         pool.acquire(m)
@@ -311,14 +318,7 @@ def test_the_budget_counts_the_server_s_own_memory(caplog):
     from engine.serving.state import process_base_mb
 
     closed = []
-
-    class Fake:
-        def __init__(self, mode):
-            self.mode, self.weights_mb = mode, 10.0
-
-        def close(self):
-            closed.append(self.mode)
-
+    Fake = ten_mb_engines(closed)
     pool = EnginePool(Fake, budget_mb=25, base_mb=15)
     pool.acquire("a")
     pool.release("a")

@@ -16,17 +16,20 @@ class Metrics:
         self.requests = Counter("modeswitch_requests_total", "Requests served, by chosen mode",
                                 ["mode", "endpoint"], registry=self.registry)
         self.routing = Histogram(
-            "modeswitch_routing_seconds", "Routing decision time (features + predict)",
+            "modeswitch_routing_seconds",
+            "Routing decision time (the router's answer alone; with its features: the serving_route stage)",
             buckets=(1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 1e-3, 1e-2, 0.1),
             registry=self.registry)
         #: where a request's server-side time goes, stage by stage (seconds): ``arrive``
         #: (first byte to the handler: reading and validating the body), ``tokenize``,
         #: ``prefix`` (the prefix index: the prompt's shared-prefix length, and the prompt
-        #: indexed for later ones; grows with the prompt, ~1.4 us for 30 tokens, ~65 us for
-        #: 2,000), ``features`` (the router's Request from the counts), ``route`` (the
+        #: indexed for later ones; it grows with the prompt: in a hot loop 1.4 us for 30
+        #: tokens, 65 us for 2,000; 3.8-8.2 us p50 under load for bench/serve_vs_engine.py's
+        #: prompts), ``features`` (the router's Request from the counts), ``route`` (the
         #: decision alone, as modeswitch_routing_seconds), ``serving_route`` (features +
-        #: decision, the split the serving-speed issue asked for), ``load`` (the engine's lease; its load on a mode's first request),
-        #: ``wait`` (for a one-at-a-time engine's lock), ``generate`` (the engine's run)
+        #: decision, the split the serving-speed issue asked for), ``load`` (the engine's
+        #: lease; its load on a mode's first request), ``wait`` (for a one-at-a-time
+        #: engine's lock), ``generate`` (the engine's run)
         self.stage = Histogram(
             "modeswitch_stage_seconds", "Server-side time per request stage", ["stage"],
             buckets=(1e-7, 2.5e-7, 5e-7, 7.5e-7, 1e-6, 1.5e-6, 2e-6, 3e-6, 5e-6, 7.5e-6, 1e-5, 2.5e-5,

@@ -79,7 +79,7 @@ class EnginePool:
             if eng is not None:
                 return eng
             eng = self.factory(mode)
-            counted = self._weights_mb(eng)
+            counted = self._counted_mb(eng)
             with self._state:
                 self._engines[mode] = eng
                 self._counted[mode] = counted
@@ -128,7 +128,7 @@ class EnginePool:
                     "of %.0f MB: idle ones are unloaded as their requests finish; raise --memory-budget-mb "
                     "or serve fewer modes at once", ", ".join(names), self.base_mb, total, self.budget_mb)
 
-    def _weights_mb(self, eng: Engine) -> float:
+    def _counted_mb(self, eng: Engine) -> float:
         """An engine's share of the budget: weights and the KV cache it reserves where the
         engine says (``memory_mb``), else its weights."""
         return float(getattr(eng, "memory_mb", eng.weights_mb))
