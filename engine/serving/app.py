@@ -44,8 +44,16 @@ from engine.serving.config import EngineFactory, ServerConfig, supported_modes
 from engine.serving.generate import serve
 from engine.serving.jobs import check_capacity
 from engine.serving.metrics import Metrics
+from engine.serving.routing import track_memory_pressure
 from engine.serving.schemas import ChatBody, CompletionBody, error_response
-from engine.serving.state import RouterLoader, State, process_rss_mb, server_state, start_state
+from engine.serving.state import (
+    RouterLoader,
+    State,
+    freeze_heap,
+    process_rss_mb,
+    server_state,
+    start_state,
+)
 from engine.serving.tokens import chat_ids, completion_ids
 
 log = logging.getLogger("modeswitch.serve")
@@ -65,9 +73,15 @@ def create_app(router_loader: RouterLoader, cfg: ServerConfig, engine_factory: E
     async def lifespan(app: FastAPI):
         state = await start_state(cfg, metrics, router_loader, engine_factory, tokenizer, supported_modes)
         app.state.serving = state
+        freeze_heap()
         log.info("serving %s with router %s", cfg.model_path, type(state.router).__name__)
-        yield
-        await run_in_threadpool(state.pool.close)
+        tracker = asyncio.create_task(track_memory_pressure(state)) if cfg.device.startswith("cuda") else None
+        try:
+            yield
+        finally:
+            if tracker is not None:
+                tracker.cancel()
+            await run_in_threadpool(state.pool.close)
 
     # the API's docs are routes like any other: behind the key when one is set
     app = FastAPI(title="ModeSwitch", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)

@@ -20,8 +20,8 @@ from fastapi.concurrency import run_in_threadpool
 
 from dataset.requests import Request
 from engine.serving.config import ServerConfig
-from engine.serving.routing import Decision, decide, request_features
-from engine.serving.state import ServerState
+from engine.serving.routing import Decision, route
+from engine.serving.state import ServerState, freeze_heap
 
 if TYPE_CHECKING:
     from engine.backends.base import Engine
@@ -90,16 +90,11 @@ def admit(state: ServerState, endpoint: str, ids: list[int], max_tokens: int, ch
         t0 = time.perf_counter_ns()
         shared = state.prefix.observe(ids)
         t1 = time.perf_counter_ns()
-        request = request_features(state, rid, len(ids), max_tokens, shared, concurrent)
-        t2 = time.perf_counter_ns()
-        decision = decide(state, router, request)
+        request, decision = route(state, router, rid, len(ids), max_tokens, shared, concurrent)
     except BaseException:
         state.leave()
         raise
-    stage = state.metrics.stages
-    stage["prefix"].observe((t1 - t0) / 1e9)
-    stage["features"].observe((t2 - t1) / 1e9)
-    stage["serving_route"].observe((t2 - t1) / 1e9 + decision.route_us / 1e6)
+    state.metrics.stages["prefix"].observe((t1 - t0) / 1e9)
     return Job(rid, endpoint, chat, ids, max_tokens, request, decision)
 
 
@@ -114,6 +109,7 @@ async def acquire_engine(state: ServerState, job: Job) -> Engine:
         return eng
     try:
         eng = await run_in_threadpool(state.pool.acquire, job.mode)
+        freeze_heap(collect=False)  # the engine just loaded lives as long as the server
         state.metrics.stages["load"].observe(time.perf_counter() - t0)
         return eng
     except BaseException as exc:  # a cancelled wait too: the count must not drift

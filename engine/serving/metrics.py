@@ -32,8 +32,8 @@ class Metrics:
         #: engine's lock), ``generate`` (the engine's run)
         self.stage = Histogram(
             "modeswitch_stage_seconds", "Server-side time per request stage", ["stage"],
-            buckets=(1e-7, 2.5e-7, 5e-7, 7.5e-7, 1e-6, 1.5e-6, 2e-6, 3e-6, 5e-6, 7.5e-6, 1e-5, 2.5e-5,
-                     5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2, 0.1, 1, 10, 60),
+            buckets=(1e-7, 2.5e-7, 5e-7, 7.5e-7, 1e-6, 1.5e-6, 2e-6, 3e-6, 5e-6, 7.5e-6, 1e-5, 1.25e-5, 1.5e-5,
+                     2e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2, 0.1, 1, 10, 60),
             registry=self.registry)
         #: each stage's child, bound once: ``labels()`` per observation costs a lock and a lookup
         self.stages = {name: self.stage.labels(name) for name in STAGES}

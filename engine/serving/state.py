@@ -71,6 +71,9 @@ class ServerState:
     in_flight: int = 0
     #: the served model's context in tokens (prompt + max_tokens must fit in it)
     context_tokens: int = 4096
+    #: the router's ``memory_pressure`` feature: 0 on CPU; on CUDA kept current by
+    #: ``routing.track_memory_pressure`` (read, not measured, on the serving path)
+    memory_pressure: float = 0.0
 
     def install(self, loaded: RoutesRequests | LoadedRouter) -> None:
         """Serve new requests with ``loaded``; requests in flight keep the router they took."""
@@ -138,6 +141,21 @@ async def _state_dependency(request: HttpRequest) -> ServerState:
 
 #: a handler parameter typed ``State`` receives the app's :class:`ServerState`
 State = Annotated[ServerState, Depends(_state_dependency)]
+
+
+def freeze_heap(collect: bool = True) -> None:
+    """Move every object alive now out of the garbage collector's reach, as ``vllm serve``
+    does after its start-up (``vllm.utils.gc_utils.freeze_gc_heap``): the server's heap is
+    mostly torch, transformers and the engines, which live until it stops, and a full
+    collection walks all of it, stalling every request in flight for as long. ``collect``
+    first collects the garbage so it is not kept (a full pass: at start-up, before any
+    request; after an engine load only ``gc.freeze()`` runs, which costs nothing, and what
+    the load left as cyclic garbage stays)."""
+    import gc
+
+    if collect:
+        gc.collect()
+    gc.freeze()
 
 
 def process_base_mb(device: str) -> float:

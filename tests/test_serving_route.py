@@ -1,0 +1,101 @@
+"""The server's routing step on its own: what it records, and how a failed decision falls back."""
+
+from __future__ import annotations
+
+import gc
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from dataset.requests import Request
+from engine.serving.metrics import Metrics
+from engine.serving.routing import route
+from engine.serving.state import freeze_heap
+
+
+def _state(**config):
+    cfg = SimpleNamespace(reference="fp16", route_budget_us=1e9, **config)
+    return SimpleNamespace(config=cfg, metrics=Metrics(), modes={"fp16", "int8"}, memory_pressure=0.25)
+
+
+class _Router:
+    def __init__(self, answer):
+        self.answer, self.seen = answer, []
+
+    def route(self, request):
+        self.seen.append(request)
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def _sum(state, stage):
+    return state.metrics.registry.get_sample_value("modeswitch_stage_seconds_sum", {"stage": stage})
+
+
+def test_route_builds_the_request_and_records_its_stages():
+    state, router = _state(), _Router(np.str_("int8"))
+    request, decision = route(state, router, "cmpl-1", 30, 16, 8, 3)
+    assert request == Request(id="cmpl-1", prompt_tokens=30, expected_output_tokens=16, shared_prefix_tokens=8,
+                              concurrent_requests=3, memory_pressure=0.25)
+    assert router.seen == [request]
+    assert decision.mode == "int8" and type(decision.mode) is str and decision.fallback is None
+    # one window, split by the timer between the two: serving_route is features + route
+    assert _sum(state, "serving_route") == pytest.approx(_sum(state, "features") + _sum(state, "route"), rel=1e-9)
+    assert _sum(state, "route") == pytest.approx(decision.route_us / 1e6)
+
+
+@pytest.mark.parametrize("answer, reason", [(RuntimeError("boom"), "error"), ("nosuch", "unknown_mode")])
+def test_a_failed_decision_is_the_references(answer, reason):
+    state = _state()
+    _, decision = route(state, _Router(answer), "cmpl-2", 5, 5, 0, 1)
+    assert (decision.mode, decision.fallback) == ("fp16", reason)
+    assert state.metrics.registry.get_sample_value("modeswitch_fallbacks_total", {"reason": reason}) == 1.0
+
+
+def test_over_budget_falls_back():
+    state = _state()
+    state.config.route_budget_us = -1.0  # any decision takes longer than that
+    _, decision = route(state, _Router("int8"), "cmpl-3", 5, 5, 0, 1)
+    assert (decision.mode, decision.fallback) == ("fp16", "over_budget")
+
+
+def test_freeze_heap_moves_the_live_heap_out_of_collection():
+    try:
+        freeze_heap()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_count()[0] < 50  # just collected
+    finally:
+        gc.unfreeze()
+
+
+def test_memory_pressure_is_sampled_off_the_serving_path(monkeypatch):
+    """On CUDA a task keeps the state's figure current; requests read it (no GPU here: the
+    reading is faked, the loop is the server's)."""
+    import asyncio
+    import itertools
+
+    from engine.serving import routing
+
+    readings = itertools.count(1)
+    monkeypatch.setattr(routing, "memory_pressure", lambda device: next(readings) / 1000)
+    state = _state(device="cuda")
+
+    async def run():
+        task = asyncio.create_task(routing.track_memory_pressure(state, every_s=0.001))
+        seen = set()
+        while len(seen) < 3:
+            await asyncio.sleep(0.0005)
+            seen.add(state.memory_pressure)
+        task.cancel()
+        return seen
+
+    seen = asyncio.run(run())
+    assert len(seen) >= 3 and all(0 < v < 0.1 for v in seen)  # each a new reading, none from a request
+
+
+def test_memory_pressure_is_zero_on_cpu():
+    from engine.serving.routing import memory_pressure
+
+    assert memory_pressure("cpu") == 0.0
