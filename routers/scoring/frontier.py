@@ -1,0 +1,131 @@
+"""How much of the oracle's saving any router with a feature set's safety knowledge can keep.
+
+Why: a router is asked for a share of the oracle's latency saving at a violation
+rate cap (#16: >= 90 % at <= 2 % on held-out families). Whether that is reachable
+depends first on whether a mode's safety on a request can be told from the request's
+features at all, which no router tuning changes. This bounds it from above, for a
+given safety model: each mode's safety is predicted out of fold (the project's own
+splits: ``random`` and ``group`` hold one part out, ``lofo`` every family in turn),
+each mode's latency is taken as *known* (the measured one: no latency model does
+better), and two decision rules are walked:
+
+* ``threshold``: the fastest mode whose predicted risk is at most t, else the
+  reference (the cost-predicting routers' rule), over t;
+* ``lagrangian``: the largest relative saving ``1 - latency / reference latency``
+  less ``lam x risk``, over lam (the reference: no saving, no risk).
+
+The best capture at a violation rate under a cap, over either walk, is what a router
+with that safety model and these features could reach at best; a better safety model
+could move it, so each mode's out-of-fold AUC is reported with it. By default only
+held-out requests inside the training part's numeric feature ranges are scored, as
+in the issue's target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from dataset.features import FEATURE_SETS
+
+RISK_MODELS = ("lgbm", "lr")
+
+
+def _risk_model(name: str, seed: int):
+    if name == "lgbm":
+        from lightgbm import LGBMClassifier
+
+        return LGBMClassifier(n_estimators=200, num_leaves=15, learning_rate=0.05, min_child_samples=10,
+                              verbose=-1, random_state=seed)
+    if name == "lr":
+        from sklearn.compose import make_column_selector, make_column_transformer
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+        return make_pipeline(make_column_transformer(
+            (StandardScaler(), make_column_selector(dtype_include="number")),
+            (OneHotEncoder(handle_unknown="ignore"), make_column_selector(dtype_include="category"))),
+            LogisticRegression(C=1.0, max_iter=2000))
+    raise ValueError(f"risk model {name!r}: choose one of {RISK_MODELS}")
+
+
+@dataclass(frozen=True)
+class Frontier:
+    split: str
+    #: held-out requests scored (inside the training ranges unless asked otherwise)
+    scored: int
+    #: out-of-fold AUC of each mode's safety model, where both outcomes occur
+    auc: dict[str, float]
+    #: (rule, knob, capture, violations): one row per threshold / lam walked
+    curve: pd.DataFrame
+
+    def best_capture(self, cap: float, rule: str | None = None) -> float:
+        """The largest capture at a violation rate <= ``cap`` (either rule, or ``rule``); NaN
+        when no point of the walk is that safe."""
+        c = self.curve if rule is None else self.curve[self.curve["rule"] == rule]
+        ok = c[c["violations"] <= cap + 1e-12]
+        return float(ok["capture"].max()) if len(ok) else float("nan")
+
+
+def frontier(table: pd.DataFrame, split: str = "lofo", feature_set: str = "A", risk_model: str = "lgbm",
+             inside_only: bool = True, test_size: float = 0.25, seed: int = 42) -> Frontier:
+    """The capture / violation frontier of ``table`` (a training table: features,
+    ``family``, ``label``, ``reference_mode``, ``latency_ms__<mode>`` and ``safe__<mode>``)."""
+    from sklearn.base import clone
+    from sklearn.metrics import roc_auc_score
+
+    from routers.training.splits import split_indices
+
+    modes = [c.split("__", 1)[1] for c in table.columns
+             if c.startswith("safe__") and f"latency_ms__{c.split('__', 1)[1]}" in table.columns]
+    ref = str(table["reference_mode"].iloc[0])
+    if ref not in modes:
+        raise ValueError(f"the reference mode {ref} has no latency_ms__/safe__ columns in the table")
+    X = table[list(FEATURE_SETS[feature_set])].copy()
+    for c in X.columns:
+        if not pd.api.types.is_numeric_dtype(X[c]):
+            X[c] = X[c].astype(str).astype("category")
+    num = [c for c in X.columns if pd.api.types.is_numeric_dtype(X[c])]
+    lat = np.column_stack([table[f"latency_ms__{m}"].to_numpy(float) for m in modes])
+    safe = np.column_stack([table[f"safe__{m}"].fillna(False).to_numpy(bool) for m in modes])
+    r = modes.index(ref)
+    model = _risk_model(risk_model, seed)
+
+    p_safe = np.ones_like(lat)
+    tested = np.zeros(len(table), bool)
+    inside = np.ones(len(table), bool)
+    for tr, te in split_indices(table, split, test_size=test_size, seed=seed):
+        tested[te] = True
+        lo, hi = X.iloc[tr][num].min(), X.iloc[tr][num].max()
+        inside[te] = ((X.iloc[te][num] >= lo) & (X.iloc[te][num] <= hi)).all(axis=1).to_numpy()
+        for j in range(len(modes)):
+            y = safe[tr, j]
+            if y.all() or not y.any():
+                p_safe[te, j] = float(y.mean())
+            else:
+                p_safe[te, j] = clone(model).fit(X.iloc[tr], y).predict_proba(X.iloc[te])[:, 1]
+    keep = tested & inside if inside_only else tested
+    rows = np.flatnonzero(keep)
+    auc = {m: float(roc_auc_score(safe[rows, j], p_safe[rows, j])) for j, m in enumerate(modes)
+           if 0 < safe[rows, j].mean() < 1}
+    lat, safe, risk = lat[rows], safe[rows], 1 - p_safe[rows]
+    lat = np.where(np.isfinite(lat), lat, np.inf)  # an unmeasured mode is never the fastest
+    risk[:, r] = 0.0
+    oracle = np.where(safe, lat, np.inf).min(axis=1)
+    best = (lat[:, r] - oracle).sum()
+    i = np.arange(len(rows))
+
+    def point(rule, knob, pick):
+        return {"rule": rule, "knob": knob, "capture": (lat[:, r] - lat[i, pick]).sum() / best,
+                "violations": float((~safe[i, pick]).mean())}
+
+    out = [point("threshold", th, np.where(risk <= th, lat, np.inf).argmin(axis=1))
+           for th in np.unique(np.concatenate([[0.0], np.quantile(risk, np.linspace(0, 1, 400)), [1.0]]))]
+    gain = 1 - lat / lat[:, [r]]
+    for lam in [*np.geomspace(1e-3, 1e7, 500), np.inf]:
+        score = gain - lam * risk if np.isfinite(lam) else np.where(risk > 0, -np.inf, gain)
+        out.append(point("lagrangian", lam, score.argmax(axis=1)))
+    return Frontier(split, len(rows), auc, pd.DataFrame(out))

@@ -1,0 +1,47 @@
+"""Print the capture / violation frontier of a training table (``routers.scoring.frontier``).
+
+For each split: each mode's out-of-fold safety AUC, and the best capture of the
+oracle's latency saving at violation caps 0-10 % for the two decision rules, with
+every mode's latency known exactly (an upper bound for routers with that safety
+model and these features).
+
+    .venv/bin/python scripts/safety_frontier.py [--data runs/study/train.parquet]
+        [--splits random,group,lofo] [--feature-set A] [--risk-model lgbm|lr] [--all]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default="runs/study/train.parquet")
+    ap.add_argument("--splits", default="random,group,lofo", help="the project's splits (routers.training.splits)")
+    ap.add_argument("--feature-set", default="A")
+    ap.add_argument("--risk-model", choices=["lgbm", "lr"], default="lgbm")
+    ap.add_argument("--test-size", type=float, default=0.25)
+    ap.add_argument("--seed", type=int, default=42, help="the split's seed")
+    ap.add_argument("--all", dest="inside", action="store_false",
+                    help="score every held-out request, not only those inside the training ranges")
+    args = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import pandas as pd
+
+    from routers.scoring.frontier import frontier
+
+    table = pd.read_parquet(args.data)
+    print(f"{args.data}: {len(table)} requests; feature set {args.feature_set}, risk model {args.risk_model}")
+    caps = (0.0, 0.01, 0.02, 0.05, 0.10)
+    print(f"{'split':<7} {'scored':>6} {'rule':<11} " + " ".join(f"{'<=' + format(c, '.0%'):>6}" for c in caps))
+    for split in args.splits.split(","):
+        f = frontier(table, split, args.feature_set, args.risk_model, args.inside, args.test_size, args.seed)
+        for rule in ("threshold", "lagrangian"):
+            print(f"{split:<7} {f.scored:>6} {rule:<11} " + " ".join(f"{f.best_capture(c, rule):6.2f}" for c in caps))
+        print(f"{'':<7} AUC: " + ", ".join(f"{m} {a:.2f}" for m, a in sorted(f.auc.items(), key=lambda kv: kv[1])))
+
+
+if __name__ == "__main__":
+    main()
