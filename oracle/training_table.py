@@ -91,6 +91,9 @@ def build_training_table(profile: pd.DataFrame, requests: list[Request],
         if "backend" in profile else [],
         "skipped": skipped,
         "label_sources": {str(k): int(v) for k, v in table["label_source"].value_counts().items()},
+        # the engines' compute threads the profile measured with (a live check must match)
+        "threads": sorted({int(x) for x in profile["threads"].dropna().unique()})
+        if "threads" in profile else [],
         "costmodel": None if costmodel is None else {
             "backend": costmodel.backend,
             "preferred": sorted({f"{m}:{k}" for (m, _, k) in costmodel.groups

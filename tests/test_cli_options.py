@@ -250,7 +250,8 @@ SET_ALL = {
                "sqlite:///x.db", "--target-violation-rate", "0.05", "--mlruns", "m2", "--preset", "modeswitch-paper",
                "--workers", "3", "--tracking-uri", "http://127.0.0.1:5999"]],
     "score": [["score", "--run", "r1", "--no-compile", "--decisions", "5",
-               "--pipeline-decisions", "6", "--live", "--live-requests", "3", "--live-per-family", "4", "--live-trials", "2", "--model", "/m",
+               "--pipeline-decisions", "6", "--live", "--live-requests", "3", "--live-per-family", "4", "--live-trials", "2",
+               "--live-threads", "2", "--live-max-remeasure", "1", "--model", "/m",
                "--draft-model", "/d", "--device", "cuda", "--backend", "vllm", "--mlruns", "m2",
                "--seed", "1", "--labels", "measured", "--tracking-uri", "http://127.0.0.1:5999"]],
 }

@@ -104,6 +104,8 @@ def score_cmd(
     live_requests: Annotated[int | None, typer.Option(help="Requests in the live stream [{live_requests}: --live-per-family per held-out family].")] = None,
     live_per_family: Annotated[int, typer.Option(help="Live requests per held-out family, when --live-requests is not given.")] = 6,
     live_trials: Annotated[int, typer.Option(help="Interleaved trials per (request, mode) live; medians and intervals over them.")] = 3,
+    live_threads: Annotated[int | None, typer.Option(min=1, help="Engine threads live [the profile's, else 1 on CPU].")] = None,
+    live_max_remeasure: Annotated[int, typer.Option(min=0, help="Times a contended live trial is measured again.")] = 2,
     backend: Annotated[str, typer.Option(parser=backend_name, metavar="<{backends}>", help="Engine backend for --live.")] = "transformers",
     model: Annotated[str, typer.Option(help="Engine model for --live: 'tiny' or a checkpoint folder.")] = "tiny",
     draft_model: Annotated[str | None, typer.Option(help="Draft checkpoint for --live.")] = None,
@@ -127,7 +129,8 @@ def score_cmd(
         raise FileExistsError(f"{out} already holds a report; choose a new folder")
     cfg = ScoreConfig(mlruns=str(mlruns), tracking_uri=tracking_uri, run_ids=_split(run), compiled=compile_routers,
                       decisions=decisions, pipeline_decisions=pipeline_decisions, live=live,
-                      live_requests=live_requests, live_per_family=live_per_family, live_trials=live_trials, model=model, draft_model=draft_model,
+                      live_requests=live_requests, live_per_family=live_per_family, live_trials=live_trials,
+                      live_threads=live_threads, live_max_remeasure=live_max_remeasure, model=model, draft_model=draft_model,
                       device=device, backend=backend, seed=seed, name=out.name, labels=labels)
     training = _read_table(data)
     with console.status("scoring") as status:

@@ -318,7 +318,8 @@ class Study:
         table = self._table()
         cfg = ScoreConfig(mlruns=c.mlruns, run_ids=runs, decisions=c.decisions, live=c.live,
                           live_per_family=c.live_per_family,
-                          live_trials=c.live_trials, model=c.model, draft_model=c.draft_model,
+                          live_trials=c.live_trials, live_threads=c.threads, live_max_remeasure=c.max_remeasure,
+                          model=c.model, draft_model=c.draft_model,
                           device=c.device, backend=c.backend, seed=c.seed, name=f"{c.name}-{split}",
                           labels=c.labels)
         res = score_routers(table, cfg, out, progress=self.log if self.console is None else None)

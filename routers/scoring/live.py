@@ -23,8 +23,13 @@ Profile-estimate error: for every (request, mode) run, the table's latency
 error, so users see how far the oracle's estimates can be trusted.
 
 Trials and intervals: every request runs ``trials`` times in every mode it needs,
-trial-major and mode-interleaved (trial t of all modes back to back). Per (request,
-mode) the median of its trials counts; the energy ratio carries its paired
+trial-major and mode-interleaved (trial t of all modes back to back), under the
+profiler's measurement hygiene: the profile's thread count (``threads``; two torch
+threads on a 2-core machine slow up to 18x whenever anything else takes a core),
+each trial's CPU share and the machine's other load recorded, trials flagged by the
+profiler's :class:`engine.noise.ContentionRule` measured again (interleaved, up to
+``max_remeasure`` times). Per (request, mode) the median of its clean trials counts
+(of all, where none is clean); the energy ratio carries its paired
 bootstrap interval over trials. Aggregates carry 95 % bootstrap intervals over
 requests, resampled within each family (the family-weighted figures stay family
 weighted in every resample). A live violation has a cause:
@@ -45,6 +50,7 @@ import pandas as pd
 from dataset.errors import InputError
 from dataset.requests import Request
 from engine.modes import reference_mode
+from engine.noise import ContentionRule, clean_trials
 
 
 def stratified(requests: list[Request], n: int, seed: int = 0) -> list[Request]:
@@ -72,9 +78,15 @@ def _group(req: Request) -> list[Request]:
 def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path, draft_path=None,
              device: str = "cpu", reference: str | None = None, progress=None,
              watts_per_core: float = 4.0, backend: str = "transformers",
-             trials: int = 1) -> pd.DataFrame:
+             trials: int = 1, threads: int | None = None, max_remeasure: int = 2) -> pd.DataFrame:
     """Run each request ``trials`` times in the reference mode and every chosen mode on
-    ``backend`` (any registered one); one row per (request, mode, trial)."""
+    ``backend`` (any registered one); one row per (request, mode, trial, attempt), with
+    the trial's CPU share, the machine's other load and the contention flag.
+
+    ``threads``: the engines' compute threads (``EngineSettings.threads``), which
+    should be the profile's, so live and table measure the same thing. After a
+    request's trials, those :class:`engine.noise.ContentionRule` flags are run again,
+    interleaved, up to ``max_remeasure`` times while flagged (as the profiler does)."""
     from engine.backends.base import EngineSettings
     from engine.backends.registry import get_backend
     from engine.energy import make_meter
@@ -82,7 +94,8 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
     from engine.quality import rouge_l
 
     be = get_backend(backend)
-    settings = EngineSettings(str(model_path), str(draft_path) if draft_path else None, device)
+    settings = EngineSettings(str(model_path), str(draft_path) if draft_path else None, device,
+                              threads=int(threads) if threads else None)
     reference = reference or reference_mode().name
     needed = [reference] + sorted({m for picks in decisions.values() for m in picks} - {reference})
     _, _, skipped = be.plan(settings, needed)
@@ -97,52 +110,98 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
             engines[m] = be.load(m, settings)
         builder = PromptBuilder(engines[reference].tokenizer)
         meter = make_meter(device, watts_per_core=watts_per_core, include_children=be.child_processes)
+        clock = _trial_clock(be.child_processes)
+        rule = ContentionRule()
         rows = []
         for i, req in enumerate(stream):
             group = [builder.prepare(r) for r in _group(req)]
             prime = [builder.prepare(dataclasses.replace(req, id=f"{req.id}-prime"))] \
                 if req.shared_prefix_tokens else []
             modes = [reference] + sorted({d[i] for d in decisions.values()} - {reference})
-            ref_text = None
-            for t, m in [(t, m) for t in range(trials) for m in modes]:
-                if progress:
-                    progress(f"live: request {i + 1}/{len(stream)} ({req.family}) on {m}, "
-                             f"trial {t + 1}/{trials}")
-                eng = engines[m]
-                ignore_eos = not req.benchmark_suite
-                if prime:
-                    eng.run(prime, ignore_eos=ignore_eos)
-                meter.start()
-                gens = eng.run(group, ignore_eos=ignore_eos)
-                energy = meter.stop()
-                text = "\n".join(g.text for g in gens)
-                if m == reference and t == 0:
-                    ref_text = text
-                tokens = sum(g.output_tokens for g in gens)
-                rows.append({
-                    "request_id": req.id, "family": req.family, "mode": m, "trial": t,
-                    "latency_ms": max(g.latency_ms for g in gens),
-                    "ttft_ms": float(np.nanmean([g.ttft_ms for g in gens])),
-                    "output_tokens": tokens, "energy_j": energy.joules,
-                    "energy_per_token_j": energy.joules / tokens if tokens else np.nan,
-                    "energy_source": energy.source,
-                    "rouge_l_vs_baseline": rouge_l(text, ref_text) if ref_text is not None else np.nan,
-                })
+            ignore_eos = not req.benchmark_suite
+            todo = [(m, t, 0) for t in range(trials) for m in modes]
+            mine, texts = [], {}
+            for attempt in range(max_remeasure + 1):
+                for m, t, a in todo:
+                    if progress:
+                        again = f", again ({a})" if a else ""
+                        progress(f"live: request {i + 1}/{len(stream)} ({req.family}) on {m}, "
+                                 f"trial {t + 1}/{trials}{again}")
+                    gens, energy, c = _measure(engines[m], group, prime, ignore_eos, meter, clock)
+                    texts.setdefault(m, "\n".join(g.text for g in gens))
+                    tokens = sum(g.output_tokens for g in gens)
+                    mine.append({
+                        "request_id": req.id, "family": req.family, "mode": m, "trial": t, "attempt": a,
+                        "latency_ms": max(g.latency_ms for g in gens),
+                        "ttft_ms": float(np.nanmean([g.ttft_ms for g in gens])),
+                        "output_tokens": tokens, "energy_j": energy.joules,
+                        "energy_per_token_j": energy.joules / tokens if tokens else np.nan,
+                        "energy_source": energy.source, "cpu_share": c.share, "other_load": c.other_load,
+                    })
+                flags = _flag(mine, rule)
+                # a trial is measured again while its latest attempt is flagged
+                latest = {(r["mode"], r["trial"]): k for k, r in enumerate(mine)}
+                todo = [(m, t, attempt + 1) for (m, t), k in latest.items() if flags[k]]
+                if not todo:
+                    break
+            for r, bad in zip(mine, _flag(mine, rule)):
+                # greedy decoding: every trial's text is the first's, so ROUGE-L is per mode
+                r["contended"] = bool(bad)
+                r["rouge_l_vs_baseline"] = rouge_l(texts[r["mode"]], texts[reference])
+                rows.append(r)
         return pd.DataFrame(rows)
     finally:
         for e in engines.values():
             e.close()
 
 
+def _trial_clock(include_children: bool):
+    """A :class:`engine.noise.TrialClock` factory with the profiler's CPU clock (this
+    process's, or its process tree's where the engine computes in children)."""
+    from engine.energy import cpu_seconds_clock
+    from engine.noise import TrialClock
+
+    cpu = cpu_seconds_clock(include_children)
+    return lambda: TrialClock(cpu)
+
+
+def _measure(engine, group, prime, ignore_eos: bool, meter, clock):
+    """One timed run of ``group`` (after its untimed prime): (generations, energy, clock)."""
+    if prime:
+        engine.run(prime, ignore_eos=ignore_eos)
+    meter.start()
+    with clock() as c:
+        gens = engine.run(group, ignore_eos=ignore_eos)
+    return gens, meter.stop(), c
+
+
+def _flag(rows: list[dict], rule) -> list[bool]:
+    """Each trial's contention flag, judged among its (request, mode)'s trials as the
+    profiler judges them (:class:`engine.noise.ContentionRule`)."""
+    out = [False] * len(rows)
+    by_mode: dict[str, list[int]] = {}
+    for k, r in enumerate(rows):
+        by_mode.setdefault(r["mode"], []).append(k)
+    for ks in by_mode.values():
+        flags = rule.flags([rows[k]["latency_ms"] for k in ks], [rows[k]["cpu_share"] for k in ks],
+                           other_load=[rows[k]["other_load"] for k in ks])
+        for k, f in zip(ks, flags):
+            out[k] = bool(f)
+    return out
+
+
 CAUSES = ("within_noise", "known_unsafe", "measurement_wrong", "estimate_wrong")
 
 
 def _collapse(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
-    """Per (request, mode): the median over trials (ROUGE-L: deterministic, the first),
-    and the per-trial latency and energy, for paired intervals."""
-    r = runs.copy()
+    """Per (request, mode): the median over its clean trials (all of them where none is
+    clean; ROUGE-L: deterministic, the first), and the per-trial latency and energy,
+    for paired intervals."""
+    r = clean_trials(runs.copy()) if "contended" in runs else runs.copy()
     if "trial" not in r:
         r["trial"] = 0
+    if "attempt" in r:  # a trial re-measured: its last clean attempt stands for it
+        r = r.sort_values("attempt").groupby(["request_id", "mode", "trial"], as_index=False).last()
     med = r.groupby(["request_id", "mode"]).agg(
         latency_ms=("latency_ms", "median"), energy_per_token_j=("energy_per_token_j", "median"),
         rouge_l_vs_baseline=("rouge_l_vs_baseline", "first"), trials=("trial", "size"))
@@ -217,6 +276,15 @@ def score_live(runs: pd.DataFrame, stream: list[Request], decisions: dict[str, l
         e["abs_pct_error"] = (e["estimated_latency_ms"] - e["latency_ms"]).abs() / e["latency_ms"] * 100
         est = e
     summary = {"estimate_mape_pct": float(est["abs_pct_error"].mean()) if est is not None else np.nan}
+    if "contended" in runs:
+        flags = runs["contended"].astype("boolean").fillna(False).astype(bool)
+        first = runs["attempt"] == 0 if "attempt" in runs else pd.Series(True, index=runs.index)
+        last = runs.sort_values("attempt").groupby(["request_id", "mode", "trial"]).tail(1).index \
+            if "attempt" in runs else runs.index
+        # how often a first attempt was contended, and how often it stayed so after the re-measuring
+        summary["contended_trials_pct"] = float(flags[first].mean() * 100)
+        summary["contended_after_remeasure_pct"] = float(flags.loc[last].mean() * 100)
+        summary["remeasured_runs"] = int((~first).sum())
     return per, est, summary
 
 

@@ -44,6 +44,12 @@ class ScoreConfig:
     live_per_family: int = LIVE_PER_FAMILY
     #: interleaved trials per (request, mode) live; medians and intervals over them
     live_trials: int = 3
+    #: the engines' threads live; None: the profile's (recorded in the training table),
+    #: else 1 on CPU (two OpenMP threads on a small machine slow up to 18x when anything
+    #: else takes a core; see engine.noise), the backend's own choice on CUDA
+    live_threads: int | None = None
+    #: times a contended live trial is measured again
+    live_max_remeasure: int = 2
     model: str = "tiny"
     draft_model: str | None = None
     device: str = "cpu"
@@ -52,6 +58,17 @@ class ScoreConfig:
     name: str | None = None
     #: score on all rows or only measured labels (as the routers were trained: `train --labels`)
     labels: str = "all"
+
+
+def live_threads(cfg: ScoreConfig, meta: dict) -> int | None:
+    """The engines' threads for the live check: as asked, else the profile's single
+    thread count, else 1 on CPU; None (the backend's choice) on CUDA."""
+    if cfg.live_threads:
+        return int(cfg.live_threads)
+    recorded = meta.get("threads") or []
+    if len(recorded) == 1:
+        return int(recorded[0])
+    return None if cfg.device.startswith("cuda") else 1
 
 
 @dataclass
@@ -270,8 +287,9 @@ def score_routers(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=Non
         # the profile oracle's pick, run live
         decisions["oracle"] = [with_oracle["oracle"].route(r) for r in stream]
         target, draft, _ = resolve_models(cfg.model, cfg.draft_model, None, None, lambda *a: None)
+        threads = live_threads(cfg, meta)
         runs = run_live(stream, decisions, target, draft, cfg.device, progress=say, backend=cfg.backend,
-                        trials=cfg.live_trials)
+                        trials=cfg.live_trials, threads=threads, max_remeasure=cfg.live_max_remeasure)
         live_per, estimate, live_figures = score_live(
             runs, stream, decisions, {k: v.p50_us for k, v in overhead.items()},
             Constraints(**{k: v for k, v in meta["constraints"].items()}), test)
@@ -279,6 +297,7 @@ def score_routers(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=Non
         live_family = summarise_live(live_per, by_family=True)
         context["live_requests"] = len(stream)
         context["live_trials"] = cfg.live_trials
+        context["live_threads"] = threads
         context["live_model"] = str(target)
     from routers.scoring.offline import offline_intervals
 
