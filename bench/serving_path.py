@@ -73,7 +73,9 @@ def main():
         stages = {"features": sink, "route": sink, "serving_route": SimpleNamespace(
             observe=recorded.setdefault(name, []).append)}
         state = SimpleNamespace(config=SimpleNamespace(reference="fp16", route_budget_us=1e9), modes=modes,
-                                metrics=SimpleNamespace(routing=sink, stages=stages), memory_pressure=0.0)
+                                metrics=SimpleNamespace(routing=sink, stages=stages, fallbacks=SimpleNamespace(
+                                    labels=lambda reason: SimpleNamespace(inc=lambda: None))),
+                                memory_pressure=0.0)
         return lambda: route(state, router, "cmpl-0", 30, 32, 0, 64)
 
     steps = {

@@ -1,9 +1,9 @@
 """Print the capture / violation frontier of a training table (``routers.scoring.frontier``).
 
 For each split: each mode's out-of-fold safety AUC, and the best capture of the
-oracle's latency saving at violation caps 0-10 % for the two decision rules, with
-every mode's latency known exactly (an upper bound for routers with that safety
-model and these features).
+oracle's latency saving at violation caps 0-10 % for the three decision rules, with
+every mode's latency known exactly and each rule's knob chosen on the scored
+requests (a ceiling for those rules with that safety model and these features).
 
     .venv/bin/python scripts/safety_frontier.py [--data runs/study/train.parquet]
         [--splits random,group,lofo] [--feature-set A] [--risk-model lgbm|lr] [--all]
@@ -21,7 +21,8 @@ def main():
     ap.add_argument("--data", default="runs/study/train.parquet")
     ap.add_argument("--splits", default="random,group,lofo", help="the project's splits (routers.training.splits)")
     ap.add_argument("--feature-set", default="A")
-    ap.add_argument("--risk-model", choices=["lgbm", "lr"], default="lgbm")
+    ap.add_argument("--risk-model", choices=["lgbm", "lr"], default="lgbm",
+                    help="each mode's safety classifier (routers.scoring.frontier.RISK_MODELS)")
     ap.add_argument("--test-size", type=float, default=0.25)
     ap.add_argument("--seed", type=int, default=42, help="the split's seed")
     ap.add_argument("--all", dest="inside", action="store_false",
@@ -38,7 +39,7 @@ def main():
     print(f"{'split':<7} {'scored':>6} {'rule':<11} " + " ".join(f"{'<=' + format(c, '.0%'):>6}" for c in caps))
     for split in args.splits.split(","):
         f = frontier(table, split, args.feature_set, args.risk_model, args.inside, args.test_size, args.seed)
-        for rule in ("threshold", "lagrangian"):
+        for rule in ("threshold", "relative", "absolute"):
             print(f"{split:<7} {f.scored:>6} {rule:<11} " + " ".join(f"{f.best_capture(c, rule):6.2f}" for c in caps))
         print(f"{'':<7} AUC: " + ", ".join(f"{m} {a:.2f}" for m, a in sorted(f.auc.items(), key=lambda kv: kv[1])))
 

@@ -1,9 +1,11 @@
 """Live scoring measures as the profiler does: the profile's threads, every trial's CPU
-share and the machine's other load, contended trials measured again, medians of clean ones."""
+share and the machine's other load, contended trials measured again, medians of clean ones.
+
+The engine and the trial clock are scripted (no timing here): the clock reports the CPU
+share a contended trial shows (another process had the core) on the calls listed."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -21,97 +23,106 @@ class _Gen:
 
 
 class _Engine:
-    """Spins the CPU for 30 ms per run (a clean trial: CPU share about 1), except on the
-    runs listed in ``idle``, where it sleeps instead (share about 0: another process had
-    the core), as a contended trial looks to the CPU clock."""
-
     tokenizer = None
 
-    def __init__(self, mode, calls, idle):
-        self.mode, self.calls, self.idle = mode, calls, idle
+    def __init__(self, mode, calls):
+        self.mode, self.calls = mode, calls
 
     def run(self, group, ignore_eos=True):
-        n = sum(1 for c in self.calls if c == self.mode)
         self.calls.append(self.mode)
-        t0 = time.perf_counter()
-        if n in self.idle.get(self.mode, ()):
-            time.sleep(0.03)
-        else:
-            while time.perf_counter() - t0 < 0.03:
-                pass
-        ms = (time.perf_counter() - t0) * 1e3
-        return [_Gen("same words", 4, ms, ms / 2) for _ in group]
+        return [_Gen(f"words of {self.mode}", 4, 30.0, 10.0) for _ in group]
 
     def close(self):
         pass
 
 
-def _backend(idle, seen):
-    calls: list[str] = []
+class _Clock:
+    def __init__(self, share):
+        self.share, self.other_load = share, 0.0
 
-    def load(mode, settings):
-        seen.append(settings)
-        return _Engine(mode, calls, idle)
+    def __enter__(self):
+        return self
 
-    return SimpleNamespace(plan=lambda s, modes: (modes, [], {}), load=load, child_processes=False,
-                           set_threads=None), calls
+    def __exit__(self, *exc):
+        return False
 
 
 @pytest.fixture
 def live(monkeypatch):
     from engine import prompts
     from engine.backends import registry
+    from routers.scoring import live as live_mod
 
     monkeypatch.setattr(prompts, "PromptBuilder", lambda tok: SimpleNamespace(prepare=lambda r: r))
 
-    def run(idle, **kw):
-        from routers.scoring.live import run_live
+    def run(contended_calls=(), **kw):
+        calls, seen = [], []
 
-        seen = []
-        be, calls = _backend(idle, seen)
+        def load(mode, settings):
+            seen.append(settings)
+            return _Engine(mode, calls)
+
+        be = SimpleNamespace(plan=lambda s, modes: (modes, [], {}), load=load, child_processes=False)
         monkeypatch.setattr(registry, "get_backend", lambda name: be)
+        n = iter(range(10_000))
+        monkeypatch.setattr(live_mod, "_trial_clock",
+                            lambda children: lambda: _Clock(0.3 if next(n) in contended_calls else 1.0))
         stream = [Request(id="r1", prompt_tokens=8, expected_output_tokens=4, family="a")]
-        runs = run_live(stream, {"x": ["fast"]}, "model", trials=3, **kw)
+        runs = live_mod.run_live(stream, {"x": ["fast"]}, "model", trials=3, **kw)
         return runs, calls, seen
     return run
 
 
 def test_the_profile_threads_reach_the_engines(live):
-    _, _, seen = live({}, threads=1)
+    _, _, seen = live(threads=1)
     assert {s.threads for s in seen} == {1}
 
 
 def test_a_contended_trial_is_measured_again_and_left_out_of_the_median(live):
     from routers.scoring.live import _collapse
 
-    # the second of fast's three runs sleeps: flagged, run again (its 4th run spins)
-    runs, calls, _ = live({"fast": {1}}, threads=1)
+    # calls: t0 fp16, t0 fast, t1 fp16, t1 fast (contended), t2 fp16, t2 fast, then fast t1 again
+    runs, calls, _ = live({3}, threads=1)
     fast = runs[runs["mode"] == "fast"].sort_values(["trial", "attempt"])
     assert calls.count("fast") == 4 and calls.count("fp16_baseline") == 3
     assert fast[["trial", "attempt"]].values.tolist() == [[0, 0], [1, 0], [1, 1], [2, 0]]
     assert fast["contended"].tolist() == [False, True, False, False]
-    assert fast.loc[fast["contended"], "cpu_share"].iloc[0] < 0.5 <= fast.loc[~fast["contended"], "cpu_share"].min()
-    assert {"other_load", "cpu_share", "contended", "attempt"} <= set(runs.columns)
+    assert {"other_load", "cpu_share", "contended", "attempt", "rouge_l_vs_baseline"} <= set(runs.columns)
     med, per_trial = _collapse(runs)
     assert med.loc[("r1", "fast"), "trials"] == 3  # three trials, each by its clean attempt
     assert len(per_trial[("r1", "fast")]) == 3
+    # each run's own text against the reference's first
+    assert runs.loc[runs["mode"] == "fp16_baseline", "rouge_l_vs_baseline"].eq(1.0).all()
+    assert runs.loc[runs["mode"] == "fast", "rouge_l_vs_baseline"].lt(1.0).all()
 
 
 def test_a_trial_that_stays_contended_keeps_its_flag_and_stops(live):
-    runs, calls, _ = live({"fast": {0, 3, 4}}, threads=1, max_remeasure=2)
+    # fast's trial 0 is contended at every attempt: calls 1, then the re-measures 6 and 7
+    runs, calls, _ = live({1, 6, 7}, threads=1, max_remeasure=2)
     first = runs[(runs["mode"] == "fast") & (runs["trial"] == 0)]
     assert first["attempt"].tolist() == [0, 1, 2] and first["contended"].all()
     assert calls.count("fast") == 5
 
 
+def test_the_summary_counts_contended_and_remeasured_trials(live):
+    from oracle.constraints import Constraints
+    from routers.scoring.live import score_live
+
+    runs, _, _ = live({3}, threads=1)
+    stream = [Request(id="r1", prompt_tokens=8, expected_output_tokens=4, family="a")]
+    _, _, summary = score_live(runs, stream, {"x": ["fast"]}, {"x": 0.0}, Constraints())
+    assert summary["contended_trials_pct"] == pytest.approx(100 / 6)
+    assert summary["contended_after_remeasure_pct"] == 0.0 and summary["remeasured_runs"] == 1
+
+
 def test_live_threads_default_to_the_profile_then_one_on_cpu():
     from routers.scoring.run import ScoreConfig, live_threads
 
-    assert live_threads(ScoreConfig(), {"threads": [2]}) == 2
-    assert live_threads(ScoreConfig(), {}) == 1
-    assert live_threads(ScoreConfig(), {"threads": [1, 2]}) == 1  # mixed: the safe choice
-    assert live_threads(ScoreConfig(device="cuda"), {}) is None
-    assert live_threads(ScoreConfig(live_threads=3), {"threads": [1]}) == 3
+    assert live_threads(ScoreConfig(), {"threads": [2]}) == (2, "the profile's")
+    assert live_threads(ScoreConfig(), {})[0] == 1
+    assert live_threads(ScoreConfig(), {"threads": [1, 2]})[0] == 1  # mixed: the safe choice
+    assert live_threads(ScoreConfig(device="cuda"), {})[0] is None
+    assert live_threads(ScoreConfig(live_threads=3), {"threads": [1]}) == (3, "--live-threads")
 
 
 def test_the_training_table_records_the_profile_threads():

@@ -28,6 +28,7 @@ responses.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +45,7 @@ from engine.serving.config import EngineFactory, ServerConfig, supported_modes
 from engine.serving.generate import serve
 from engine.serving.jobs import check_capacity
 from engine.serving.metrics import Metrics
-from engine.serving.routing import track_memory_pressure
+from engine.serving.routing import memory_pressure, track_memory_pressure
 from engine.serving.schemas import ChatBody, CompletionBody, error_response
 from engine.serving.state import (
     RouterLoader,
@@ -73,14 +74,19 @@ def create_app(router_loader: RouterLoader, cfg: ServerConfig, engine_factory: E
     async def lifespan(app: FastAPI):
         state = await start_state(cfg, metrics, router_loader, engine_factory, tokenizer, supported_modes)
         app.state.serving = state
+        tracker = None
+        if cfg.device.startswith("cuda"):
+            state.memory_pressure = memory_pressure(cfg.device)  # the first requests see it too
+            tracker = asyncio.create_task(track_memory_pressure(state))
         freeze_heap()
         log.info("serving %s with router %s", cfg.model_path, type(state.router).__name__)
-        tracker = asyncio.create_task(track_memory_pressure(state)) if cfg.device.startswith("cuda") else None
         try:
             yield
         finally:
             if tracker is not None:
                 tracker.cancel()
+                await asyncio.gather(tracker, return_exceptions=True)
+            gc.unfreeze()  # what start-up froze may be collected again (and tests' apps come and go)
             await run_in_threadpool(state.pool.close)
 
     # the API's docs are routes like any other: behind the key when one is set

@@ -21,7 +21,7 @@ from fastapi.concurrency import run_in_threadpool
 from dataset.requests import Request
 from engine.serving.config import ServerConfig
 from engine.serving.routing import Decision, route
-from engine.serving.state import ServerState, freeze_heap
+from engine.serving.state import ServerState
 
 if TYPE_CHECKING:
     from engine.backends.base import Engine
@@ -109,7 +109,6 @@ async def acquire_engine(state: ServerState, job: Job) -> Engine:
         return eng
     try:
         eng = await run_in_threadpool(state.pool.acquire, job.mode)
-        freeze_heap(collect=False)  # the engine just loaded lives as long as the server
         state.metrics.stages["load"].observe(time.perf_counter() - t0)
         return eng
     except BaseException as exc:  # a cancelled wait too: the count must not drift

@@ -13,8 +13,10 @@ times this function warm and cold, and what it records). The features and the
 decision share one frame, the memory pressure is read from the state (kept current
 off the serving path), and the checks and metrics come after the window. What is
 left is the router's ``Request`` (also the engine's input) and its answer: under
-``bench/serve_vs_engine.py``'s 64-in-flight load the ``Request`` took 1.8-2.7 us p50
-of a 2.3-3.4 us window, the fixed-mode decision 0.45-0.73 us (five rounds, one run).
+``bench/serve_vs_engine.py``'s 64-in-flight load the server's histograms put the
+``features`` stage (the ``Request``) at about 1.8-2.7 us p50 and the fixed-mode
+decision at about 0.45-0.73 us, of a ``serving_route`` p50 of about 2.3-3.4 us (five
+rounds, one run; p50s interpolated within the 1.5 / 2 / 3 us buckets).
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ def route(state: ServerState, router: RoutesRequests, rid: str, prompt_tokens: i
     except Exception as exc:  # noqa: BLE001 - any router failure sends the request to the reference
         mode, reason = None, exc
     t2 = _clock()
+    if reason is None and type(mode) is not str:  # a NumPy str_ from a predict(), or worse
+        try:
+            mode = str(mode)
+        except Exception as exc:  # noqa: BLE001
+            reason = exc
     us = (t2 - t1) / 1e3
     stage = state.metrics.stages
     stage["features"].observe((t1 - t0) / 1e9)
@@ -71,7 +78,6 @@ def route(state: ServerState, router: RoutesRequests, rid: str, prompt_tokens: i
         log.warning("router raised %s: %s; using %s", type(reason).__name__, reason, cfg.reference)
         reason = "error"
     else:
-        mode = mode if type(mode) is str else str(mode)  # a NumPy str_ from a predict()
         reason = _overruled(state, mode, us)
     if reason:
         mode = cfg.reference
@@ -103,9 +109,17 @@ def memory_pressure(device: str) -> float:
 
 
 async def track_memory_pressure(state: ServerState, every_s: float = 0.1) -> None:
-    """Keep ``state.memory_pressure`` current on CUDA, every ``every_s`` seconds: a
-    ``cudaMemGetInfo`` per request would cost microseconds on the serving path, and the
-    memory taken moves on the scale of engine loads and KV-cache growth, not requests."""
+    """Keep ``state.memory_pressure`` current on CUDA, every ``every_s`` seconds, not per
+    request: a ``cudaMemGetInfo`` per request would cost microseconds inside routing, and
+    the memory taken moves on the scale of engine loads and KV-cache growth, not
+    requests. A failed reading is logged (once per kind) and the last value kept."""
+    failed: set[str] = set()
     while True:
-        state.memory_pressure = memory_pressure(state.config.device)
+        try:
+            state.memory_pressure = memory_pressure(state.config.device)
+        except Exception as exc:  # noqa: BLE001 - a reading must never stop the server
+            if type(exc).__name__ not in failed:
+                failed.add(type(exc).__name__)
+                log.warning("memory pressure not read (%s: %s); keeping %.2f", type(exc).__name__, exc,
+                            state.memory_pressure)
         await asyncio.sleep(every_s)

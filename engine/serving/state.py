@@ -72,7 +72,7 @@ class ServerState:
     #: the served model's context in tokens (prompt + max_tokens must fit in it)
     context_tokens: int = 4096
     #: the router's ``memory_pressure`` feature: 0 on CPU; on CUDA kept current by
-    #: ``routing.track_memory_pressure`` (read, not measured, on the serving path)
+    #: ``routing.track_memory_pressure`` every 100 ms (read, not measured, per request)
     memory_pressure: float = 0.0
 
     def install(self, loaded: RoutesRequests | LoadedRouter) -> None:
@@ -143,18 +143,17 @@ async def _state_dependency(request: HttpRequest) -> ServerState:
 State = Annotated[ServerState, Depends(_state_dependency)]
 
 
-def freeze_heap(collect: bool = True) -> None:
+def freeze_heap() -> None:
     """Move every object alive now out of the garbage collector's reach, as ``vllm serve``
-    does after its start-up (``vllm.utils.gc_utils.freeze_gc_heap``): the server's heap is
-    mostly torch, transformers and the engines, which live until it stops, and a full
-    collection walks all of it, stalling every request in flight for as long. ``collect``
-    first collects the garbage so it is not kept (a full pass: at start-up, before any
-    request; after an engine load only ``gc.freeze()`` runs, which costs nothing, and what
-    the load left as cyclic garbage stays)."""
+    does after its start-up (``vllm.utils.gc_utils.freeze_gc_heap``): at start-up the heap
+    is torch, transformers, the tokenizer and the router, which live until the server
+    stops, and a full collection walks all of it, stalling every request in flight. The
+    garbage is collected first, so none is kept. Engines load later and are not frozen:
+    the pool unloads them to stay in its memory budget, and closing one relies on the
+    collector to free its weights. The app's shutdown calls ``gc.unfreeze()``."""
     import gc
 
-    if collect:
-        gc.collect()
+    gc.collect()
     gc.freeze()
 
 

@@ -1,24 +1,28 @@
-"""How much of the oracle's saving any router with a feature set's safety knowledge can keep.
+"""How much of the oracle's saving a router can keep when its safety knowledge comes
+from the request's features: a ceiling for the cost routers' kind of decision.
 
 Why: a router is asked for a share of the oracle's latency saving at a violation
 rate cap (#16: >= 90 % at <= 2 % on held-out families). Whether that is reachable
 depends first on whether a mode's safety on a request can be told from the request's
-features at all, which no router tuning changes. This bounds it from above, for a
-given safety model: each mode's safety is predicted out of fold (the project's own
+features at all, which no tuning of the router changes. Here each mode's safety is
+predicted out of fold (one classifier per mode on ``safe__<mode>``; the project's own
 splits: ``random`` and ``group`` hold one part out, ``lofo`` every family in turn),
 each mode's latency is taken as *known* (the measured one: no latency model does
-better), and two decision rules are walked:
+better), and three decision rules are walked over their knob:
 
 * ``threshold``: the fastest mode whose predicted risk is at most t, else the
   reference (the cost-predicting routers' rule), over t;
-* ``lagrangian``: the largest relative saving ``1 - latency / reference latency``
-  less ``lam x risk``, over lam (the reference: no saving, no risk).
+* ``relative``: the largest relative saving ``1 - latency / reference latency`` less
+  ``lam x risk`` (the reference: no saving, no risk), over lam;
+* ``absolute``: the same with the saving in milliseconds (what capture sums).
 
-The best capture at a violation rate under a cap, over either walk, is what a router
-with that safety model and these features could reach at best; a better safety model
-could move it, so each mode's out-of-fold AUC is reported with it. By default only
-held-out requests inside the training part's numeric feature ranges are scored, as
-in the issue's target.
+The knob is chosen on the scored requests themselves, so each figure is optimistic
+for its rule. It is a ceiling for these rules with this safety model, not for every
+router: per-mode thresholds or a better safety model could do better, so each
+mode's out-of-fold AUC is reported with it. Capture and violations are over requests
+(not family-weighted as the scoring report's headline is). By default only held-out
+requests inside the training part's feature ranges are scored
+(:func:`routers.scoring.coverage.coverage`, as the report's "inside" part).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from dataset.features import FEATURE_SETS
 RISK_MODELS = ("lgbm", "lr")
 
 
-def _risk_model(name: str, seed: int):
+def _risk_model(name: str, seed: int) -> object:
     if name == "lgbm":
         from lightgbm import LGBMClassifier
 
@@ -59,7 +63,8 @@ class Frontier:
     scored: int
     #: out-of-fold AUC of each mode's safety model, where both outcomes occur
     auc: dict[str, float]
-    #: (rule, knob, capture, violations): one row per threshold / lam walked
+    #: (rule, knob, capture, violations): one row per threshold / lam walked; rules
+    #: ``threshold``, ``relative``, ``absolute``
     curve: pd.DataFrame
 
     def best_capture(self, cap: float, rule: str | None = None) -> float:
@@ -77,6 +82,7 @@ def frontier(table: pd.DataFrame, split: str = "lofo", feature_set: str = "A", r
     from sklearn.base import clone
     from sklearn.metrics import roc_auc_score
 
+    from routers.scoring.coverage import coverage
     from routers.training.splits import split_indices
 
     modes = [c.split("__", 1)[1] for c in table.columns
@@ -88,7 +94,6 @@ def frontier(table: pd.DataFrame, split: str = "lofo", feature_set: str = "A", r
     for c in X.columns:
         if not pd.api.types.is_numeric_dtype(X[c]):
             X[c] = X[c].astype(str).astype("category")
-    num = [c for c in X.columns if pd.api.types.is_numeric_dtype(X[c])]
     lat = np.column_stack([table[f"latency_ms__{m}"].to_numpy(float) for m in modes])
     safe = np.column_stack([table[f"safe__{m}"].fillna(False).to_numpy(bool) for m in modes])
     r = modes.index(ref)
@@ -96,18 +101,18 @@ def frontier(table: pd.DataFrame, split: str = "lofo", feature_set: str = "A", r
 
     p_safe = np.ones_like(lat)
     tested = np.zeros(len(table), bool)
-    inside = np.ones(len(table), bool)
-    for tr, te in split_indices(table, split, test_size=test_size, seed=seed):
+    folds = split_indices(table, split, test_size=test_size, seed=seed)
+    marks = coverage(table, folds)[0].set_index("request_id")["extrapolated"]
+    inside = ~table["request_id"].astype(str).map(marks).fillna(True).to_numpy(bool)
+    for tr, te in folds:
         tested[te] = True
-        lo, hi = X.iloc[tr][num].min(), X.iloc[tr][num].max()
-        inside[te] = ((X.iloc[te][num] >= lo) & (X.iloc[te][num] <= hi)).all(axis=1).to_numpy()
         for j in range(len(modes)):
             y = safe[tr, j]
             if y.all() or not y.any():
                 p_safe[te, j] = float(y.mean())
             else:
                 p_safe[te, j] = clone(model).fit(X.iloc[tr], y).predict_proba(X.iloc[te])[:, 1]
-    keep = tested & inside if inside_only else tested
+    keep = (tested & inside if inside_only else tested) & np.isfinite(lat[:, r])
     rows = np.flatnonzero(keep)
     auc = {m: float(roc_auc_score(safe[rows, j], p_safe[rows, j])) for j, m in enumerate(modes)
            if 0 < safe[rows, j].mean() < 1}
@@ -119,13 +124,17 @@ def frontier(table: pd.DataFrame, split: str = "lofo", feature_set: str = "A", r
     i = np.arange(len(rows))
 
     def point(rule, knob, pick):
-        return {"rule": rule, "knob": knob, "capture": (lat[:, r] - lat[i, pick]).sum() / best,
-                "violations": float((~safe[i, pick]).mean())}
+        saved = (lat[:, r] - lat[i, pick]).sum()
+        return {"rule": rule, "knob": knob, "capture": saved / best if best > 1e-12 else np.nan,
+                "violations": float((~safe[i, pick]).mean()) if len(rows) else np.nan}
 
     out = [point("threshold", th, np.where(risk <= th, lat, np.inf).argmin(axis=1))
            for th in np.unique(np.concatenate([[0.0], np.quantile(risk, np.linspace(0, 1, 400)), [1.0]]))]
-    gain = 1 - lat / lat[:, [r]]
-    for lam in [*np.geomspace(1e-3, 1e7, 500), np.inf]:
-        score = gain - lam * risk if np.isfinite(lam) else np.where(risk > 0, -np.inf, gain)
-        out.append(point("lagrangian", lam, score.argmax(axis=1)))
+    saving = {"relative": 1 - lat / lat[:, [r]], "absolute": lat[:, [r]] - lat}
+    for rule, gain in saving.items():
+        gain = np.where(np.isfinite(gain), gain, -np.inf)
+        scale = float(np.nanmax(np.abs(gain[np.isfinite(gain)]), initial=1.0))
+        for lam in [*(scale * np.geomspace(1e-4, 1e7, 500)), np.inf]:
+            score = gain - lam * risk if np.isfinite(lam) else np.where(risk > 0, -np.inf, gain)
+            out.append(point(rule, lam, score.argmax(axis=1)))
     return Frontier(split, len(rows), auc, pd.DataFrame(out))

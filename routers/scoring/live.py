@@ -27,8 +27,8 @@ trial-major and mode-interleaved (trial t of all modes back to back), under the
 profiler's measurement hygiene: the profile's thread count (``threads``; two torch
 threads on a 2-core machine slow up to 18x whenever anything else takes a core),
 each trial's CPU share and the machine's other load recorded, trials flagged by the
-profiler's :class:`engine.noise.ContentionRule` measured again (interleaved, up to
-``max_remeasure`` times). Per (request, mode) the median of its clean trials counts
+profiler's :class:`engine.noise.ContentionRule` measured again after the sweep
+(interleaved, up to ``max_remeasure`` more attempts). Per (request, mode) the median of its clean trials counts
 (of all, where none is clean); the energy ratio carries its paired
 bootstrap interval over trials. Aggregates carry 95 % bootstrap intervals over
 requests, resampled within each family (the family-weighted figures stay family
@@ -50,7 +50,7 @@ import pandas as pd
 from dataset.errors import InputError
 from dataset.requests import Request
 from engine.modes import reference_mode
-from engine.noise import ContentionRule, clean_trials
+from engine.noise import clean_trials, flag_contended, unresolved_trials
 
 
 def stratified(requests: list[Request], n: int, seed: int = 0) -> list[Request]:
@@ -84,9 +84,10 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
     the trial's CPU share, the machine's other load and the contention flag.
 
     ``threads``: the engines' compute threads (``EngineSettings.threads``), which
-    should be the profile's, so live and table measure the same thing. After a
-    request's trials, those :class:`engine.noise.ContentionRule` flags are run again,
-    interleaved, up to ``max_remeasure`` times while flagged (as the profiler does)."""
+    should be the profile's, so live and table measure the same thing. After the
+    sweep, each trial with no attempt clean by :class:`engine.noise.ContentionRule`
+    (a clean trial's CPU share taken as ``threads``) is measured again, interleaved,
+    up to ``max_remeasure`` more times, as the profiler does."""
     from engine.backends.base import EngineSettings
     from engine.backends.registry import get_backend
     from engine.energy import make_meter
@@ -111,45 +112,52 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
         builder = PromptBuilder(engines[reference].tokenizer)
         meter = make_meter(device, watts_per_core=watts_per_core, include_children=be.child_processes)
         clock = _trial_clock(be.child_processes)
-        rule = ContentionRule()
+        expected = float(threads) if threads else None  # a clean trial's CPU share
+        plans = []  # per request: what each of its runs needs
+
+        def measure(k: int, m: str, t: int, attempt: int) -> dict:
+            req, group, prime, ignore_eos = plans[k]
+            if progress:
+                again = f", again ({attempt})" if attempt else ""
+                progress(f"live: request {k + 1}/{len(stream)} ({req.family}) on {m}, "
+                         f"trial {t + 1}/{trials}{again}")
+            gens, energy, c = _measure(engines[m], group, prime, ignore_eos, meter, clock)
+            tokens = sum(g.output_tokens for g in gens)
+            return {
+                "request_id": req.id, "family": req.family, "mode": m, "trial": t, "attempt": attempt,
+                "latency_ms": max(g.latency_ms for g in gens),
+                "ttft_ms": float(np.nanmean([g.ttft_ms for g in gens])),
+                "output_tokens": tokens, "energy_j": energy.joules,
+                "energy_per_token_j": energy.joules / tokens if tokens else np.nan,
+                "energy_source": energy.source, "cpu_share": c.share, "other_load": c.other_load,
+                "text": "\n".join(g.text for g in gens),
+            }
+
         rows = []
         for i, req in enumerate(stream):
             group = [builder.prepare(r) for r in _group(req)]
             prime = [builder.prepare(dataclasses.replace(req, id=f"{req.id}-prime"))] \
                 if req.shared_prefix_tokens else []
+            plans.append((req, group, prime, not req.benchmark_suite))
             modes = [reference] + sorted({d[i] for d in decisions.values()} - {reference})
-            ignore_eos = not req.benchmark_suite
-            todo = [(m, t, 0) for t in range(trials) for m in modes]
-            mine, texts = [], {}
-            for attempt in range(max_remeasure + 1):
-                for m, t, a in todo:
-                    if progress:
-                        again = f", again ({a})" if a else ""
-                        progress(f"live: request {i + 1}/{len(stream)} ({req.family}) on {m}, "
-                                 f"trial {t + 1}/{trials}{again}")
-                    gens, energy, c = _measure(engines[m], group, prime, ignore_eos, meter, clock)
-                    texts.setdefault(m, "\n".join(g.text for g in gens))
-                    tokens = sum(g.output_tokens for g in gens)
-                    mine.append({
-                        "request_id": req.id, "family": req.family, "mode": m, "trial": t, "attempt": a,
-                        "latency_ms": max(g.latency_ms for g in gens),
-                        "ttft_ms": float(np.nanmean([g.ttft_ms for g in gens])),
-                        "output_tokens": tokens, "energy_j": energy.joules,
-                        "energy_per_token_j": energy.joules / tokens if tokens else np.nan,
-                        "energy_source": energy.source, "cpu_share": c.share, "other_load": c.other_load,
-                    })
-                flags = _flag(mine, rule)
-                # a trial is measured again while its latest attempt is flagged
-                latest = {(r["mode"], r["trial"]): k for k, r in enumerate(mine)}
-                todo = [(m, t, attempt + 1) for (m, t), k in latest.items() if flags[k]]
-                if not todo:
-                    break
-            for r, bad in zip(mine, _flag(mine, rule)):
-                # greedy decoding: every trial's text is the first's, so ROUGE-L is per mode
-                r["contended"] = bool(bad)
-                r["rouge_l_vs_baseline"] = rouge_l(texts[r["mode"]], texts[reference])
-                rows.append(r)
-        return pd.DataFrame(rows)
+            rows += [measure(i, m, t, 0) for t in range(trials) for m in modes]
+        # as the profiler does: after the sweep, each trial none of whose attempts is clean
+        # is measured again (interleaved), until clean or max_remeasure more attempts
+        index = {r.id: k for k, r in enumerate(stream)}
+        for _ in range(max_remeasure):
+            df = pd.DataFrame(rows)
+            df["contended"] = flag_contended(df, expected_share=expected)
+            again = unresolved_trials(df)
+            if again.empty:
+                break
+            rows += [measure(index[b.request_id], b.mode, int(b.trial), int(b.attempts))
+                     for b in again.itertuples()]
+        df = pd.DataFrame(rows)
+        df["contended"] = flag_contended(df, expected_share=expected)
+        ref_text = df[(df["mode"] == reference) & (df["trial"] == 0) & (df["attempt"] == 0)] \
+            .set_index("request_id")["text"]
+        df["rouge_l_vs_baseline"] = [rouge_l(text, ref_text[rid]) for text, rid in zip(df["text"], df["request_id"])]
+        return df.drop(columns="text")
     finally:
         for e in engines.values():
             e.close()
@@ -175,21 +183,6 @@ def _measure(engine, group, prime, ignore_eos: bool, meter, clock):
     return gens, meter.stop(), c
 
 
-def _flag(rows: list[dict], rule) -> list[bool]:
-    """Each trial's contention flag, judged among its (request, mode)'s trials as the
-    profiler judges them (:class:`engine.noise.ContentionRule`)."""
-    out = [False] * len(rows)
-    by_mode: dict[str, list[int]] = {}
-    for k, r in enumerate(rows):
-        by_mode.setdefault(r["mode"], []).append(k)
-    for ks in by_mode.values():
-        flags = rule.flags([rows[k]["latency_ms"] for k in ks], [rows[k]["cpu_share"] for k in ks],
-                           other_load=[rows[k]["other_load"] for k in ks])
-        for k, f in zip(ks, flags):
-            out[k] = bool(f)
-    return out
-
-
 CAUSES = ("within_noise", "known_unsafe", "measurement_wrong", "estimate_wrong")
 
 
@@ -200,8 +193,8 @@ def _collapse(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     r = clean_trials(runs.copy()) if "contended" in runs else runs.copy()
     if "trial" not in r:
         r["trial"] = 0
-    if "attempt" in r:  # a trial re-measured: its last clean attempt stands for it
-        r = r.sort_values("attempt").groupby(["request_id", "mode", "trial"], as_index=False).last()
+    if "attempt" in r:  # a trial re-measured: its last (clean, where one is) attempt stands for it
+        r = r.sort_values("attempt", kind="stable").drop_duplicates(["request_id", "mode", "trial"], keep="last")
     med = r.groupby(["request_id", "mode"]).agg(
         latency_ms=("latency_ms", "median"), energy_per_token_j=("energy_per_token_j", "median"),
         rouge_l_vs_baseline=("rouge_l_vs_baseline", "first"), trials=("trial", "size"))
@@ -276,15 +269,13 @@ def score_live(runs: pd.DataFrame, stream: list[Request], decisions: dict[str, l
         e["abs_pct_error"] = (e["estimated_latency_ms"] - e["latency_ms"]).abs() / e["latency_ms"] * 100
         est = e
     summary = {"estimate_mape_pct": float(est["abs_pct_error"].mean()) if est is not None else np.nan}
-    if "contended" in runs:
-        flags = runs["contended"].astype("boolean").fillna(False).astype(bool)
-        first = runs["attempt"] == 0 if "attempt" in runs else pd.Series(True, index=runs.index)
-        last = runs.sort_values("attempt").groupby(["request_id", "mode", "trial"]).tail(1).index \
-            if "attempt" in runs else runs.index
-        # how often a first attempt was contended, and how often it stayed so after the re-measuring
-        summary["contended_trials_pct"] = float(flags[first].mean() * 100)
-        summary["contended_after_remeasure_pct"] = float(flags.loc[last].mean() * 100)
-        summary["remeasured_runs"] = int((~first).sum())
+    if "contended" in runs and "attempt" in runs:
+        first = runs[runs["attempt"] == 0]
+        n = first.groupby(["request_id", "mode", "trial"]).ngroups
+        # trials contended at their first attempt, and those with no clean attempt at the end
+        summary["contended_trials_pct"] = len(unresolved_trials(first)) / n * 100 if n else np.nan
+        summary["contended_after_remeasure_pct"] = len(unresolved_trials(runs)) / n * 100 if n else np.nan
+        summary["remeasured_runs"] = int((runs["attempt"] > 0).sum())
     return per, est, summary
 
 

@@ -60,15 +60,20 @@ class ScoreConfig:
     labels: str = "all"
 
 
-def live_threads(cfg: ScoreConfig, meta: dict) -> int | None:
-    """The engines' threads for the live check: as asked, else the profile's single
-    thread count, else 1 on CPU; None (the backend's choice) on CUDA."""
+def live_threads(cfg: ScoreConfig, meta: dict) -> tuple[int | None, str]:
+    """(the engines' threads for the live check, where the choice comes from): as asked,
+    else the profile's single thread count, else 1 on CPU; None (the backend's choice)
+    on CUDA. A table built before tables recorded it says nothing, so the report says
+    the choice was not the profile's."""
     if cfg.live_threads:
-        return int(cfg.live_threads)
+        return int(cfg.live_threads), "--live-threads"
     recorded = meta.get("threads") or []
     if len(recorded) == 1:
-        return int(recorded[0])
-    return None if cfg.device.startswith("cuda") else 1
+        return int(recorded[0]), "the profile's"
+    why = "the table does not record the profile's" if not recorded else f"the profile mixed {recorded}"
+    if cfg.device.startswith("cuda"):
+        return None, f"the backend's ({why})"
+    return 1, f"1 on CPU ({why})"
 
 
 @dataclass
@@ -287,7 +292,9 @@ def score_routers(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=Non
         # the profile oracle's pick, run live
         decisions["oracle"] = [with_oracle["oracle"].route(r) for r in stream]
         target, draft, _ = resolve_models(cfg.model, cfg.draft_model, None, None, lambda *a: None)
-        threads = live_threads(cfg, meta)
+        threads, threads_from = live_threads(cfg, meta)
+        if not threads_from.startswith(("the profile's", "--live")):
+            say(f"live: engine threads {threads}: {threads_from}")
         runs = run_live(stream, decisions, target, draft, cfg.device, progress=say, backend=cfg.backend,
                         trials=cfg.live_trials, threads=threads, max_remeasure=cfg.live_max_remeasure)
         live_per, estimate, live_figures = score_live(
@@ -297,7 +304,7 @@ def score_routers(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=Non
         live_family = summarise_live(live_per, by_family=True)
         context["live_requests"] = len(stream)
         context["live_trials"] = cfg.live_trials
-        context["live_threads"] = threads
+        context["live_threads"] = f"{threads} ({threads_from})"
         context["live_model"] = str(target)
     from routers.scoring.offline import offline_intervals
 
