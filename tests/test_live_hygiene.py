@@ -135,3 +135,18 @@ def test_the_training_table_records_the_profile_threads():
     assert table_meta(build_training_table(profile.drop(columns=["threads"], errors="ignore"), reqs))["threads"] == []
     profile["threads"] = 1
     assert table_meta(build_training_table(profile, reqs))["threads"] == [1]
+
+
+def test_the_risk_table_reads_the_live_rate_against_its_slack():
+    import pandas as pd
+
+    from routers.scoring.coverage import risk_table
+
+    router = SimpleNamespace(calibration_={"alpha": 0.01, "delta": 0.1, "n": 230, "threshold": 0.02,
+                                           "rate": 0.0, "upper_bound": 0.00996})
+    head = pd.DataFrame({"violation_rate_any": [0.02]}, index=["cost"])
+    live = pd.DataFrame({"router": ["cost"], "violation_rate_any": [1 / 60]})
+    row = risk_table({"cost": router}, head, live, held_out=240, live_requests=60).iloc[0]
+    # 60 requests at delta 0.1: up to 2 violations by chance at a true 1 %
+    assert row["live_slack"] == pytest.approx(2 / 60 - 0.01) and row["met_live"]
+    assert row["held_out_slack"] == pytest.approx(4 / 240 - 0.01) and not row["met_offline"]

@@ -73,13 +73,14 @@ def split_headlines(per_request: pd.DataFrame, overhead: dict, marks: pd.DataFra
 
 
 def risk_table(routers: dict, head: pd.DataFrame, live_summary: pd.DataFrame | None,
-               held_out: int = 0) -> pd.DataFrame:
+               held_out: int = 0, live_requests: int = 0) -> pd.DataFrame:
     """Per router with a certified threshold: target, confidence, calibration requests,
     the threshold, the calibration's violation rate and upper bound, and the held-out
     violation rate offline (and live, where run), with the slack the ``held_out``
     test requests allow by chance (:func:`routers.risk_control.sampling_slack`, at the
     certificate's delta; the rate is family-weighted, the slack counts requests):
-    ``met_offline`` is the rate within target + slack, ``met_strictly`` within target."""
+    ``met_offline`` is the rate within target + slack, ``met_strictly`` within target;
+    live, ``live_slack`` and ``met_live`` the same over the ``live_requests``."""
     from routers.risk_control import sampling_slack
 
     live = live_summary.set_index("router") if live_summary is not None else None
@@ -112,6 +113,10 @@ def risk_table(routers: dict, head: pd.DataFrame, live_summary: pd.DataFrame | N
             rec["certified"] = certified_folds  # thresholds: the folds' median
         if live is not None and name in live.index:
             rec["live_rate"] = float(live.loc[name, "violation_rate_any"])
+            if live_requests:
+                rec["live_requests"] = int(live_requests)
+                rec["live_slack"] = sampling_slack(cal["alpha"], live_requests, cal["delta"])
+                rec["met_live"] = bool(rec["live_rate"] <= cal["alpha"] + rec["live_slack"])
         slack = sampling_slack(cal["alpha"], held_out, cal["delta"]) if held_out else math.nan
         rec["held_out_requests"], rec["held_out_slack"] = int(held_out), slack
         ok = np.isfinite(rec["held_out_rate"])

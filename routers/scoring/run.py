@@ -322,7 +322,8 @@ def score_routers(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=Non
     coverage_info = {"ranges": ranges, "headlines": parts, "live": live_parts,
                      "extrapolated": int(marks["extrapolated"].sum()), "held_out": len(marks),
                      "risk": risk_table({t.name: scored.get(t.name, t.estimator) for t in trained},
-                                        head, live_summary, held_out=len(marks))}
+                                        head, live_summary, held_out=len(marks),
+                                        live_requests=context.get("live_requests", 0))}
     report.write_report(out, per_request=per_request, per_family=per_family, overall=overall,
                         overhead=overhead, context=context, live_per=live_per,
                         live_summary=live_summary, estimate=estimate, live_figures=live_figures,
