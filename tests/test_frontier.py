@@ -48,3 +48,15 @@ def test_lofo_scores_every_family_once_and_only_inside_the_ranges():
     inside = frontier(t, "lofo")
     assert everything.scored == len(t)
     assert inside.scored < len(t)  # a held-out family's prompt lengths lie outside the others'
+
+
+def test_nothing_inside_the_ranges_gives_an_empty_frontier(monkeypatch):
+    import pandas as pd
+
+    from routers.scoring import coverage
+
+    t = _two_fast_modes(True)
+    every = pd.DataFrame({"request_id": t["request_id"].astype(str), "extrapolated": True, "outside": "x"})
+    monkeypatch.setattr(coverage, "coverage", lambda table, folds: (every, None))
+    f = frontier(t, "group")
+    assert f.scored == 0 and f.curve.empty and np.isnan(f.best_capture(0.02))

@@ -73,6 +73,15 @@ def live(monkeypatch):
     return run
 
 
+def test_a_stream_with_repeated_ids_is_refused(monkeypatch):
+    from dataset.errors import InputError
+    from routers.scoring.live import run_live
+
+    r = Request(id="r1", prompt_tokens=8, expected_output_tokens=4, family="a")
+    with pytest.raises(InputError, match="repeats request ids: r1"):
+        run_live([r, r], {"x": ["fast", "fast"]}, "model")
+
+
 def test_the_profile_threads_reach_the_engines(live):
     _, _, seen = live(threads=1)
     assert {s.threads for s in seen} == {1}

@@ -143,3 +143,19 @@ def test_memory_pressure_is_zero_on_cpu():
     from engine.serving.routing import memory_pressure
 
     assert memory_pressure("cpu") == 0.0
+
+
+def test_the_heap_stays_frozen_while_any_app_runs():
+    from engine.serving.app import _FrozenHeap
+
+    heap = _FrozenHeap()
+    try:
+        heap.started()
+        heap.started()  # a second app in the same process
+        frozen = gc.get_freeze_count()
+        heap.stopped()
+        assert gc.get_freeze_count() == frozen > 0
+        heap.stopped()
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()

@@ -45,7 +45,7 @@ from engine.serving.config import EngineFactory, ServerConfig, supported_modes
 from engine.serving.generate import serve
 from engine.serving.jobs import check_capacity
 from engine.serving.metrics import Metrics
-from engine.serving.routing import memory_pressure, track_memory_pressure
+from engine.serving.routing import read_memory_pressure, track_memory_pressure
 from engine.serving.schemas import ChatBody, CompletionBody, error_response
 from engine.serving.state import (
     RouterLoader,
@@ -58,6 +58,30 @@ from engine.serving.state import (
 from engine.serving.tokens import chat_ids, completion_ids
 
 log = logging.getLogger("modeswitch.serve")
+
+
+class _FrozenHeap:
+    """The heap is frozen when the first app in this process starts and unfrozen when the
+    last one stops (``gc.freeze`` acts on the whole process; the tests and
+    ``bench/serve_batching.py`` run several apps in one), so one app's start-up never
+    freezes the engines another has loaded, and one app's shutdown never unfreezes
+    another's start-up heap."""
+
+    def __init__(self):
+        self.running = 0
+
+    def started(self) -> None:
+        self.running += 1
+        if self.running == 1:
+            freeze_heap()
+
+    def stopped(self) -> None:
+        self.running -= 1
+        if self.running == 0:
+            gc.unfreeze()
+
+
+_heap = _FrozenHeap()
 
 __all__ = ["ServerConfig", "create_app", "supported_modes"]
 
@@ -76,18 +100,20 @@ def create_app(router_loader: RouterLoader, cfg: ServerConfig, engine_factory: E
         app.state.serving = state
         tracker = None
         if cfg.device.startswith("cuda"):
-            state.memory_pressure = memory_pressure(cfg.device)  # the first requests see it too
+            read_memory_pressure(state, set())  # the first requests see it too
             tracker = asyncio.create_task(track_memory_pressure(state))
-        freeze_heap()
+        _heap.started()
         log.info("serving %s with router %s", cfg.model_path, type(state.router).__name__)
         try:
             yield
         finally:
-            if tracker is not None:
-                tracker.cancel()
-                await asyncio.gather(tracker, return_exceptions=True)
-            gc.unfreeze()  # what start-up froze may be collected again (and tests' apps come and go)
-            await run_in_threadpool(state.pool.close)
+            try:
+                if tracker is not None:
+                    tracker.cancel()
+                    await asyncio.gather(tracker, return_exceptions=True)
+            finally:
+                _heap.stopped()
+                await run_in_threadpool(state.pool.close)
 
     # the API's docs are routes like any other: behind the key when one is set
     app = FastAPI(title="ModeSwitch", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)

@@ -108,18 +108,24 @@ def memory_pressure(device: str) -> float:
     return 0.0
 
 
+def read_memory_pressure(state: ServerState, failed: set[str]) -> None:
+    """``state.memory_pressure`` read now; a failed reading is logged (once per kind of
+    error in ``failed``) and the last value kept: a reading must never stop the server."""
+    try:
+        state.memory_pressure = memory_pressure(state.config.device)
+    except Exception as exc:  # noqa: BLE001
+        if type(exc).__name__ not in failed:
+            failed.add(type(exc).__name__)
+            log.warning("memory pressure not read (%s: %s); keeping %.2f", type(exc).__name__, exc,
+                        state.memory_pressure)
+
+
 async def track_memory_pressure(state: ServerState, every_s: float = 0.1) -> None:
     """Keep ``state.memory_pressure`` current on CUDA, every ``every_s`` seconds, not per
     request: a ``cudaMemGetInfo`` per request would cost microseconds inside routing, and
     the memory taken moves on the scale of engine loads and KV-cache growth, not
-    requests. A failed reading is logged (once per kind) and the last value kept."""
+    requests. The first reading is taken at once (before any request is served)."""
     failed: set[str] = set()
     while True:
-        try:
-            state.memory_pressure = memory_pressure(state.config.device)
-        except Exception as exc:  # noqa: BLE001 - a reading must never stop the server
-            if type(exc).__name__ not in failed:
-                failed.add(type(exc).__name__)
-                log.warning("memory pressure not read (%s: %s); keeping %.2f", type(exc).__name__, exc,
-                            state.memory_pressure)
+        read_memory_pressure(state, failed)
         await asyncio.sleep(every_s)

@@ -103,7 +103,7 @@ def score_cmd(
     live: Annotated[bool, typer.Option(help="Also run a held-out stream through the real engine.")] = False,
     live_requests: Annotated[int | None, typer.Option(help="Requests in the live stream [{live_requests}: --live-per-family per held-out family].")] = None,
     live_per_family: Annotated[int, typer.Option(help="Live requests per held-out family, when --live-requests is not given.")] = 6,
-    live_trials: Annotated[int, typer.Option(help="Interleaved trials per (request, mode) live; medians and intervals over them.")] = 3,
+    live_trials: Annotated[int, typer.Option(min=1, help="Interleaved trials per (request, mode) live; medians and intervals over them.")] = 3,
     live_threads: Annotated[int | None, typer.Option(min=1, help="Engine threads live [the profile's, else 1 on CPU].")] = None,
     live_max_remeasure: Annotated[int, typer.Option(min=0, help="Times a contended live trial is measured again.")] = 2,
     backend: Annotated[str, typer.Option(parser=backend_name, metavar="<{backends}>", help="Engine backend for --live.")] = "transformers",

@@ -116,7 +116,8 @@ def risk_table(routers: dict, head: pd.DataFrame, live_summary: pd.DataFrame | N
             if live_requests:
                 rec["live_requests"] = int(live_requests)
                 rec["live_slack"] = sampling_slack(cal["alpha"], live_requests, cal["delta"])
-                rec["met_live"] = bool(rec["live_rate"] <= cal["alpha"] + rec["live_slack"])
+                rec["met_live"] = bool(rec["live_rate"] <= cal["alpha"] + rec["live_slack"]) \
+                    if np.isfinite(rec["live_rate"]) else None
         slack = sampling_slack(cal["alpha"], held_out, cal["delta"]) if held_out else math.nan
         rec["held_out_requests"], rec["held_out_slack"] = int(held_out), slack
         ok = np.isfinite(rec["held_out_rate"])

@@ -68,7 +68,7 @@ class Frontier:
     curve: pd.DataFrame
 
     def best_capture(self, cap: float, rule: str | None = None) -> float:
-        """The largest capture at a violation rate <= ``cap`` (either rule, or ``rule``); NaN
+        """The largest capture at a violation rate <= ``cap`` (any rule, or ``rule``); NaN
         when no point of the walk is that safe."""
         c = self.curve if rule is None else self.curve[self.curve["rule"] == rule]
         ok = c[c["violations"] <= cap + 1e-12]
@@ -77,8 +77,9 @@ class Frontier:
 
 def frontier(table: pd.DataFrame, split: str = "lofo", feature_set: str = "A", risk_model: str = "lgbm",
              inside_only: bool = True, test_size: float = 0.25, seed: int = 42) -> Frontier:
-    """The capture / violation frontier of ``table`` (a training table: features,
-    ``family``, ``label``, ``reference_mode``, ``latency_ms__<mode>`` and ``safe__<mode>``)."""
+    """The capture / violation frontier of ``table`` (a training table: ``request_id``,
+    features, ``family``, ``label``, ``reference_mode``, ``latency_ms__<mode>`` and
+    ``safe__<mode>``)."""
     from sklearn.base import clone
     from sklearn.metrics import roc_auc_score
 
@@ -102,8 +103,10 @@ def frontier(table: pd.DataFrame, split: str = "lofo", feature_set: str = "A", r
     p_safe = np.ones_like(lat)
     tested = np.zeros(len(table), bool)
     folds = split_indices(table, split, test_size=test_size, seed=seed)
-    marks = coverage(table, folds)[0].set_index("request_id")["extrapolated"]
-    inside = ~table["request_id"].astype(str).map(marks).fillna(True).to_numpy(bool)
+    inside = np.ones(len(table), bool)
+    if inside_only:
+        marks = coverage(table, folds)[0].set_index("request_id")["extrapolated"]
+        inside = ~table["request_id"].astype(str).map(marks).fillna(True).to_numpy(bool)
     for tr, te in folds:
         tested[te] = True
         for j in range(len(modes)):
@@ -114,6 +117,8 @@ def frontier(table: pd.DataFrame, split: str = "lofo", feature_set: str = "A", r
                 p_safe[te, j] = clone(model).fit(X.iloc[tr], y).predict_proba(X.iloc[te])[:, 1]
     keep = (tested & inside if inside_only else tested) & np.isfinite(lat[:, r])
     rows = np.flatnonzero(keep)
+    if not len(rows):
+        return Frontier(split, 0, {}, pd.DataFrame(columns=["rule", "knob", "capture", "violations"]))
     auc = {m: float(roc_auc_score(safe[rows, j], p_safe[rows, j])) for j, m in enumerate(modes)
            if 0 < safe[rows, j].mean() < 1}
     lat, safe, risk = lat[rows], safe[rows], 1 - p_safe[rows]
@@ -133,8 +138,10 @@ def frontier(table: pd.DataFrame, split: str = "lofo", feature_set: str = "A", r
     saving = {"relative": 1 - lat / lat[:, [r]], "absolute": lat[:, [r]] - lat}
     for rule, gain in saving.items():
         gain = np.where(np.isfinite(gain), gain, -np.inf)
-        scale = float(np.nanmax(np.abs(gain[np.isfinite(gain)]), initial=1.0))
-        for lam in [*(scale * np.geomspace(1e-4, 1e7, 500)), np.inf]:
+        gain[:, r] = 0.0
+        positive = gain[np.isfinite(gain) & (gain > 0)]
+        scale = float(positive.max()) if len(positive) else 1.0  # the largest saving to weigh
+        for lam in [0.0, *(scale * np.geomspace(1e-4, 1e7, 500)), np.inf]:
             score = gain - lam * risk if np.isfinite(lam) else np.where(risk > 0, -np.inf, gain)
             out.append(point(rule, lam, score.argmax(axis=1)))
     return Frontier(split, len(rows), auc, pd.DataFrame(out))

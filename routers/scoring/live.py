@@ -27,8 +27,8 @@ trial-major and mode-interleaved (trial t of all modes back to back), under the
 profiler's measurement hygiene: the profile's thread count (``threads``; two torch
 threads on a 2-core machine slow up to 18x whenever anything else takes a core),
 each trial's CPU share and the machine's other load recorded, trials flagged by the
-profiler's :class:`engine.noise.ContentionRule` measured again after the sweep
-(interleaved, up to ``max_remeasure`` more attempts). Per (request, mode) the median of its clean trials counts
+profiler's :class:`engine.noise.ContentionRule` measured again after the sweep (up
+to ``max_remeasure`` more attempts). Per (request, mode) the median of its clean trials counts
 (of all, where none is clean); the energy ratio carries its paired
 bootstrap interval over trials. Aggregates carry 95 % bootstrap intervals over
 requests, resampled within each family (the family-weighted figures stay family
@@ -86,14 +86,19 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
     ``threads``: the engines' compute threads (``EngineSettings.threads``), which
     should be the profile's, so live and table measure the same thing. After the
     sweep, each trial with no attempt clean by :class:`engine.noise.ContentionRule`
-    (a clean trial's CPU share taken as ``threads``) is measured again, interleaved,
-    up to ``max_remeasure`` more times, as the profiler does."""
+    is measured again, in stream order, up to ``max_remeasure`` more times, as the
+    profiler does."""
     from engine.backends.base import EngineSettings
     from engine.backends.registry import get_backend
     from engine.energy import make_meter
     from engine.prompts import PromptBuilder
     from engine.quality import rouge_l
 
+    if trials < 1:
+        raise ValueError(f"live trials {trials}: at least 1")
+    ids = [r.id for r in stream]
+    if len(set(ids)) != len(ids):
+        raise InputError("the live stream repeats request ids: " + ", ".join(sorted({i for i in ids if ids.count(i) > 1})))
     be = get_backend(backend)
     settings = EngineSettings(str(model_path), str(draft_path) if draft_path else None, device,
                               threads=int(threads) if threads else None)
@@ -112,7 +117,6 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
         builder = PromptBuilder(engines[reference].tokenizer)
         meter = make_meter(device, watts_per_core=watts_per_core, include_children=be.child_processes)
         clock = _trial_clock(be.child_processes)
-        expected = float(threads) if threads else None  # a clean trial's CPU share
         plans = []  # per request: what each of its runs needs
 
         def measure(k: int, m: str, t: int, attempt: int) -> dict:
@@ -146,14 +150,16 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
         index = {r.id: k for k, r in enumerate(stream)}
         for _ in range(max_remeasure):
             df = pd.DataFrame(rows)
-            df["contended"] = flag_contended(df, expected_share=expected)
+            # each (request, mode) against its own largest CPU share: a clean share below
+            # the thread count (an engine that never keeps two threads busy) is no contention
+            df["contended"] = flag_contended(df)
             again = unresolved_trials(df)
             if again.empty:
                 break
             rows += [measure(index[b.request_id], b.mode, int(b.trial), int(b.attempts))
                      for b in again.itertuples()]
         df = pd.DataFrame(rows)
-        df["contended"] = flag_contended(df, expected_share=expected)
+        df["contended"] = flag_contended(df)
         ref_text = df[(df["mode"] == reference) & (df["trial"] == 0) & (df["attempt"] == 0)] \
             .set_index("request_id")["text"]
         df["rouge_l_vs_baseline"] = [rouge_l(text, ref_text[rid]) for text, rid in zip(df["text"], df["request_id"])]
@@ -188,8 +194,8 @@ CAUSES = ("within_noise", "known_unsafe", "measurement_wrong", "estimate_wrong")
 
 def _collapse(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     """Per (request, mode): the median over its clean trials (all of them where none is
-    clean; ROUGE-L: deterministic, the first), and the per-trial latency and energy,
-    for paired intervals."""
+    clean; ROUGE-L too: each run's own text against the reference's first), and the
+    per-trial latency and energy, for paired intervals."""
     r = clean_trials(runs.copy()) if "contended" in runs else runs.copy()
     if "trial" not in r:
         r["trial"] = 0
@@ -197,7 +203,7 @@ def _collapse(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
         r = r.sort_values("attempt", kind="stable").drop_duplicates(["request_id", "mode", "trial"], keep="last")
     med = r.groupby(["request_id", "mode"]).agg(
         latency_ms=("latency_ms", "median"), energy_per_token_j=("energy_per_token_j", "median"),
-        rouge_l_vs_baseline=("rouge_l_vs_baseline", "first"), trials=("trial", "size"))
+        rouge_l_vs_baseline=("rouge_l_vs_baseline", "median"), trials=("trial", "size"))
     per_trial = {k: g.set_index("trial")[["latency_ms", "energy_per_token_j"]]
                  for k, g in r.groupby(["request_id", "mode"])}
     return med, per_trial

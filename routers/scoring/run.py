@@ -73,7 +73,7 @@ def live_threads(cfg: ScoreConfig, meta: dict) -> tuple[int | None, str]:
     why = "the table does not record the profile's" if not recorded else f"the profile mixed {recorded}"
     if cfg.device.startswith("cuda"):
         return None, f"the backend's ({why})"
-    return 1, f"1 on CPU ({why})"
+    return 1, f"the CPU default ({why})"
 
 
 @dataclass
@@ -304,7 +304,7 @@ def score_routers(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=Non
         live_family = summarise_live(live_per, by_family=True)
         context["live_requests"] = len(stream)
         context["live_trials"] = cfg.live_trials
-        context["live_threads"] = f"{threads} ({threads_from})"
+        context["live_threads"] = f"{threads}: {threads_from}"
         context["live_model"] = str(target)
     from routers.scoring.offline import offline_intervals
 
