@@ -17,21 +17,20 @@ from pathlib import Path
 
 
 def main():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from routers.scoring.frontier import RISK_MODELS, frontier
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="runs/study/train.parquet")
     ap.add_argument("--splits", default="random,group,lofo", help="the project's splits (routers.training.splits)")
     ap.add_argument("--feature-set", default="A")
-    ap.add_argument("--risk-model", choices=["lgbm", "lr"], default="lgbm",
-                    help="each mode's safety classifier (routers.scoring.frontier.RISK_MODELS)")
+    ap.add_argument("--risk-model", choices=RISK_MODELS, default="lgbm", help="each mode's safety classifier")
     ap.add_argument("--test-size", type=float, default=0.25)
     ap.add_argument("--seed", type=int, default=42, help="the split's seed")
     ap.add_argument("--all", dest="inside", action="store_false",
                     help="score every held-out request, not only those inside the training ranges")
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import pandas as pd
-
-    from routers.scoring.frontier import frontier
 
     table = pd.read_parquet(args.data)
     print(f"{args.data}: {len(table)} requests; feature set {args.feature_set}, risk model {args.risk_model}")
