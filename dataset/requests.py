@@ -80,8 +80,9 @@ def serving_request(id: str, prompt_tokens: int, expected_output_tokens: int,
 
 
 def _serving_request_holds() -> None:
-    """What :func:`serving_request` relies on, checked at import: every field it leaves
-    out has a plain default (a class attribute), and no ``__post_init__`` would be skipped."""
+    """What :func:`serving_request` (and the server's ``engine.serving.routing.route``,
+    which inlines its body) relies on, checked at import: every field it leaves out has a
+    plain default (a class attribute), and no ``__post_init__`` would be skipped."""
     given = {"id", "prompt_tokens", "expected_output_tokens", "shared_prefix_tokens", "concurrent_requests",
              "memory_pressure"}
     bare = [f.name for f in fields(Request) if f.name not in given and f.default is MISSING]

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import pickle
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from dataset.requests import Request
+from dataset.features import request_features
+from dataset.requests import Request, serving_request
 from engine.serving.metrics import Metrics
 from engine.serving.routing import route
 from engine.serving.state import freeze_heap
@@ -37,8 +40,14 @@ def _sum(state, stage):
 def test_route_builds_the_request_and_records_its_stages():
     state, router = _state(), _Router(np.str_("int8"))
     request, decision = route(state, router, "cmpl-1", 30, 16, 8, 3)
-    assert request == Request(id="cmpl-1", prompt_tokens=30, expected_output_tokens=16, shared_prefix_tokens=8,
-                              concurrent_requests=3, memory_pressure=0.25)
+    built = Request(id="cmpl-1", prompt_tokens=30, expected_output_tokens=16, shared_prefix_tokens=8,
+                    concurrent_requests=3, memory_pressure=0.25)
+    # route() builds it inline, as serving_request does: the same frozen Request in every way
+    assert request == built == serving_request("cmpl-1", 30, 16, 8, 3, 0.25)
+    assert repr(request) == repr(built) and hash(request) == hash(built) and request.to_dict() == built.to_dict()
+    assert pickle.loads(pickle.dumps(request)) == built and request_features(request, "B") == request_features(built, "B")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.prompt_tokens = 31
     assert router.seen == [request]
     assert decision.mode == "int8" and type(decision.mode) is str and decision.fallback is None
     # one window, split by the timer between the two: serving_route is features + route

@@ -26,12 +26,13 @@ import logging
 import time
 from dataclasses import dataclass
 
-from dataset.requests import Request, serving_request
+from dataset.requests import Request
 from engine.serving.state import RoutesRequests, ServerState
 
 log = logging.getLogger("modeswitch.serve")
 
 _clock = time.perf_counter_ns
+_new = object.__new__
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,14 @@ def route(state: ServerState, router: RoutesRequests, rid: str, prompt_tokens: i
     (and ``modeswitch_routing_seconds``) the decision alone, ``serving_route`` both; a
     failed decision becomes the reference's."""
     t0 = _clock()
-    request = serving_request(rid, prompt_tokens, max_tokens, shared_prefix, concurrent, state.memory_pressure)
+    request = _new(Request)  # serving_request's body, inlined: one frame fewer in the window
+    d = request.__dict__
+    d["id"] = rid
+    d["prompt_tokens"] = prompt_tokens
+    d["expected_output_tokens"] = max_tokens
+    d["shared_prefix_tokens"] = shared_prefix
+    d["concurrent_requests"] = concurrent
+    d["memory_pressure"] = state.memory_pressure
     t1 = _clock()
     try:
         mode = router.route(request)
