@@ -184,6 +184,9 @@ def main():
     ap.add_argument("--requests", type=int, default=0, help="requests per level [4 x level, at least 64]")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="unmeasured bursts per server at each level before its rounds (a server's first "
+                         "burst at a new level ran slow on this machine)")
     ap.add_argument("--restart-each-round", action="store_true",
                     help="one server at a time, restarted every round (default: both up, and each level's "
                          "rounds alternate between them back to back, so each pair of bursts sees the same "
@@ -261,6 +264,10 @@ def main():
             for name, cmd in pair:
                 servers[name] = started(name, cmd)
             for lv in levels:
+                for w in range(args.warmup):
+                    for name, _ in pair:
+                        asyncio.run(load(servers[name].url, prompts_for(max(64, 2 * lv), 10**6 + 10 * lv + w),
+                                         lv, args.max_tokens))
                 for r in range(args.rounds):
                     for name, _ in (pair if r % 2 == 0 else pair[::-1]):
                         measure(name, servers[name].url, lv, r)

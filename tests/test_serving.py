@@ -103,6 +103,20 @@ def test_chat_and_streaming_give_the_same_text(server, router):
     assert sum(1 for ch in chunks if ch.choices[0].delta.content) >= 2  # tokens arrived in pieces
 
 
+def test_a_stream_sends_no_empty_events(server, router):
+    """Each event of a completion stream carries text or the finish (at max_tokens, on the
+    last text, as vLLM's does); the routing field rides on the first event only."""
+    router.mode = "fp16_baseline"
+    chunks = list(server["client"].completions.create(model="modeswitch", prompt="import os\nimport sys",
+                                                      max_tokens=6, stream=True))
+    assert all(ch.choices[0].text or ch.choices[0].finish_reason for ch in chunks)
+    assert [bool((ch.model_extra or {}).get("modeswitch")) for ch in chunks] == [True] + [False] * (len(chunks) - 1)
+    assert chunks[-1].choices[0].finish_reason in ("length", "stop")
+    if chunks[-1].choices[0].finish_reason == "length" and chunks[-1].choices[0].text:
+        # the finish rode on the last text: one event per piece of text, none beside
+        assert sum(1 for ch in chunks if ch.choices[0].finish_reason) == 1
+
+
 def test_streamed_completion_reports_mode_and_ends(server, router):
     router.mode = "prefix_caching"
     chunks = list(server["client"].completions.create(model="modeswitch", prompt="def parse(self, text):",

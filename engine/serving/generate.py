@@ -230,14 +230,20 @@ async def _events(state: ServerState, job: Job, feed: _TokenFeed, life: _Life):
     chunks = _Chunks(job, state.config.served_name)
     text = _Detokenizer(state.tokenizer)
     try:
-        yield chunks.first()
+        if job.chat:  # the role first, as OpenAI and vLLM send it
+            yield chunks.first()
+        finished = False
         while (item := await feed.next()) is not None:
             if isinstance(item, Exception):
                 yield chunks.error(item)
                 return
             if delta := text.add(item):
-                yield chunks.delta(delta)
-        yield chunks.last("length" if text.tokens >= job.max_tokens else "stop")
+                # at max_tokens the engine stops: the finish rides on this chunk, as vLLM's
+                # does, rather than an event of its own for every client to parse
+                finished = text.tokens >= job.max_tokens
+                yield chunks.delta(delta, "length" if finished else None)
+        if not finished:
+            yield chunks.last("length" if text.tokens >= job.max_tokens else "stop")
         yield "data: [DONE]\n\n"
     finally:
         await life.close()
@@ -272,17 +278,21 @@ class _Detokenizer:
 
 
 class _Chunks:
-    """A stream's events in OpenAI's chunk shape; the first carries the role (chat) and
-    the ``modeswitch`` routing field, as clients read them from there."""
+    """A stream's events in OpenAI's chunk shape. The first event carries the
+    ``modeswitch`` routing field (clients read it from there; the ``x-modeswitch-mode``
+    header has it before any event); in chat the first is the role's (:meth:`first`), in
+    a completion the first text. No event is sent that carries nothing: each costs every
+    client a parse, and on a machine the client shares that is throughput."""
 
     def __init__(self, job: Job, model: str):
         self.job, self.model, self.created = job, model, int(time.time())
+        self._routed = False  # the routing field sent
 
     def first(self) -> str:
-        return self._event(self._choice("", None, first=True), first=True)
+        return self._event(self._choice("", None, first=True))
 
-    def delta(self, text: str) -> str:
-        return self._event(self._choice(text, None))
+    def delta(self, text: str, finish_reason: str | None = None) -> str:
+        return self._event(self._choice(text, finish_reason))
 
     def last(self, finish_reason: str) -> str:
         return self._event(self._choice(None, finish_reason))
@@ -299,11 +309,12 @@ class _Chunks:
             d["content"] = delta
         return {"index": 0, "delta": d, "finish_reason": finish_reason}
 
-    def _event(self, choice: dict, first: bool = False) -> str:
+    def _event(self, choice: dict) -> str:
         body = {"id": self.job.id, "object": "chat.completion.chunk" if self.job.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [choice]}
-        if first:
+        if not self._routed:
             body["modeswitch"] = self.job.info
+            self._routed = True
         return _sse(body)
 
 
