@@ -11,7 +11,8 @@ speed drifts by up to 1.8x over minutes: one server's throughput at 16 in flight
 22-39 req/s over five rounds when each round restarted the servers,
 ``--restart-each-round``). Prints per level the median over rounds of each server's
 throughput, TTFT and latency p50/p99 and the ratios modeswitch / vLLM, then the
-per-round paired ratios with a bootstrap interval.
+per-round paired ratios with a bootstrap interval. Before a level's rounds each server
+gets ``--warmup`` unmeasured bursts at that level (1 by default).
 
 ``--backend transformers``: the same comparison of ``modeswitch serve`` against
 itself, ``--router mode:MODE`` against ``--router ROUTER`` (default the registered
@@ -186,7 +187,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1,
                     help="unmeasured bursts per server at each level before its rounds (a server's first "
-                         "burst at a new level ran slow on this machine)")
+                         "burst at a new level ran slow on this machine); with --restart-each-round, only "
+                         "the start-up warm-up runs")
     ap.add_argument("--restart-each-round", action="store_true",
                     help="one server at a time, restarted every round (default: both up, and each level's "
                          "rounds alternate between them back to back, so each pair of bursts sees the same "
@@ -265,9 +267,12 @@ def main():
                 servers[name] = started(name, cmd)
             for lv in levels:
                 for w in range(args.warmup):
-                    for name, _ in pair:
-                        asyncio.run(load(servers[name].url, prompts_for(max(64, 2 * lv), 10**6 + 10 * lv + w),
-                                         lv, args.max_tokens))
+                    for name, _ in (pair if w % 2 == 0 else pair[::-1]):
+                        res = asyncio.run(load(servers[name].url, prompts_for(max(64, 2 * lv), 10**6 + 10 * lv + w),
+                                               lv, args.max_tokens))
+                        if res["failed"]:
+                            print(f"  (warm-up of {name} at {lv} in flight: {res['failed']} failed: "
+                                  f"{res['first_failure'][:80]})", flush=True)
                 for r in range(args.rounds):
                     for name, _ in (pair if r % 2 == 0 else pair[::-1]):
                         measure(name, servers[name].url, lv, r)

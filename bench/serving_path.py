@@ -10,7 +10,7 @@ leaves; a last-level cache larger than 4 MB keeps some lines, so it is an
 approximation; the server's own ``/metrics`` stages under load are the measure).
 
 Rows, in one process, interleaved in rounds: the old ``Request(...)`` constructor vs
-``serving_request`` (what the server builds), the prefix index on a 30-token prompt,
+``serving_request`` (what the server's ``route()`` inlines), the prefix index on a 30-token prompt,
 the rule baseline's and a compiled LightGBM router's decision, and ``features +
 decision`` (the server's ``serving_route`` stage), and an empty timed call (the
 timer's own cost) so the rest can be read against it.

@@ -4,8 +4,9 @@ A :class:`Request` is a plain frozen dataclass: reading its fields costs tens of
 nanoseconds. Building one through its ``__init__`` does not: a frozen dataclass sets
 each of its 13 fields through ``object.__setattr__``: 1.70 us p50 in a hot loop and
 7.3 us with the caches a busy server leaves (``bench/serving_path.py``, one run), more
-than the routing decision it feeds, so the server builds its requests with
-:func:`serving_request` (0.38 / 3.8 us in the same run). Validation happens where untrusted data enters, in
+than the routing decision it feeds, so the server builds its requests as
+:func:`serving_request` does (0.38 / 3.8 us in the same run; the server's
+``engine.serving.routing.route`` inlines its body). Validation happens where untrusted data enters, in
 :func:`read_requests`, through pydantic (errors name file, row and field); code that
 builds requests itself can call :func:`validate_request`.
 """
@@ -60,8 +61,8 @@ _new = object.__new__
 def serving_request(id: str, prompt_tokens: int, expected_output_tokens: int,
                     shared_prefix_tokens: int, concurrent_requests: int,
                     memory_pressure: float) -> Request:
-    """A :class:`Request` from values the caller has already checked (the server: counts
-    it computed itself), about 5x cheaper than ``Request(...)``.
+    """A :class:`Request` from values the caller has already checked (counts it computed
+    itself, as the server does), about 5x cheaper than ``Request(...)``.
 
     Why it is the same object: ``Request`` keeps no slots, so its instance dict holds the
     values given here and the class holds every other field's default (a dataclass leaves
@@ -79,16 +80,21 @@ def serving_request(id: str, prompt_tokens: int, expected_output_tokens: int,
     return r
 
 
+#: the fields :func:`serving_request` (and ``route()``) write, in order; the rest keep
+#: their class defaults (tests check both builders write exactly these)
+SERVING_FIELDS = ("id", "prompt_tokens", "expected_output_tokens", "shared_prefix_tokens", "concurrent_requests",
+                  "memory_pressure")
+
+
 def _serving_request_holds() -> None:
     """What :func:`serving_request` (and the server's ``engine.serving.routing.route``,
     which inlines its body) relies on, checked at import: every field it leaves out has a
     plain default (a class attribute), and no ``__post_init__`` would be skipped."""
-    given = {"id", "prompt_tokens", "expected_output_tokens", "shared_prefix_tokens", "concurrent_requests",
-             "memory_pressure"}
-    bare = [f.name for f in fields(Request) if f.name not in given and f.default is MISSING]
+    bare = [f.name for f in fields(Request) if f.name not in SERVING_FIELDS and f.default is MISSING]
     if bare or hasattr(Request, "__post_init__") or hasattr(Request, "__slots__"):
-        raise TypeError(f"serving_request cannot build a Request: fields without a plain default {bare}, "
-                        "a __post_init__ or slots; give it those fields or build Request(...)")
+        raise TypeError(f"serving_request (and route(), which inlines it) cannot build a Request: fields "
+                        f"without a plain default {bare}, a __post_init__ or slots; give them those fields "
+                        "or build Request(...)")
 
 
 _serving_request_holds()

@@ -111,10 +111,9 @@ def test_a_stream_sends_no_empty_events(server, router):
                                                       max_tokens=6, stream=True))
     assert all(ch.choices[0].text or ch.choices[0].finish_reason for ch in chunks)
     assert [bool((ch.model_extra or {}).get("modeswitch")) for ch in chunks] == [True] + [False] * (len(chunks) - 1)
-    assert chunks[-1].choices[0].finish_reason in ("length", "stop")
-    if chunks[-1].choices[0].finish_reason == "length" and chunks[-1].choices[0].text:
-        # the finish rode on the last text: one event per piece of text, none beside
-        assert sum(1 for ch in chunks if ch.choices[0].finish_reason) == 1
+    # one finish, on the last event (riding on its text when there is one:
+    # tests/test_stream_events.py has each way a stream ends)
+    assert [bool(ch.choices[0].finish_reason) for ch in chunks] == [False] * (len(chunks) - 1) + [True]
 
 
 def test_streamed_completion_reports_mode_and_ends(server, router):

@@ -113,7 +113,7 @@ def test_fifty_disconnects_leave_nothing_in_flight_and_stop_generating(srv):
     port = srv["port"]
     SlowEngine.produced.clear()
     threads, errors = [], []
-    for i in range(50):  # streamed (some gone before the first event, some after it) and whole
+    for i in range(50):  # streamed (some gone after the headers, some at once) and whole
         body = {"prompt": f"def f{i}():", "max_tokens": 2000, "stream": i % 2 == 0}
         threads.append(threading.Thread(target=_send_and_leave,
                                         args=(port, body, 64 if i % 4 == 0 else 0, errors)))

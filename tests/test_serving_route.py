@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dataset.features import request_features
-from dataset.requests import Request, serving_request
+from dataset.requests import SERVING_FIELDS, Request, serving_request
 from engine.serving.metrics import Metrics
 from engine.serving.routing import route
 from engine.serving.state import freeze_heap
@@ -42,7 +42,10 @@ def test_route_builds_the_request_and_records_its_stages():
     request, decision = route(state, router, "cmpl-1", 30, 16, 8, 3)
     built = Request(id="cmpl-1", prompt_tokens=30, expected_output_tokens=16, shared_prefix_tokens=8,
                     concurrent_requests=3, memory_pressure=0.25)
-    # route() builds it inline, as serving_request does: the same frozen Request in every way
+    # route() builds it inline, as serving_request does: the same fields written, and a
+    # frozen Request that compares, hashes, prints, pickles and features as Request(...)'s
+    assert vars(request) == vars(serving_request("cmpl-1", 30, 16, 8, 3, 0.25))
+    assert tuple(vars(request)) == SERVING_FIELDS
     assert request == built == serving_request("cmpl-1", 30, 16, 8, 3, 0.25)
     assert repr(request) == repr(built) and hash(request) == hash(built) and request.to_dict() == built.to_dict()
     assert pickle.loads(pickle.dumps(request)) == built and request_features(request, "B") == request_features(built, "B")

@@ -242,8 +242,8 @@ async def _events(state: ServerState, job: Job, feed: _TokenFeed, life: _Life):
                 # does, rather than an event of its own for every client to parse
                 finished = text.tokens >= job.max_tokens
                 yield chunks.delta(delta, "length" if finished else None)
-        if not finished:
-            yield chunks.last("length" if text.tokens >= job.max_tokens else "stop")
+        if not finished:  # the text held back at the end (if any) goes with the finish
+            yield chunks.last("length" if text.tokens >= job.max_tokens else "stop", text.rest())
         yield "data: [DONE]\n\n"
     finally:
         await life.close()
@@ -276,6 +276,15 @@ class _Detokenizer:
             return text[len(before):]
         return ""
 
+    def rest(self) -> str:
+        """At the end: the text still held back (a window that ended inside a character,
+        or could not grow), as the whole response's decode would give it."""
+        dec = self._tok.decode
+        before = dec(self._ids[self._prefix:self._read], skip_special_tokens=True)
+        text = dec(self._ids[self._prefix:], skip_special_tokens=True)
+        self._prefix = self._read = len(self._ids)
+        return text[len(before):] if len(text) > len(before) else ""
+
 
 class _Chunks:
     """A stream's events in OpenAI's chunk shape. The first event carries the
@@ -294,12 +303,15 @@ class _Chunks:
     def delta(self, text: str, finish_reason: str | None = None) -> str:
         return self._event(self._choice(text, finish_reason))
 
-    def last(self, finish_reason: str) -> str:
-        return self._event(self._choice(None, finish_reason))
+    def last(self, finish_reason: str, text: str = "") -> str:
+        return self._event(self._choice(text or None, finish_reason))
 
     def error(self, exc: Exception) -> str:
-        return _sse({"error": {"message": f"generation failed on mode {self.job.mode}: {exc}",
-                               "type": "server_error"}})
+        body = {"error": {"message": f"generation failed on mode {self.job.mode}: {exc}", "type": "server_error"}}
+        if not self._routed:  # a stream that fails before its first text still says how it was routed
+            body["modeswitch"] = self.job.info
+            self._routed = True
+        return _sse(body)
 
     def _choice(self, delta: str | None, finish_reason: str | None, first: bool = False) -> dict:
         if not self.job.chat:

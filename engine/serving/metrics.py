@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+#: seconds; fine near the serving path's targets (2 us p50, 10 us p99): a quantile read
+#: from /metrics is interpolated inside its bucket, so a coarse one there would blur a
+#: figure the server is judged by
+FINE_BUCKETS = (1e-7, 2.5e-7, 5e-7, 7.5e-7, 1e-6, 1.25e-6, 1.5e-6, 1.75e-6, 2e-6, 2.25e-6, 2.5e-6, 3e-6, 4e-6,
+                5e-6, 7.5e-6, 9e-6, 1e-5, 1.1e-5, 1.25e-5, 1.5e-5, 2e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3,
+                1e-2, 0.1, 1, 10, 60)
 STAGES = ("arrive", "tokenize", "prefix", "features", "route", "serving_route", "load", "wait", "generate")
 
 
@@ -18,8 +24,7 @@ class Metrics:
         self.routing = Histogram(
             "modeswitch_routing_seconds",
             "Routing decision time (the router's answer alone; with its features: the serving_route stage)",
-            buckets=(1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 1e-3, 1e-2, 0.1),
-            registry=self.registry)
+            buckets=FINE_BUCKETS[:FINE_BUCKETS.index(0.1) + 1], registry=self.registry)
         #: where a request's server-side time goes, stage by stage (seconds): ``arrive``
         #: (first byte to the handler: reading and validating the body), ``tokenize``,
         #: ``prefix`` (the prefix index: the prompt's shared-prefix length, and the prompt
@@ -30,14 +35,9 @@ class Metrics:
         #: decision, the split the serving-speed issue asked for), ``load`` (the engine's
         #: lease; its load on a mode's first request), ``wait`` (for a one-at-a-time
         #: engine's lock), ``generate`` (the engine's run)
-        #: the buckets are fine near the serving path's targets (2 us p50, 10 us p99): a
-        #: quantile read from /metrics is interpolated inside its bucket, so a coarse one
-        #: there would blur a figure the server is judged by
         self.stage = Histogram(
             "modeswitch_stage_seconds", "Server-side time per request stage", ["stage"],
-            buckets=(1e-7, 2.5e-7, 5e-7, 7.5e-7, 1e-6, 1.25e-6, 1.5e-6, 1.75e-6, 2e-6, 2.25e-6, 2.5e-6, 3e-6, 4e-6,
-                     5e-6, 7.5e-6, 9e-6, 1e-5, 1.1e-5, 1.25e-5, 1.5e-5, 2e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3,
-                     1e-2, 0.1, 1, 10, 60),
+            buckets=FINE_BUCKETS,
             registry=self.registry)
         #: each stage's child, bound once: ``labels()`` per observation costs a lock and a lookup
         self.stages = {name: self.stage.labels(name) for name in STAGES}

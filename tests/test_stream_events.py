@@ -1,0 +1,101 @@
+"""A stream's events on their own (``engine.serving.generate._events``), on a scripted
+token feed and a byte-level toy tokenizer: what each event carries, and that none
+carries nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from engine.serving.generate import _events
+
+#: id -> bytes, as a byte-level BPE: 0 is EOS (special: decodes to nothing), 1-26 letters,
+#: 100 and 101 the two bytes of "é" (one alone decodes to U+FFFD)
+_BYTES = {0: b"", **{i: bytes([96 + i]) for i in range(1, 27)}, 100: b"\xc3", 101: b"\xa9"}
+
+
+class _Tokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+        return b"".join(_BYTES[i] for i in ids).decode("utf-8", errors="replace")
+
+
+class _Feed:
+    def __init__(self, items):
+        self._items = list(items) + [None]
+
+    async def next(self):
+        return self._items.pop(0)
+
+
+def _stream(items, max_tokens, chat=False):
+    """The events of one stream as parsed bodies (``[DONE]`` as the string)."""
+    closed = []
+
+    async def close():
+        closed.append(True)
+
+    state = SimpleNamespace(config=SimpleNamespace(served_name="m"), tokenizer=_Tokenizer())
+    job = SimpleNamespace(id="cmpl-1", chat=chat, max_tokens=max_tokens, mode="fp16", info={"mode": "fp16"})
+
+    async def run():
+        return [e async for e in _events(state, job, _Feed(items), SimpleNamespace(close=close))]
+
+    raw = asyncio.run(run())
+    assert closed == [True]  # the request ends however the stream does
+    assert all(e.startswith("data: ") and e.endswith("\n\n") for e in raw)
+    return [e[6:-2] if e == "data: [DONE]\n\n" else json.loads(e[6:-2]) for e in raw]
+
+
+def _text(ev, chat=False):
+    c = ev["choices"][0]
+    return c["delta"].get("content", "") if chat else c["text"]
+
+
+def _routed(events):
+    return [isinstance(e, dict) and "modeswitch" in e for e in events]
+
+
+def test_at_max_tokens_the_finish_rides_on_the_last_text():
+    ev = _stream([[1], [2], [3]], max_tokens=3)
+    assert ev[-1] == "[DONE]" and len(ev) == 4
+    assert [_text(e) for e in ev[:-1]] == ["a", "b", "c"]
+    assert [e["choices"][0]["finish_reason"] for e in ev[:-1]] == [None, None, "length"]
+    assert _routed(ev) == [True, False, False, False]
+
+
+@pytest.mark.parametrize("max_tokens, finish", [(5, "stop"), (2, "length")])
+def test_an_end_without_text_gets_a_finish_of_its_own(max_tokens, finish):
+    """EOS before max_tokens (stop), or as the max_tokens-th token (length, as the whole
+    response says): the last token decodes to nothing, so the finish has its own event."""
+    ev = _stream([[1], [0]], max_tokens=max_tokens)
+    assert [_text(e) for e in ev[:-1]] == ["a", ""]
+    assert [e["choices"][0]["finish_reason"] for e in ev[:-1]] == [None, finish]
+
+
+def test_text_held_back_at_the_end_goes_with_the_finish():
+    """A stream that ends inside a character: the held-back text is not lost; the stream
+    says what the whole response's decode says."""
+    ev = _stream([[1], [100]], max_tokens=2)
+    assert "".join(_text(e) for e in ev[:-1]) == _Tokenizer().decode([1, 100]) == "a\ufffd"
+    assert ev[-2]["choices"][0]["finish_reason"] == "length"
+    # and a character completed by the next token comes out whole, once
+    ev = _stream([[1], [100], [101]], max_tokens=3)
+    assert [_text(e) for e in ev[:-1]] == ["a", "é"] and ev[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_stream_failing_before_any_text_still_says_how_it_was_routed():
+    ev = _stream([RuntimeError("boom")], max_tokens=4)
+    assert len(ev) == 1 and "boom" in ev[0]["error"]["message"] and ev[0]["modeswitch"] == {"mode": "fp16"}
+    ev = _stream([[1], RuntimeError("boom")], max_tokens=4)  # after text: routed on the first event only
+    assert _routed(ev) == [True, False] and "error" in ev[1]
+
+
+def test_a_chat_stream_sends_the_role_first_and_no_empty_event_after():
+    ev = _stream([[1], [2]], max_tokens=2, chat=True)
+    assert ev[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert _routed(ev) == [True, False, False, False]
+    assert [_text(e, chat=True) for e in ev[1:-1]] == ["a", "b"]
+    assert [e["choices"][0]["finish_reason"] for e in ev[1:-1]] == [None, "length"]
