@@ -178,3 +178,24 @@ class PostgresCluster:
         subprocess.run([*self.as_user, str(self.bin / "pg_ctl"), "-D", str(self.dir / "data"), "-m",
                         "immediate", "stop"], capture_output=True)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def pandas_family_bootstrap(per_request, figures, names, n_boot=1000, seed=0, level=0.95) -> dict:
+    """The family-stratified bootstrap as it was before it was vectorised
+    (``routers.scoring.intervals.family_bootstrap``): one pandas resample at a time,
+    ``figures(family rows) -> {name: value}``. The reference that the vectorised one is
+    checked against (tests/test_intervals.py) and timed beside (bench/score_intervals.py)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    fams = [g.reset_index(drop=True) for _, g in per_request.groupby("family", sort=True)]
+    boots = []
+    for _ in range(n_boot):
+        sample = [f.iloc[rng.integers(0, len(f), len(f))] for f in fams]
+        boots.append(pd.DataFrame([figures(f) for f in sample]).mean())
+    b = pd.DataFrame(boots)
+    lo, hi = (1 - level) / 2, (1 + level) / 2
+    out = {}
+    for k in names:
+        out[f"{k}_low"], out[f"{k}_high"] = float(b[k].quantile(lo)), float(b[k].quantile(hi))
+    return out

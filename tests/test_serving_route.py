@@ -151,6 +151,32 @@ def test_a_failed_reading_keeps_the_last_value_and_the_task(monkeypatch):
     assert asyncio.run(run()) and state.memory_pressure == 0.5
 
 
+def test_a_failing_device_is_logged_once_by_the_first_reading_and_the_tracker(monkeypatch, caplog):
+    """The server's start-up reads once and hands the tracker the same ``failed`` set."""
+    import asyncio
+    import logging
+
+    from engine.serving import routing
+
+    def read(device):
+        raise RuntimeError("CUDA error: device lost")
+
+    monkeypatch.setattr(routing, "memory_pressure", read)
+    state = _state(device="cuda")
+
+    async def run():
+        failed: set[str] = set()
+        routing.read_memory_pressure(state, failed)
+        task = asyncio.create_task(routing.track_memory_pressure(state, every_s=0.001, failed=failed))
+        await asyncio.sleep(0.03)  # many failed readings
+        task.cancel()
+
+    with caplog.at_level(logging.WARNING, logger=routing.log.name):
+        asyncio.run(run())
+    assert [r.getMessage() for r in caplog.records].count(
+        "memory pressure not read (RuntimeError: CUDA error: device lost); keeping 0.25") == 1
+
+
 def test_memory_pressure_is_zero_on_cpu():
     from engine.serving.routing import memory_pressure
 

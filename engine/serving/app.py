@@ -100,8 +100,9 @@ def create_app(router_loader: RouterLoader, cfg: ServerConfig, engine_factory: E
         app.state.serving = state
         tracker = None
         if cfg.device.startswith("cuda"):
-            read_memory_pressure(state, set())  # the first requests see it too
-            tracker = asyncio.create_task(track_memory_pressure(state))
+            failed: set[str] = set()  # one log per kind of failed reading, here and in the tracker
+            read_memory_pressure(state, failed)  # the first requests see it too
+            tracker = asyncio.create_task(track_memory_pressure(state, failed=failed))
         _heap.started()
         log.info("serving %s with router %s", cfg.model_path, type(state.router).__name__)
         try:

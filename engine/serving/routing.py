@@ -131,12 +131,15 @@ def read_memory_pressure(state: ServerState, failed: set[str]) -> None:
                         state.memory_pressure)
 
 
-async def track_memory_pressure(state: ServerState, every_s: float = 0.1) -> None:
+async def track_memory_pressure(state: ServerState, every_s: float = 0.1,
+                                failed: set[str] | None = None) -> None:
     """Keep ``state.memory_pressure`` current on CUDA, every ``every_s`` seconds, not per
     request: a ``cudaMemGetInfo`` per request would cost microseconds inside routing, and
     the memory taken moves on the scale of engine loads and KV-cache growth, not
-    requests. The first reading is taken at once (before any request is served)."""
-    failed: set[str] = set()
+    requests. The first reading is taken at once (before any request is served).
+    ``failed``: the kinds of failed reading already logged (shared with a reading taken
+    before, so a failing device is logged once, not once there and once here)."""
+    failed = set() if failed is None else failed
     while True:
         read_memory_pressure(state, failed)
         await asyncio.sleep(every_s)

@@ -285,14 +285,18 @@ def score_live(runs: pd.DataFrame, stream: list[Request], decisions: dict[str, l
     return per, est, summary
 
 
-def _family_figures(g: pd.DataFrame) -> dict:
+def _family_parts(g: pd.DataFrame):
+    """A family's live figures as (numerator, denominator) columns
+    (:mod:`routers.scoring.intervals`): the point estimate and its interval alike."""
+    from routers.scoring.intervals import mean_of, ratio_of_sums
+
     return {
-        "speedup": g["reference_latency_ms"].sum() / g["effective_latency_ms"].sum(),
-        "energy_ratio": g["energy_ratio"].mean(), "rouge_delta": g["rouge_delta"].mean(),
-        "violation_rate_quality": g["violates_quality"].mean(),
-        "violation_rate_energy": g["violates_energy"].mean(),
-        "violation_rate_any": g["violates_any"].mean(),
-        "violation_rate_beyond_noise": g["violates_any_beyond_noise"].mean(),
+        "speedup": ratio_of_sums(g["reference_latency_ms"], g["effective_latency_ms"]),
+        "energy_ratio": mean_of(g["energy_ratio"]), "rouge_delta": mean_of(g["rouge_delta"]),
+        "violation_rate_quality": mean_of(g["violates_quality"]),
+        "violation_rate_energy": mean_of(g["violates_energy"]),
+        "violation_rate_any": mean_of(g["violates_any"]),
+        "violation_rate_beyond_noise": mean_of(g["violates_any_beyond_noise"]),
     }
 
 
@@ -313,8 +317,8 @@ def summarise_live(per: pd.DataFrame, by_family: bool = False, n_boot: int = 100
         key = key if isinstance(key, tuple) else (key,)
         rec = dict(zip(keys, key))
         rec["requests"] = len(g)
-        rec.update(family_weighted(g, _family_figures))
-        rec.update(family_bootstrap(g, _family_figures, INTERVAL_FIGURES, n_boot, seed))
+        rec.update(family_weighted(g, _family_parts))
+        rec.update(family_bootstrap(g, _family_parts, INTERVAL_FIGURES, n_boot, seed))
         for c in CAUSES:
             rec[f"violations_{c}"] = int((g["cause"] == c).sum())
         out.append(rec)

@@ -136,23 +136,41 @@ def score_requests(table: pd.DataFrame, picks, fell=None, overhead_us: float = 0
 
 
 # ------------------------------------------------------------------ aggregates
-def _ratio(a: float, b: float) -> float:
-    return a / b if b > 0 else np.nan
+def _both(g: pd.DataFrame) -> np.ndarray:
+    """Rows with the reference's, the pick's and the oracle's latency: every latency ratio
+    is taken over these, so a missing number never drops out of one side only."""
+    return (np.isfinite(g["reference_latency_ms"]) & np.isfinite(g["effective_latency_ms"])
+            & np.isfinite(g["oracle_latency_ms"])).to_numpy()
+
+
+def _interval_parts(g: pd.DataFrame):
+    """The figures with an interval, as (numerator, denominator) columns
+    (:mod:`routers.scoring.intervals`); :func:`_aggregate` reads its values of them
+    from here too, so the point estimate and its interval share one definition."""
+    from routers.scoring.intervals import mean_of
+
+    both = _both(g)
+    return {
+        "speedup": (np.where(both, g["reference_latency_ms"], 0.0), np.where(both, g["effective_latency_ms"], 0.0)),
+        "energy_ratio": mean_of(g["energy_ratio"]),
+        "violation_rate_any": mean_of(g["violates_any"]),
+    }
 
 
 def _aggregate(g: pd.DataFrame) -> dict:
-    # ratios over rows with both sides: a missing number never drops out of one side only
-    both = g[np.isfinite(g["reference_latency_ms"]) & np.isfinite(g["effective_latency_ms"])
-             & np.isfinite(g["oracle_latency_ms"])]
+    from routers.scoring.intervals import value
+
+    parts = _interval_parts(g)
+    both = g[_both(g)]
     saved = (both["reference_latency_ms"] - both["effective_latency_ms"]).sum()
     best = (both["reference_latency_ms"] - both["oracle_latency_ms"]).sum()
     e_saved = (1 - g["energy_ratio"]).sum()
     e_best = (1 - g["oracle_energy_ratio"]).sum()
     out = {
         "requests": len(g),
-        "speedup": _ratio(both["reference_latency_ms"].sum(), both["effective_latency_ms"].sum()),
+        "speedup": value(parts["speedup"]),
         "charged_rate": float(g["charged"].mean()) if "charged" in g else 0.0,
-        "energy_ratio": g["energy_ratio"].mean(),
+        "energy_ratio": value(parts["energy_ratio"]),
         "memory_ratio": g["memory_ratio"].mean(),
         "rouge_delta": g["rouge_delta"].mean(),
         "accuracy_delta_pp": g["accuracy_delta_pp"].mean(),
@@ -200,16 +218,11 @@ def score_offline(table: pd.DataFrame, routers: dict, overhead_us: dict | None =
 INTERVAL_FIGURES = ("speedup", "energy_ratio", "violation_rate_any")
 
 
-def _interval_figures(g: pd.DataFrame) -> dict:
-    a = _aggregate(g)
-    return {k: a[k] for k in INTERVAL_FIGURES}
-
-
 def offline_intervals(per_request: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Per router, 95 % bootstrap intervals of the family-weighted speedup, energy ratio
     and violation rate (requests resampled within each family)."""
     from routers.scoring.intervals import family_bootstrap
 
-    rows = [{"router": r, **family_bootstrap(g, _interval_figures, INTERVAL_FIGURES, n_boot, seed)}
+    rows = [{"router": r, **family_bootstrap(g, _interval_parts, INTERVAL_FIGURES, n_boot, seed)}
             for r, g in per_request.groupby("router", sort=False)]
     return pd.DataFrame(rows).set_index("router")

@@ -1,0 +1,111 @@
+"""The vectorised family bootstrap gives the intervals the per-resample pandas one gave
+(same draws, same figures), for the live and the offline figures, in chunks or not."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from helpers import pandas_family_bootstrap
+
+from routers.scoring import intervals
+from routers.scoring.intervals import family_bootstrap, family_weighted
+from routers.scoring.live import INTERVAL_FIGURES as LIVE_FIGURES
+from routers.scoring.live import _family_parts
+from routers.scoring.offline import INTERVAL_FIGURES as OFFLINE_FIGURES
+from routers.scoring.offline import _aggregate, _interval_parts
+
+# family sizes: one of a single request, one whose energy was never measured
+SIZES = {"a": 5, "b": 1, "c": 40, "d": 7, "e": 3}
+
+
+def per_request(seed=0, missing=True) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for fam, n in SIZES.items():
+        for i in range(n):
+            ref = float(rng.uniform(50, 150))
+            v = rng.random(4) < [0.2, 0.1, 0.3, 0.05]
+            rows.append({
+                "family": fam, "request_id": f"{fam}{i}",
+                "reference_latency_ms": ref, "effective_latency_ms": ref / rng.uniform(0.8, 2.5),
+                "oracle_latency_ms": ref / 2.6,
+                "energy_ratio": np.nan if fam == "e" else float(rng.uniform(0.3, 1.1)),
+                "rouge_delta": -float(rng.uniform(0, 0.4)),
+                "violates_quality": v[0], "violates_energy": v[1], "violates_any": v[0] | v[1] | v[2],
+                "violates_any_beyond_noise": v[0] | v[3],
+                # the rest of an offline score's row (routers.scoring.offline.score_requests)
+                "oracle_energy_ratio": 0.5, "memory_ratio": 0.8, "accuracy_delta_pp": 0.0,
+                "charged": False, "oracle_match": v[3], "regret": 0.1, "fallback": False,
+                "overhead_us": 1.0, "violates_memory": False, "violates_unmeasured": v[2]})
+    df = pd.DataFrame(rows)
+    if missing:  # offline rows the table has no latency for
+        df.loc[[3, 20, 21], "oracle_latency_ms"] = np.nan
+        df.loc[[9], "effective_latency_ms"] = np.nan
+    return df
+
+
+def live_figures_as_before(g: pd.DataFrame) -> dict:
+    """The live figures as pandas computed them before they were given as parts."""
+    return {
+        "speedup": g["reference_latency_ms"].sum() / g["effective_latency_ms"].sum(),
+        "energy_ratio": g["energy_ratio"].mean(), "rouge_delta": g["rouge_delta"].mean(),
+        "violation_rate_quality": g["violates_quality"].mean(),
+        "violation_rate_energy": g["violates_energy"].mean(),
+        "violation_rate_any": g["violates_any"].mean(),
+        "violation_rate_beyond_noise": g["violates_any_beyond_noise"].mean(),
+    }
+
+
+def offline_figures_as_before(g: pd.DataFrame) -> dict:
+    both = g[np.isfinite(g["reference_latency_ms"]) & np.isfinite(g["effective_latency_ms"])
+             & np.isfinite(g["oracle_latency_ms"])]
+    eff = both["effective_latency_ms"].sum()
+    return {"speedup": both["reference_latency_ms"].sum() / eff if eff > 0 else np.nan,
+            "energy_ratio": g["energy_ratio"].mean(), "violation_rate_any": float(g["violates_any"].mean())}
+
+
+def assert_same(got: dict, want: dict):
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k] == pytest.approx(want[k], rel=1e-9, nan_ok=True), k
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_live_intervals_equal_the_pandas_bootstrap(seed):
+    per = per_request(seed, missing=False)  # live latencies are always measured
+    got = family_bootstrap(per, _family_parts, LIVE_FIGURES, n_boot=300, seed=seed)
+    want = pandas_family_bootstrap(per, live_figures_as_before, LIVE_FIGURES, n_boot=300, seed=seed)
+    assert_same(got, want)
+    assert got["speedup_low"] < got["speedup_high"]
+    assert_same(family_weighted(per, _family_parts),
+                pd.DataFrame([live_figures_as_before(g) for _, g in per.groupby("family")]).mean().to_dict())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_offline_intervals_equal_the_pandas_bootstrap(seed):
+    per = per_request(seed)
+    got = family_bootstrap(per, _interval_parts, OFFLINE_FIGURES, n_boot=300, seed=seed)
+    want = pandas_family_bootstrap(per, offline_figures_as_before, OFFLINE_FIGURES, n_boot=300, seed=seed)
+    assert_same(got, want)
+    # the family "e" energy was never measured: left out of the mean, as pandas does
+    assert np.isfinite(got["energy_ratio_low"])
+    # and the point estimate reads the same parts
+    for fam, g in per.groupby("family"):
+        a, want = _aggregate(g), offline_figures_as_before(g)
+        for k in OFFLINE_FIGURES:
+            assert a[k] == pytest.approx(want[k], rel=1e-12, nan_ok=True), (fam, k)
+
+
+def test_resamples_in_chunks_give_the_same_interval(monkeypatch):
+    per = per_request(3)
+    whole = family_bootstrap(per, _family_parts, LIVE_FIGURES, n_boot=200, seed=3)
+    monkeypatch.setattr(intervals, "_CHUNK", 7)  # a few resamples at a time
+    assert family_bootstrap(per, _family_parts, LIVE_FIGURES, n_boot=200, seed=3) == whole
+
+
+def test_a_figure_without_any_denominator_is_nan():
+    per = per_request(0)
+    per["energy_ratio"] = np.nan
+    got = family_bootstrap(per, _family_parts, ["energy_ratio", "speedup"], n_boot=50)
+    assert np.isnan(got["energy_ratio_low"]) and np.isnan(got["energy_ratio_high"])
+    assert np.isfinite(got["speedup_low"])
+    assert np.isnan(family_weighted(per, _family_parts)["energy_ratio"])
