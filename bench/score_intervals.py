@@ -1,14 +1,16 @@
 """The scoring report's bootstrap intervals: vectorised against the pandas resampling it
 replaced, side by side in one process.
 
-On a per-request score frame shaped like a study's (``--routers`` routers ×
-``--requests`` requests over ``--families`` families, the live figures of
-:mod:`routers.scoring.live`), ``--rounds`` interleaved rounds each time one call of
-:func:`routers.scoring.intervals.family_bootstrap` and one of the per-resample pandas
-bootstrap (``tests/helpers.pandas_family_bootstrap``, same draws), checks that both
-give the same intervals, and prints each one's median seconds and their ratio.
+On a per-request live score frame shaped like a study's (``--requests`` requests of
+one router over ``--families`` families), ``--rounds`` interleaved rounds each time
+one call of :func:`routers.scoring.intervals.family_bootstrap` (the live figures as
+parts, :func:`routers.scoring.live._family_parts`) and one of the old per-resample
+pandas bootstrap with the old pandas figures (``tests/helpers.py``:
+``pandas_family_bootstrap``, ``pandas_live_figures``; same draws), prints each one's
+median seconds and their ratio, and exits 1 when an interval end differs by more than
+1e-9 (relative).
 
-    .venv/bin/python bench/score_intervals.py [--requests 840] [--boot 1000] [--rounds 3]
+    .venv/bin/python bench/score_intervals.py [--requests 840] [--families 7] [--boot 1000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
-from helpers import pandas_family_bootstrap  # noqa: E402
+from helpers import pandas_family_bootstrap, pandas_live_figures  # noqa: E402
 
-from routers.scoring.intervals import family_bootstrap, value  # noqa: E402
+from routers.scoring.intervals import family_bootstrap  # noqa: E402
 from routers.scoring.live import INTERVAL_FIGURES, _family_parts  # noqa: E402
 
 
@@ -52,19 +54,18 @@ def main():
     args = ap.parse_args()
     per = frame(args.requests, args.families)
 
-    def figures(g):  # the same figures, one pandas frame at a time
-        return {k: value(p) for k, p in _family_parts(g).items()}
-
     times = {"vectorised": [], "pandas": []}
+    worst_all = 0.0
     for r in range(args.rounds):
         t0 = time.perf_counter()
         new = family_bootstrap(per, _family_parts, INTERVAL_FIGURES, args.boot, seed=r)
         t1 = time.perf_counter()
-        old = pandas_family_bootstrap(per, figures, INTERVAL_FIGURES, args.boot, seed=r)
+        old = pandas_family_bootstrap(per, pandas_live_figures, INTERVAL_FIGURES, args.boot, seed=r)
         t2 = time.perf_counter()
         times["vectorised"].append(t1 - t0)
         times["pandas"].append(t2 - t1)
         worst = max(abs(new[k] - old[k]) / max(abs(old[k]), 1e-12) for k in old)
+        worst_all = max(worst_all, worst)
         print(f"round {r + 1}: vectorised {t1 - t0:.3f} s, pandas {t2 - t1:.2f} s, "
               f"largest relative difference of an interval end {worst:.1e}", flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -73,6 +74,9 @@ def main():
     print(f"  pandas per resample: {med['pandas']:.2f} s")
     print(f"  vectorised:          {med['vectorised']:.3f} s")
     print(f"  ratio pandas / vectorised: {med['pandas'] / med['vectorised']:.0f}x")
+    if worst_all > 1e-9:
+        raise SystemExit(f"the intervals differ: largest relative difference {worst_all:.1e}")
+    print(f"  same intervals (largest relative difference {worst_all:.1e})")
 
 
 if __name__ == "__main__":

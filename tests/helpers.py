@@ -184,7 +184,8 @@ def pandas_family_bootstrap(per_request, figures, names, n_boot=1000, seed=0, le
     """The family-stratified bootstrap as it was before it was vectorised
     (``routers.scoring.intervals.family_bootstrap``): one pandas resample at a time,
     ``figures(family rows) -> {name: value}``. The reference that the vectorised one is
-    checked against (tests/test_intervals.py) and timed beside (bench/score_intervals.py)."""
+    checked against (tests/test_intervals.py) and timed beside (bench/score_intervals.py),
+    with :func:`pandas_live_figures`."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -199,3 +200,16 @@ def pandas_family_bootstrap(per_request, figures, names, n_boot=1000, seed=0, le
     for k in names:
         out[f"{k}_low"], out[f"{k}_high"] = float(b[k].quantile(lo)), float(b[k].quantile(hi))
     return out
+
+
+def pandas_live_figures(g) -> dict:
+    """The live scores' family figures as pandas computed them before they were given as
+    (numerator, denominator) parts (``routers.scoring.live._family_parts``)."""
+    return {
+        "speedup": g["reference_latency_ms"].sum() / g["effective_latency_ms"].sum(),
+        "energy_ratio": g["energy_ratio"].mean(), "rouge_delta": g["rouge_delta"].mean(),
+        "violation_rate_quality": g["violates_quality"].mean(),
+        "violation_rate_energy": g["violates_energy"].mean(),
+        "violation_rate_any": g["violates_any"].mean(),
+        "violation_rate_beyond_noise": g["violates_any_beyond_noise"].mean(),
+    }

@@ -4,7 +4,7 @@
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import pandas_family_bootstrap
+from helpers import pandas_family_bootstrap, pandas_live_figures
 
 from routers.scoring import intervals
 from routers.scoring.intervals import family_bootstrap, family_weighted
@@ -43,18 +43,6 @@ def per_request(seed=0, missing=True) -> pd.DataFrame:
     return df
 
 
-def live_figures_as_before(g: pd.DataFrame) -> dict:
-    """The live figures as pandas computed them before they were given as parts."""
-    return {
-        "speedup": g["reference_latency_ms"].sum() / g["effective_latency_ms"].sum(),
-        "energy_ratio": g["energy_ratio"].mean(), "rouge_delta": g["rouge_delta"].mean(),
-        "violation_rate_quality": g["violates_quality"].mean(),
-        "violation_rate_energy": g["violates_energy"].mean(),
-        "violation_rate_any": g["violates_any"].mean(),
-        "violation_rate_beyond_noise": g["violates_any_beyond_noise"].mean(),
-    }
-
-
 def offline_figures_as_before(g: pd.DataFrame) -> dict:
     both = g[np.isfinite(g["reference_latency_ms"]) & np.isfinite(g["effective_latency_ms"])
              & np.isfinite(g["oracle_latency_ms"])]
@@ -73,11 +61,11 @@ def assert_same(got: dict, want: dict):
 def test_live_intervals_equal_the_pandas_bootstrap(seed):
     per = per_request(seed, missing=False)  # live latencies are always measured
     got = family_bootstrap(per, _family_parts, LIVE_FIGURES, n_boot=300, seed=seed)
-    want = pandas_family_bootstrap(per, live_figures_as_before, LIVE_FIGURES, n_boot=300, seed=seed)
+    want = pandas_family_bootstrap(per, pandas_live_figures, LIVE_FIGURES, n_boot=300, seed=seed)
     assert_same(got, want)
     assert got["speedup_low"] < got["speedup_high"]
     assert_same(family_weighted(per, _family_parts),
-                pd.DataFrame([live_figures_as_before(g) for _, g in per.groupby("family")]).mean().to_dict())
+                pd.DataFrame([pandas_live_figures(g) for _, g in per.groupby("family")]).mean().to_dict())
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -95,11 +83,25 @@ def test_offline_intervals_equal_the_pandas_bootstrap(seed):
             assert a[k] == pytest.approx(want[k], rel=1e-12, nan_ok=True), (fam, k)
 
 
-def test_resamples_in_chunks_give_the_same_interval(monkeypatch):
+@pytest.mark.parametrize("chunk", [7, 200])  # one resample a block; blocks of 3, the last of 2
+def test_resamples_in_blocks_give_the_same_interval(monkeypatch, chunk):
     per = per_request(3)
     whole = family_bootstrap(per, _family_parts, LIVE_FIGURES, n_boot=200, seed=3)
-    monkeypatch.setattr(intervals, "_CHUNK", 7)  # a few resamples at a time
+    monkeypatch.setattr(intervals, "_CHUNK", chunk)
     assert family_bootstrap(per, _family_parts, LIVE_FIGURES, n_boot=200, seed=3) == whole
+
+
+def test_an_infinite_ratio_is_kept_as_pandas_kept_it():
+    """An energy ratio over a reference that read 0 J is inf: pandas' mean and quantile
+    skip NaN only, so the inf stays in the figure (not the request left out) and the
+    interval is what pandas gave (numpy's interpolation between two infs: NaN)."""
+    per = per_request(4, missing=False)
+    per.loc[per["family"] == "c", "energy_ratio"] = np.inf
+    got = family_bootstrap(per, _family_parts, LIVE_FIGURES, n_boot=100, seed=4)
+    want = pandas_family_bootstrap(per, pandas_live_figures, LIVE_FIGURES, n_boot=100, seed=4)
+    assert_same(got, want)
+    assert family_weighted(per, _family_parts)["energy_ratio"] == np.inf
+    assert np.isfinite(got["speedup_low"])
 
 
 def test_a_figure_without_any_denominator_is_nan():

@@ -152,7 +152,8 @@ def test_a_failed_reading_keeps_the_last_value_and_the_task(monkeypatch):
 
 
 def test_a_failing_device_is_logged_once_by_the_first_reading_and_the_tracker(monkeypatch, caplog):
-    """The server's start-up reads once and hands the tracker the same ``failed`` set."""
+    """The server's start-up (``start_memory_tracking``, called by the app's lifespan)
+    reads once and hands the tracker the same ``failed`` set."""
     import asyncio
     import logging
 
@@ -165,14 +166,17 @@ def test_a_failing_device_is_logged_once_by_the_first_reading_and_the_tracker(mo
     state = _state(device="cuda")
 
     async def run():
-        failed: set[str] = set()
-        routing.read_memory_pressure(state, failed)
-        task = asyncio.create_task(routing.track_memory_pressure(state, every_s=0.001, failed=failed))
-        await asyncio.sleep(0.03)  # many failed readings
+        task = routing.start_memory_tracking(state)
+        await asyncio.sleep(0.3)  # the tracker's first readings (every 0.1 s) fail too
         task.cancel()
+        return routing.start_memory_tracking(_state(device="cpu"))
 
+    calls = []
+    monkeypatch.setattr(routing, "read_memory_pressure",
+                        lambda st, failed, read=routing.read_memory_pressure: (calls.append(failed), read(st, failed)))
     with caplog.at_level(logging.WARNING, logger=routing.log.name):
-        asyncio.run(run())
+        on_cpu = asyncio.run(run())
+    assert on_cpu is None and len(calls) >= 3 and all(f is calls[0] for f in calls)
     assert [r.getMessage() for r in caplog.records].count(
         "memory pressure not read (RuntimeError: CUDA error: device lost); keeping 0.25") == 1
 

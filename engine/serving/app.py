@@ -45,7 +45,7 @@ from engine.serving.config import EngineFactory, ServerConfig, supported_modes
 from engine.serving.generate import serve
 from engine.serving.jobs import check_capacity
 from engine.serving.metrics import Metrics
-from engine.serving.routing import read_memory_pressure, track_memory_pressure
+from engine.serving.routing import start_memory_tracking
 from engine.serving.schemas import ChatBody, CompletionBody, error_response
 from engine.serving.state import (
     RouterLoader,
@@ -98,11 +98,7 @@ def create_app(router_loader: RouterLoader, cfg: ServerConfig, engine_factory: E
     async def lifespan(app: FastAPI):
         state = await start_state(cfg, metrics, router_loader, engine_factory, tokenizer, supported_modes)
         app.state.serving = state
-        tracker = None
-        if cfg.device.startswith("cuda"):
-            failed: set[str] = set()  # one log per kind of failed reading, here and in the tracker
-            read_memory_pressure(state, failed)  # the first requests see it too
-            tracker = asyncio.create_task(track_memory_pressure(state, failed=failed))
+        tracker = start_memory_tracking(state)
         _heap.started()
         log.info("serving %s with router %s", cfg.model_path, type(state.router).__name__)
         try:

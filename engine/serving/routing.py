@@ -131,6 +131,18 @@ def read_memory_pressure(state: ServerState, failed: set[str]) -> None:
                         state.memory_pressure)
 
 
+def start_memory_tracking(state: ServerState) -> asyncio.Task | None:
+    """On CUDA: ``state.memory_pressure`` read now (the first requests see it too), then
+    kept current by :func:`track_memory_pressure`, both logging a failed reading into one
+    set (a failing device is logged once, not once at start-up and once by the tracker).
+    None on CPU, where it stays 0. Call on the server's loop."""
+    if not state.config.device.startswith("cuda"):
+        return None
+    failed: set[str] = set()
+    read_memory_pressure(state, failed)
+    return asyncio.create_task(track_memory_pressure(state, failed=failed))
+
+
 async def track_memory_pressure(state: ServerState, every_s: float = 0.1,
                                 failed: set[str] | None = None) -> None:
     """Keep ``state.memory_pressure`` current on CUDA, every ``every_s`` seconds, not per

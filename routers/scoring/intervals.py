@@ -6,14 +6,19 @@ values), so an interval must too: each resample draws requests with replacement
 the offline and the live scores alike.
 
 Every figure is a ratio of two sums over a family's requests, given as the two
-per-request columns (:data:`Parts`): a mean is ``sum(x) / count`` (:func:`mean_of`),
-a speedup ``sum(reference latency) / sum(latency)`` (:func:`ratio_of_sums`). So one
+per-request columns (:data:`Parts`): a mean is ``sum(x) / count`` (:func:`mean_parts`),
+a speedup ``sum(reference latency) / sum(latency)`` (:func:`ratio_parts`). So one
 definition gives the point estimate (:func:`family_weighted`) and the resamples
 (:func:`family_bootstrap`), and a resample is two sums over drawn row indices, done
-for all resamples at once in numpy. Why: one pandas frame per resample cost 3.7 s for
-one router's live intervals (840 requests, 7 families, 1,000 resamples) against 0.07 s
-here, the same intervals to the last digit (``bench/score_intervals.py``); the tests'
-tiny study spent 122 of its 138 s in its three score steps, 23 s after.
+for a block of resamples at once in numpy. Why: one pandas frame per resample cost
+2.0-3.7 s for one router's live intervals (840 requests, 7 families, 1,000 resamples)
+against 0.05-0.07 s here (43-53x in two runs), with the same intervals
+(``bench/score_intervals.py``); the
+tests' tiny study (``tests/test_study.py``) took 164 s before, 52 s after (``pytest
+--durations``), nearly all of the difference its three score steps.
+
+NaN is skipped as pandas' ``mean()`` and ``quantile()`` skip it; an infinite value
+(an energy ratio over a reference that read 0 J) is kept, as there.
 """
 
 from __future__ import annotations
@@ -23,25 +28,25 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import pandas as pd
 
-#: drawn row indices held at once per family (a few MB)
-_CHUNK = 1 << 19
-
 #: figure name -> (numerator, denominator) per request; the figure is their sums' ratio
 Parts = dict[str, tuple[np.ndarray, np.ndarray]]
 
+#: drawn row indices held at once, over all families (a few MB): resamples go in blocks
+_CHUNK = 1 << 19
 
-def mean_of(values) -> tuple[np.ndarray, np.ndarray]:
-    """The mean of the finite ``values`` (booleans as 0/1), as pandas' ``mean()`` skips NaN."""
+
+def mean_parts(values) -> tuple[np.ndarray, np.ndarray]:
+    """The mean of ``values`` (booleans as 0/1), NaN left out."""
     x = np.asarray(values, dtype=float)
-    ok = np.isfinite(x)
+    ok = ~np.isnan(x)
     return np.where(ok, x, 0.0), ok.astype(float)
 
 
-def ratio_of_sums(num, den) -> tuple[np.ndarray, np.ndarray]:
-    """``sum(num) / sum(den)`` over the rows where both are finite (a missing number
-    never drops out of one side only)."""
+def ratio_parts(num, den) -> tuple[np.ndarray, np.ndarray]:
+    """``sum(num) / sum(den)`` over the rows where neither is NaN (a missing number never
+    drops out of one side only)."""
     n, d = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
-    ok = np.isfinite(n) & np.isfinite(d)
+    ok = ~np.isnan(n) & ~np.isnan(d)
     return np.where(ok, n, 0.0), np.where(ok, d, 0.0)
 
 
@@ -53,28 +58,21 @@ def value(part: tuple[np.ndarray, np.ndarray]) -> float:
 
 
 def _nanmean(a: np.ndarray, axis: int) -> np.ndarray:
-    """Mean of the finite values along ``axis`` (NaN where there is none, no warning)."""
-    ok = np.isfinite(a)
+    """Mean along ``axis`` with NaN left out (NaN where nothing is left, no warning)."""
+    ok = ~np.isnan(a)
     n = ok.sum(axis=axis)
     s = np.where(ok, a, 0.0).sum(axis=axis)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(n > 0, s / np.maximum(n, 1), np.nan)
 
 
-def _families(per_request: pd.DataFrame, parts: Callable[[pd.DataFrame], Parts]) -> list[Parts]:
-    return [parts(g) for _, g in per_request.groupby("family", sort=True)]
-
-
 def family_weighted(per_request: pd.DataFrame, parts: Callable[[pd.DataFrame], Parts]) -> dict:
     """The mean over families of each figure of ``parts(family rows)`` (a family whose
     figure is NaN is left out of that figure's mean)."""
-    fams = _families(per_request, parts)
+    fams = [parts(g) for _, g in per_request.groupby("family", sort=True)]
     if not fams:
         return {}
-    out = {}
-    for name in fams[0]:
-        out[name] = float(_nanmean(np.array([value(f[name]) for f in fams]), axis=0))
-    return out
+    return {name: float(_nanmean(np.array([value(f[name]) for f in fams]), axis=0)) for name in fams[0]}
 
 
 def family_bootstrap(per_request: pd.DataFrame, parts: Callable[[pd.DataFrame], Parts],
@@ -83,26 +81,26 @@ def family_bootstrap(per_request: pd.DataFrame, parts: Callable[[pd.DataFrame], 
     """``{name}_low`` / ``{name}_high`` for each figure in ``names``: percentile interval of
     the family-weighted figure over ``n_boot`` resamples, each drawing every family's rows
     with replacement (per resample, family by family in sorted order, as many rows as the
-    family has)."""
+    family has: the draws of the per-resample pandas bootstrap this replaced)."""
     rng = np.random.default_rng(seed)
     groups = [(len(g), parts(g)) for _, g in per_request.groupby("family", sort=True)]
-    draws = [[rng.integers(0, n, n) for n, _ in groups] for _ in range(n_boot)]
     names = list(names)
-    per_family = {k: np.empty((len(groups), n_boot)) for k in names}
-    for i, (n, p) in enumerate(groups):
-        step = max(1, _CHUNK // max(n, 1))  # resamples at a time: bounded memory for big families
-        for b in range(0, n_boot, step):
-            idx = np.stack([d[i] for d in draws[b:b + step]])  # (resamples, rows of the family)
+    per_family = {k: np.full((len(groups), n_boot), np.nan) for k in names}
+    step = max(1, _CHUNK // max(1, sum(n for n, _ in groups)))  # resamples per block
+    for b in range(0, n_boot, step):
+        block = [[rng.integers(0, n, n) for n, _ in groups] for _ in range(min(step, n_boot - b))]
+        for i, (_, p) in enumerate(groups):
+            idx = np.stack([d[i] for d in block])  # (resamples, rows of the family)
             for k in names:
                 num, den = p[k]
                 s_num, s_den = num[idx].sum(axis=1), den[idx].sum(axis=1)
                 ok = s_den > 0
-                per_family[k][i, b:b + step] = np.where(ok, s_num / np.where(ok, s_den, 1.0), np.nan)
+                per_family[k][i, b:b + len(block)] = np.where(ok, s_num / np.where(ok, s_den, 1.0), np.nan)
     lo, hi = (1 - level) / 2, (1 + level) / 2
     out = {}
     for k in names:
         boots = _nanmean(per_family[k], axis=0)
-        boots = boots[np.isfinite(boots)]
+        boots = boots[~np.isnan(boots)]
         if len(boots):
             out[f"{k}_low"], out[f"{k}_high"] = (float(q) for q in np.quantile(boots, [lo, hi]))
         else:

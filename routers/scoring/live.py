@@ -51,6 +51,13 @@ from dataset.errors import InputError
 from dataset.requests import Request
 from engine.modes import reference_mode
 from engine.noise import clean_trials, flag_contended, unresolved_trials
+from routers.scoring.intervals import (
+    Parts,
+    family_bootstrap,
+    family_weighted,
+    mean_parts,
+    ratio_parts,
+)
 
 
 def stratified(requests: list[Request], n: int, seed: int = 0) -> list[Request]:
@@ -285,18 +292,16 @@ def score_live(runs: pd.DataFrame, stream: list[Request], decisions: dict[str, l
     return per, est, summary
 
 
-def _family_parts(g: pd.DataFrame):
+def _family_parts(g: pd.DataFrame) -> Parts:
     """A family's live figures as (numerator, denominator) columns
     (:mod:`routers.scoring.intervals`): the point estimate and its interval alike."""
-    from routers.scoring.intervals import mean_of, ratio_of_sums
-
     return {
-        "speedup": ratio_of_sums(g["reference_latency_ms"], g["effective_latency_ms"]),
-        "energy_ratio": mean_of(g["energy_ratio"]), "rouge_delta": mean_of(g["rouge_delta"]),
-        "violation_rate_quality": mean_of(g["violates_quality"]),
-        "violation_rate_energy": mean_of(g["violates_energy"]),
-        "violation_rate_any": mean_of(g["violates_any"]),
-        "violation_rate_beyond_noise": mean_of(g["violates_any_beyond_noise"]),
+        "speedup": ratio_parts(g["reference_latency_ms"], g["effective_latency_ms"]),
+        "energy_ratio": mean_parts(g["energy_ratio"]), "rouge_delta": mean_parts(g["rouge_delta"]),
+        "violation_rate_quality": mean_parts(g["violates_quality"]),
+        "violation_rate_energy": mean_parts(g["violates_energy"]),
+        "violation_rate_any": mean_parts(g["violates_any"]),
+        "violation_rate_beyond_noise": mean_parts(g["violates_any_beyond_noise"]),
     }
 
 
@@ -309,8 +314,6 @@ def summarise_live(per: pd.DataFrame, by_family: bool = False, n_boot: int = 100
     summed latencies), energy, quality, violation rates (all, and beyond noise), the
     violations by cause, and 95 % bootstrap intervals (``*_low``/``*_high``) over
     requests resampled within each family."""
-    from routers.scoring.intervals import family_bootstrap, family_weighted
-
     keys = ["router", "family"] if by_family else ["router"]
     out = []
     for key, g in per.groupby(keys, sort=False):

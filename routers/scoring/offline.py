@@ -39,6 +39,7 @@ import pandas as pd
 from dataset.requests import Request
 from engine.modes import reference_mode
 from oracle.training_table import table_meta
+from routers.scoring.intervals import Parts, family_bootstrap, mean_parts, value
 
 VIOLATION_TYPES = ("quality", "energy", "memory", "unmeasured")
 
@@ -143,25 +144,22 @@ def _both(g: pd.DataFrame) -> np.ndarray:
             & np.isfinite(g["oracle_latency_ms"])).to_numpy()
 
 
-def _interval_parts(g: pd.DataFrame):
+def _interval_parts(g: pd.DataFrame, both: np.ndarray | None = None) -> Parts:
     """The figures with an interval, as (numerator, denominator) columns
-    (:mod:`routers.scoring.intervals`); :func:`_aggregate` reads its values of them
-    from here too, so the point estimate and its interval share one definition."""
-    from routers.scoring.intervals import mean_of
-
-    both = _both(g)
+    (:mod:`routers.scoring.intervals`); :func:`_aggregate` takes its speedup and energy
+    ratio from here too, so the point estimate and its interval share one definition."""
+    both = _both(g) if both is None else both
     return {
         "speedup": (np.where(both, g["reference_latency_ms"], 0.0), np.where(both, g["effective_latency_ms"], 0.0)),
-        "energy_ratio": mean_of(g["energy_ratio"]),
-        "violation_rate_any": mean_of(g["violates_any"]),
+        "energy_ratio": mean_parts(g["energy_ratio"]),
+        "violation_rate_any": mean_parts(g["violates_any"]),
     }
 
 
 def _aggregate(g: pd.DataFrame) -> dict:
-    from routers.scoring.intervals import value
-
-    parts = _interval_parts(g)
-    both = g[_both(g)]
+    mask = _both(g)
+    parts = _interval_parts(g, mask)
+    both = g[mask]
     saved = (both["reference_latency_ms"] - both["effective_latency_ms"]).sum()
     best = (both["reference_latency_ms"] - both["oracle_latency_ms"]).sum()
     e_saved = (1 - g["energy_ratio"]).sum()
@@ -221,8 +219,6 @@ INTERVAL_FIGURES = ("speedup", "energy_ratio", "violation_rate_any")
 def offline_intervals(per_request: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Per router, 95 % bootstrap intervals of the family-weighted speedup, energy ratio
     and violation rate (requests resampled within each family)."""
-    from routers.scoring.intervals import family_bootstrap
-
     rows = [{"router": r, **family_bootstrap(g, _interval_parts, INTERVAL_FIGURES, n_boot, seed)}
             for r, g in per_request.groupby("router", sort=False)]
     return pd.DataFrame(rows).set_index("router")
