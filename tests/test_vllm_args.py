@@ -43,3 +43,35 @@ def test_missing_checkpoint_or_draft_is_a_clear_error():
             "continuous_batching"} <= set(caps.supported_modes())
     gpu = capabilities("cuda", {"int8": "a", "gptq_4bit": "b", "awq_4bit": "c"})
     assert {"cuda_graphs", "kv_cache_compression", "awq_4bit"} <= set(gpu.supported_modes())
+
+
+@pytest.mark.parametrize("mode", ["continuous_batching", "fp16_baseline"])
+def test_a_request_of_its_own_reaches_the_engine_in_the_callers_task(mode):
+    """A server request (a group of one) is awaited in the caller's task: a task of its own
+    (``gather``) reaches the engine a loop cycle later. A batch still gets one task per
+    request on a continuous-batching mode (the test double stands in for ``_one``, which
+    needs a running vLLM engine)."""
+    import asyncio
+
+    from engine.backends.vllm_backend import VllmEngine
+
+    eng = VllmEngine(mode, "/m", max_model_len=64)
+    seen = []
+
+    async def one(req, ids, ignore_eos, t0, on_token):
+        seen.append(asyncio.current_task())
+        await asyncio.sleep(0)
+        return req
+
+    eng._one = one
+
+    async def run(group):
+        seen.clear()
+        out = await eng._run(group, False, None)
+        return out, asyncio.current_task()
+
+    out, caller = asyncio.run(run([("a", [1])]))
+    assert out == ["a"] and seen == [caller]
+    out, caller = asyncio.run(run([("a", [1]), ("b", [2])]))
+    assert out == ["a", "b"] and len(seen) == 2
+    assert (caller not in seen) == (mode == "continuous_batching")

@@ -392,7 +392,14 @@ class VllmEngine:
                           latency, times)
 
     async def _run(self, group, ignore_eos, on_token):
+        """The group's generations. A group of one (every server request) is awaited here:
+        ``gather`` would wrap it in a task of its own, which reaches the engine a loop cycle
+        later, 1.5-6 ms p50 at 16 streams in flight on the 2-core machine (client TTFT p50
+        51-57 ms before, 38-43 ms after, in one /tmp probe of 256-request bursts)."""
         t0 = time.perf_counter()
+        if len(group) == 1:
+            r, ids = group[0]
+            return [await self._one(r, ids, ignore_eos, t0, on_token)]
         if self.mode.batching == "continuous":
             return list(await asyncio.gather(*(self._one(r, ids, ignore_eos, t0, on_token) for r, ids in group)))
         return [await self._one(r, ids, ignore_eos, t0, on_token) for r, ids in group]
