@@ -379,6 +379,39 @@ def test_the_budget_counts_the_kv_cache_an_engine_reserves(tiny_models):
     assert closed == ["a"] and pool.loaded() == ["b"]
 
 
+def test_the_pool_calls_its_hooks_after_a_load_and_after_an_unload(caplog):
+    """``on_load`` runs once the engine is in the table, ``on_unload`` once the engines
+    unloaded are closed, on a load and on a release alike; a hook that fails is logged and
+    the load still succeeds."""
+    import logging
+
+    from engine.serving.pool import EnginePool
+
+    closed, calls = [], []
+    Fake = ten_mb_engines(closed)
+    pool = EnginePool(Fake, budget_mb=25, base_mb=10)
+    pool.on_load = lambda: calls.append(("load", pool.loaded(), list(closed)))
+    pool.on_unload = lambda: calls.append(("unload", pool.loaded(), list(closed)))
+    pool.acquire("a")
+    pool.release("a")
+    pool.acquire("b")
+    assert calls == [("load", ["a"], []), ("unload", ["b"], ["a"]), ("load", ["b"], ["a"])]
+    pool.acquire("c")  # b is busy: kept, over the budget
+    pool.release("b")  # b goes in a thread, and the hook runs there after its close
+    deadline = time.time() + 10
+    while len(calls) < 5 and time.time() < deadline:
+        time.sleep(0.01)
+    assert calls[3:] == [("load", ["b", "c"], ["a"]), ("unload", ["c"], ["a", "b"])]
+
+    def broken():
+        raise RuntimeError("no")
+
+    pool.on_load = broken
+    with caplog.at_level(logging.WARNING, logger="modeswitch.serve"):
+        assert pool.acquire("d").mode == "d"
+    assert "engine pool hook broken failed: RuntimeError: no" in caplog.text
+
+
 def test_a_failed_engine_load_leaves_the_mode_unloadable():
     from engine.serving.pool import EnginePool
 

@@ -187,6 +187,46 @@ def test_memory_pressure_is_zero_on_cpu():
     assert memory_pressure("cpu") == 0.0
 
 
+def test_a_loaded_engine_is_frozen_and_an_unloaded_one_collected():
+    """What the pool loads while an app runs leaves the collector's reach (a full
+    collection no longer walks it); once unloaded and closed, its cycles are collected
+    all the same. With no app running, a load freezes nothing."""
+    import weakref
+
+    from engine.serving import app as app_module
+    from engine.serving.pool import EnginePool
+
+    class Engine:
+        weights_mb = 10.0
+
+        def __init__(self, mode):
+            self.mode, self.me = mode, self  # a cycle: only the collector frees it
+
+        def close(self):
+            pass
+
+    heap = app_module._FrozenHeap()
+    pool = EnginePool(Engine, budget_mb=15, on_load=heap.engine_loaded, on_unload=heap.engine_unloaded)
+    gc.collect()
+    pool.acquire("idle")  # no app running: nothing frozen
+    assert gc.get_freeze_count() == 0
+    pool.release("idle")
+    heap.started()
+    try:
+        eng = pool.acquire("a")  # over the budget: the idle engine goes first
+        ref = weakref.ref(eng)
+        assert pool.loaded() == ["a"] and not any(o is eng for o in gc.get_objects())  # frozen
+        del eng
+        pool.release("a")
+        gc.collect()
+        assert ref() is not None  # frozen: its cycle outlives a collection
+        pool.acquire("b")  # "a" unloaded and closed: the heap thawed, collected, frozen again
+        assert ref() is None and pool.loaded() == ["b"] and gc.get_freeze_count() > 0
+    finally:
+        heap.stopped()
+    assert gc.get_freeze_count() == 0
+
+
 def test_the_heap_stays_frozen_while_any_app_runs(monkeypatch):
     """Frozen once, by the first app; unfrozen once, by the last. (Counting the calls, not
     comparing freeze counts: a frozen object that dies leaves the count, so two readings

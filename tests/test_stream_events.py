@@ -99,3 +99,29 @@ def test_a_chat_stream_sends_the_role_first_and_no_empty_event_after():
     assert _routed(ev) == [True, False, False, False]
     assert [_text(e, chat=True) for e in ev[1:-1]] == ["a", "b"]
     assert [e["choices"][0]["finish_reason"] for e in ev[1:-1]] == [None, "length"]
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["DecodeStream", "window"])
+def test_a_stream_s_deltas_add_up_to_the_whole_decode(tiny_models, fast):
+    """On the project's real tokenizer, both ways of detokenizing (the Rust incremental
+    decoder of a fast tokenizer, the window decode otherwise) hand out deltas that add up
+    to the whole response's text, for prompts with characters of several bytes and for
+    random ids (tokens that end inside a character)."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from engine.serving.generate import _decode_stream, _Detokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_models.target))
+    assert _decode_stream(tok) is not None  # the tiny model's tokenizer is a fast one
+    seen = tok if fast else SimpleNamespace(decode=tok.decode)  # no Rust core: the window
+    rng = random.Random(0)
+    seqs = [tok(t)["input_ids"] for t in ("h\u00e9llo w\u00f6rld \u2014 \u65e5\u672c \U0001f600 def f(x):\n    return x",
+                                          "\u00e9", "\U0001f600\U0001f600")]
+    seqs += [[rng.randrange(len(tok)) for _ in range(rng.randrange(1, 40))] for _ in range(100)]
+    for ids in seqs:
+        d = _Detokenizer(seen)
+        deltas = [d.add([i]) for i in ids]
+        assert "".join(deltas) + d.rest() == tok.decode(ids, skip_special_tokens=True)
+        assert d.tokens == len(ids)

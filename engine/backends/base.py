@@ -109,6 +109,12 @@ class Engine(Protocol):
     # ``run`` awaited on the caller's event loop without holding a thread for the call
     # (the server uses it where an engine has it: vLLM's AsyncLLM, the continuous-batching
     # manager). Cancelling the awaiting task stops the group's requests.
+    #
+    # Optional: ``astream(request, ids)``, one request's new token ids as the engine makes
+    # them (an async iterator of lists), to be iterated by the caller's own task on the
+    # running loop, or None where the engine does not serve on that loop. The server's
+    # streams read it directly, without a task of their own between the engine and the
+    # response (vLLM's AsyncLLM). Closing the iterator early stops the request.
 
     def weights_bytes(self) -> int: ...
 

@@ -364,15 +364,19 @@ class VllmEngine:
             self.ballast = None
 
     # --------------------------------------------------------------- serving
-    async def _one(self, req: Request, ids: list[int], ignore_eos: bool, t0: float, on_token):
+    @staticmethod
+    def _params(req: Request, ignore_eos: bool):
+        """Greedy decoding of ``req``'s expected output, streamed as deltas."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        # detokenize=False: the text is decoded once at the end here (and by the server's
-        # stream as it goes); vLLM's own per-token detokenizing would be a second copy of it
-        params = SamplingParams(max_tokens=req.expected_output_tokens, temperature=0.0,
-                                ignore_eos=ignore_eos, output_kind=RequestOutputKind.DELTA,
-                                detokenize=False)
+        # detokenize=False: the text is decoded once at the end (``_one``) or by the server's
+        # stream as it goes; vLLM's own per-token detokenizing would be a second copy of it
+        return SamplingParams(max_tokens=req.expected_output_tokens, temperature=0.0, ignore_eos=ignore_eos,
+                              output_kind=RequestOutputKind.DELTA, detokenize=False)
+
+    async def _one(self, req: Request, ids: list[int], ignore_eos: bool, t0: float, on_token):
+        params = self._params(req, ignore_eos)
         from contextlib import aclosing
 
         out_ids, times = [], []
@@ -403,6 +407,28 @@ class VllmEngine:
         if self.mode.batching == "continuous":
             return list(await asyncio.gather(*(self._one(r, ids, ignore_eos, t0, on_token) for r, ids in group)))
         return [await self._one(r, ids, ignore_eos, t0, on_token) for r, ids in group]
+
+    def astream(self, req: Request, ids: list[int], ignore_eos: bool = False):
+        """``req``'s new token ids as vLLM makes them (lists, in order), to be iterated on
+        the server's loop by the task that sends them, as vLLM's own server iterates
+        ``generate``; None unless this engine serves on the running loop (:meth:`use_loop`).
+        Closing the iterator early aborts the request in the engine."""
+        try:
+            if asyncio.get_running_loop() is not self._loop or self._shared_loop is None:
+                return None
+        except RuntimeError:  # no loop runs here
+            return None
+        return self._stream(req, ids, ignore_eos)
+
+    async def _stream(self, req: Request, ids: list[int], ignore_eos: bool):
+        from contextlib import aclosing
+
+        async with aclosing(self.engine.generate(prompt={"prompt_token_ids": list(ids)},
+                                                 sampling_params=self._params(req, ignore_eos),
+                                                 request_id=f"{req.id}-{uuid.uuid4().hex[:8]}")) as stream:
+            async for out in stream:
+                if out.outputs and out.outputs[0].token_ids:
+                    yield list(out.outputs[0].token_ids)
 
     def run(self, group: list[tuple[Request, list[int]]], ignore_eos: bool = True,
             on_token=None) -> list[Generation]:

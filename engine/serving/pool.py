@@ -25,10 +25,17 @@ class EnginePool:
     reserve) exceed ``budget_mb``, idle engines are unloaded, least recently used first;
     an engine in use is never unloaded (a warning says when that leaves the budget
     exceeded, and idle engines then go as their requests finish).
+
+    ``on_load()`` runs after each engine is loaded, ``on_unload()`` after unloaded engines
+    are closed, both in the loading or closing thread, under the load lock (the server
+    freezes a loaded engine's objects out of the garbage collector's reach, and collects
+    an unloaded one's).
     """
 
-    def __init__(self, factory: Callable[[str], Engine], budget_mb: float = 4096.0, base_mb: float = 0.0):
+    def __init__(self, factory: Callable[[str], Engine], budget_mb: float = 4096.0, base_mb: float = 0.0,
+                 on_load: Callable[[], None] | None = None, on_unload: Callable[[], None] | None = None):
         self.factory = factory
+        self.on_load, self.on_unload = on_load, on_unload
         self.budget_mb = budget_mb
         #: what the process holds before any engine (the server's Python, torch, tokenizer
         #: and router: ~460 MB on CPU here), counted against the budget so that it bounds
@@ -89,8 +96,11 @@ class EnginePool:
                 names = list(self._engines)
             if over:
                 self._warn_over(over, names)
-            for v in victims:  # closed outside _state: a close may need the event loop
-                v.close()
+            unloaded = bool(victims)
+            while victims:  # closed outside _state (a close may need the event loop), no reference kept
+                victims.pop(0).close()
+            self._hook(self.on_unload if unloaded else None)
+            self._hook(self.on_load)
             return eng
 
     def try_acquire(self, mode: str) -> Engine | None:
@@ -114,11 +124,22 @@ class EnginePool:
 
     def _close_all(self, engines: list[Engine]):
         with self._load_lock:  # one load or unload at a time
-            for eng in engines:
+            while engines:  # no reference kept once closed: the hook collects what they held
                 try:
-                    eng.close()
+                    engines.pop(0).close()
                 except Exception as exc:  # noqa: BLE001 - an engine that fails to close is gone anyway
                     log.warning("closing an unloaded engine failed: %s: %s", type(exc).__name__, exc)
+            self._hook(self.on_unload)
+
+    @staticmethod
+    def _hook(fn: Callable[[], None] | None) -> None:
+        """A load or unload hook; one that fails is logged, never fails the load."""
+        if fn is None:
+            return
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("engine pool hook %s failed: %s: %s", getattr(fn, "__name__", fn), type(exc).__name__, exc)
 
     def _over_budget(self) -> bool:
         return self.base_mb + sum(self._counted.values()) > self.budget_mb

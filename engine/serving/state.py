@@ -93,15 +93,18 @@ class ServerState:
 
 async def start_state(cfg: ServerConfig, metrics: Metrics, router_loader: RouterLoader,
                       engine_factory: EngineFactory | None = None, tokenizer=None,
-                      modes: list[str] | None = None) -> ServerState:
+                      modes: list[str] | None = None, on_load: Callable[[], None] | None = None,
+                      on_unload: Callable[[], None] | None = None) -> ServerState:
     """The state at start-up: tokenizer, offered modes and router loaded once; engines are
-    loaded by the pool on their mode's first request. Anything not given comes from the
-    configured backend (the tests pass small fakes instead)."""
+    loaded by the pool on their mode's first request (``on_load`` / ``on_unload``: the
+    pool's hooks after an engine is loaded / unloaded engines are closed). Anything not
+    given comes from the configured backend (the tests pass small fakes instead)."""
     tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(cfg.model_path)
     modes = list(modes) if modes is not None else supported_modes(cfg)
     loaded = LoadedRouter.of(await run_in_threadpool(router_loader))
     pool = EnginePool(engine_factory or backend_engine_factory(cfg, asyncio.get_running_loop()),
-                      cfg.memory_budget_mb, base_mb=process_base_mb(cfg.device))
+                      cfg.memory_budget_mb, base_mb=process_base_mb(cfg.device), on_load=on_load,
+                      on_unload=on_unload)
     return ServerState(config=cfg, tokenizer=tokenizer, modes=modes, router=loaded.router,
                        router_path=loaded.path, load_router=router_loader, pool=pool, metrics=metrics,
                        context_tokens=cfg.context_tokens or _context_of(cfg.model_path))
@@ -148,9 +151,9 @@ def freeze_heap() -> None:
     does after its start-up (``vllm.utils.gc_utils.freeze_gc_heap``): at start-up the heap
     is torch, transformers, the tokenizer and the router, which live until the server
     stops, and a full collection walks all of it, stalling every request in flight. The
-    garbage is collected first, so none is kept. Engines load later and are not frozen:
-    the pool unloads them to stay in its memory budget, and closing one relies on the
-    collector to free its weights. The app's shutdown calls ``gc.unfreeze()``."""
+    garbage is collected first, so none is kept. Engines load later and are frozen after
+    their load; the heap is thawed, collected and frozen again after the pool unloads one
+    (``app._FrozenHeap``). The app's shutdown calls ``gc.unfreeze()``."""
     import gc
 
     gc.collect()
