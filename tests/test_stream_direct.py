@@ -33,11 +33,19 @@ class StreamingEngine:
     def __init__(self, mode, step_s=0.005):
         self.mode, self.step_s = mode, step_s
 
+    #: every stream handed out, held here so that only the server's own close (not the
+    #: collector finalising a dropped generator) can end one early
+    streams: list = []
+    #: the task reading each stream
+    readers: list = []
+
     def astream(self, req, ids):
-        return self._tokens(req)
+        StreamingEngine.streams.append(gen := self._tokens(req))
+        return gen
 
     async def _tokens(self, req):
         n, how = 0, "done"
+        StreamingEngine.readers.append(asyncio.current_task().get_coro().__qualname__)
         try:
             for n in range(1, req.expected_output_tokens + 1):
                 await asyncio.sleep(self.step_s)
@@ -110,6 +118,7 @@ def test_a_stream_is_read_from_the_engine_in_the_response_s_task(srv):
     assert [e["choices"][0]["finish_reason"] for e in events] == [None] * 4 + ["length"]
     assert "modeswitch" in events[0] and all("modeswitch" not in e for e in events[1:])
     assert [how for _, _, how in StreamingEngine.ended] == ["done"]
+    assert StreamingEngine.readers and "_generate" not in StreamingEngine.readers[-1]  # no producer task
     assert _metric(port, 'modeswitch_stage_seconds_count{stage="generate"}') == generated + 1
     # a whole response still runs through arun (here: it fails, as the double says)
     assert http("POST", f"http://127.0.0.1:{port}/v1/completions", {"prompt": "hi", "max_tokens": 2})[0] == 500

@@ -125,3 +125,33 @@ def test_a_stream_s_deltas_add_up_to_the_whole_decode(tiny_models, fast):
         deltas = [d.add([i]) for i in ids]
         assert "".join(deltas) + d.rest() == tok.decode(ids, skip_special_tokens=True)
         assert d.tokens == len(ids)
+
+
+def test_a_failing_rust_step_hands_the_stream_to_an_exact_decode(tiny_models, monkeypatch):
+    """tokenizers' ``DecodeStream.step`` can raise ("Invalid prefix encountered"); the
+    stream then goes on decoding the whole text, and still adds up to the whole decode,
+    a character held back at the failure included."""
+    from tokenizers.decoders import DecodeStream
+    from transformers import AutoTokenizer
+
+    from engine.serving import generate
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_models.target))
+
+    class Failing:
+        def __init__(self, at):
+            self.inner, self.n, self.at = DecodeStream(skip_special_tokens=True), 0, at
+
+        def step(self, raw, i):
+            self.n += 1
+            if self.n == self.at:
+                raise Exception("Invalid prefix encountered")
+            return self.inner.step(raw, i)
+
+    ids = tok("h\u00e9llo w\u00f6rld \U0001f600 def f(x): return x")["input_ids"]
+    whole = tok.decode(ids, skip_special_tokens=True)
+    for at in range(1, len(ids) + 1):
+        monkeypatch.setattr(generate, "_decode_stream", lambda t, at=at: (t._tokenizer, Failing(at)))
+        d = generate._Detokenizer(tok)
+        deltas = [d.add([i]) for i in ids]
+        assert "".join(deltas) + d.rest() == whole, at

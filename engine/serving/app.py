@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -78,28 +79,35 @@ class _FrozenHeap:
 
     def __init__(self):
         self.running = 0
+        #: the hooks run in the pool's loading and closing threads, start and stop on the
+        #: event loop: a hook must not freeze the heap again after the last app thawed it
+        self._lock = threading.Lock()
 
     def started(self) -> None:
-        self.running += 1
-        if self.running == 1:
-            freeze_heap()
+        with self._lock:
+            self.running += 1
+            if self.running == 1:
+                freeze_heap()
 
     def stopped(self) -> None:
-        self.running -= 1
-        if self.running == 0:
-            gc.unfreeze()
+        with self._lock:
+            self.running -= 1
+            if self.running == 0:
+                gc.unfreeze()
 
     def engine_loaded(self) -> None:
         """A newly loaded engine out of the collector's reach (while any app runs)."""
-        if self.running:
-            freeze_heap()
+        with self._lock:
+            if self.running:
+                freeze_heap()
 
     def engine_unloaded(self) -> None:
         """After an unloaded engine is closed: the heap thawed, its garbage (the engine's
         cycles among it) collected, and what lives frozen again (while any app runs)."""
-        if self.running:
-            gc.unfreeze()
-            freeze_heap()
+        with self._lock:
+            if self.running:
+                gc.unfreeze()
+                freeze_heap()
 
 
 _heap = _FrozenHeap()

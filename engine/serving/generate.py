@@ -275,7 +275,7 @@ async def _generate(state: ServerState, job: Job, engine: Engine,
         feed.end(exc)
 
 
-async def _events(state: ServerState, job: Job, feed: _TokenFeed, life: _Life):
+async def _events(state: ServerState, job: Job, feed: _TokenFeed | _EngineFeed, life: _Life):
     """The events of one stream; the request ends (:class:`_Life`) when the stream does:
     completed, failed, or closed by a client gone (generation told to stop first)."""
     chunks = _Chunks(job, state.config.served_name)
@@ -304,9 +304,12 @@ class _Detokenizer:
     """The text of the tokens so far, handed out as deltas that are never taken back.
 
     A fast tokenizer (a ``tokenizers.Tokenizer`` behind it) that does not clean up
-    spaces decodes incrementally in Rust (``tokenizers.decoders.DecodeStream``, as
-    vLLM's fast detokenizer): one call per token, which holds back a token that ends
-    inside a character until the next completes it: 72 us per 32-token stream against
+    spaces decodes incrementally in Rust (``tokenizers.decoders.DecodeStream``, which
+    vLLM's fast detokenizer also uses, there seeded with the prompt; here not, so the
+    text is the whole response's decode): one call per token, which holds back a token
+    that ends inside a character until the next completes it (a step that fails, as
+    tokenizers' "Invalid prefix encountered" can, sends the rest of the stream to an
+    exact whole decode per token): 72 us per 32-token stream against
     388 us for the window below (``bench/stream_detokenize.py``, the tiny model's
     tokenizer, one process), which was 0.45 ms of the server's ~5.4 ms of CPU per
     request at 64 in flight.
@@ -325,6 +328,8 @@ class _Detokenizer:
         #: the stream's deltas so far, and whether its last token was held back
         self._sent: list[str] = []
         self._held = False
+        #: after a failed Rust step: the whole text decoded at each token (:meth:`_to_whole`)
+        self._whole = False
 
     @property
     def tokens(self) -> int:
@@ -332,14 +337,19 @@ class _Detokenizer:
 
     def add(self, new_ids: list[int]) -> str:
         self._ids.extend(new_ids)
+        if self._whole:
+            return self._past_sent(final=False)
         if self._stream is not None:
             raw, ds = self._stream
             out = ""
-            for i in new_ids:
-                piece = ds.step(raw, i)
-                self._held = piece is None
-                if piece:
-                    out += piece
+            try:
+                for i in new_ids:
+                    piece = ds.step(raw, i)
+                    self._held = piece is None
+                    if piece:
+                        out += piece
+            except Exception:  # noqa: BLE001 - e.g. "Invalid prefix encountered" (vLLM works around it too)
+                return self._to_whole()
             if out:
                 self._sent.append(out)
             return out
@@ -351,18 +361,33 @@ class _Detokenizer:
             return text[len(before):]
         return ""
 
+    def _to_whole(self) -> str:
+        """After the Rust decoder failed on a token (rare): from here on, the whole text so
+        far is decoded at each token and what it adds past the text sent is handed out
+        (quadratic, but exact whatever was held back)."""
+        self._stream, self._held, self._whole = None, False, True
+        return self._past_sent(final=False)
+
+    def _past_sent(self, final: bool) -> str:
+        sent = "".join(self._sent)
+        whole = self._tok.decode(self._ids, skip_special_tokens=True)
+        if not whole.startswith(sent) or len(whole) <= len(sent) or (not final and whole.endswith("\ufffd")):
+            return ""
+        self._sent.append(whole[len(sent):])
+        return self._sent[-1]
+
     def rest(self) -> str:
         """At the end: the text still held back (a last token that ended inside a
         character, or a window that could not grow), as the whole response's decode
         would give it."""
         dec = self._tok.decode
+        if self._whole:
+            return self._past_sent(final=True)
         if self._stream is not None:
             if not self._held:
                 return ""
             self._held = False
-            sent = "".join(self._sent)
-            whole = dec(self._ids, skip_special_tokens=True)
-            return whole[len(sent):] if whole.startswith(sent) and len(whole) > len(sent) else ""
+            return self._past_sent(final=True)
         before = dec(self._ids[self._prefix:self._read], skip_special_tokens=True)
         text = dec(self._ids[self._prefix:], skip_special_tokens=True)
         self._prefix = self._read = len(self._ids)

@@ -98,7 +98,7 @@ class EnginePool:
                 self._warn_over(over, names)
             unloaded = bool(victims)
             while victims:  # closed outside _state (a close may need the event loop), no reference kept
-                victims.pop(0).close()
+                self._close(victims.pop(0))
             self._hook(self.on_unload if unloaded else None)
             self._hook(self.on_load)
             return eng
@@ -125,11 +125,17 @@ class EnginePool:
     def _close_all(self, engines: list[Engine]):
         with self._load_lock:  # one load or unload at a time
             while engines:  # no reference kept once closed: the hook collects what they held
-                try:
-                    engines.pop(0).close()
-                except Exception as exc:  # noqa: BLE001 - an engine that fails to close is gone anyway
-                    log.warning("closing an unloaded engine failed: %s: %s", type(exc).__name__, exc)
+                self._close(engines.pop(0))
             self._hook(self.on_unload)
+
+    @staticmethod
+    def _close(eng: Engine) -> None:
+        """An unloaded engine closed; one that fails to close is logged (it is gone from the
+        pool anyway), never fails the load or release that unloaded it."""
+        try:
+            eng.close()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("closing an unloaded engine failed: %s: %s", type(exc).__name__, exc)
 
     @staticmethod
     def _hook(fn: Callable[[], None] | None) -> None:
