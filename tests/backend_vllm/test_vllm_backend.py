@@ -6,6 +6,7 @@ all tests (module fixtures) and modes run one at a time.
 """
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -179,6 +180,25 @@ def test_the_server_runs_vllm_on_its_own_event_loop(models):
         assert "".join(c.choices[0].text for c in chunks) == first.choices[0].text
         assert sum(1 for c in chunks if c.choices[0].text) >= 2
         assert first.usage.completion_tokens == 12
+        # a streaming client that hangs up: the stream is read from the engine in the
+        # response's own task (astream), and closing it aborts the request in vLLM (the
+        # prompt's first 12 greedy tokens hold no EOS, so it cannot have ended by itself)
+        aborted, abort = [], eng.engine.abort
+
+        async def recorded(request_id, *a, **k):
+            aborted.append(request_id)
+            return await abort(request_id, *a, **k)
+
+        eng.engine.abort = recorded
+        stream = client.completions.create(model="modeswitch", prompt="def f(x):", max_tokens=60,
+                                           temperature=0, stream=True)
+        next(iter(stream))
+        stream.close()
+        deadline = time.time() + 30
+        while (eng.engine.get_num_unfinished_requests() or app.state.serving.in_flight) and time.time() < deadline:
+            time.sleep(0.05)
+        assert eng.engine.get_num_unfinished_requests() == 0 and app.state.serving.in_flight == 0
+        assert aborted
     finally:
         srv.should_exit = True
         th.join(timeout=120)
