@@ -71,11 +71,13 @@ class _FrozenHeap:
     Engines load after start-up, on their mode's first request, and are frozen too once
     loaded (:meth:`engine_loaded`), as ``vllm serve`` freezes its heap after building its
     engine: a vLLM engine left in the collector's reach (its ``AsyncLLM``, config and
-    tokenizer: ~280,000 tracked objects with the tiny model) made every full collection
-    walk it, 83-212 ms each with the event loop stopped, three of them in 700 requests at
-    64 in flight (0.74 ms of collection per request, all generations; /tmp probe with
-    ``gc.callbacks``). An engine the pool unloads is frozen with the rest, so its cycles
-    are collected by thawing the heap once it is closed (:meth:`engine_unloaded`)."""
+    tokenizer: ~254,000 tracked objects with the tiny model, the frozen count's rise when
+    it was frozen) is walked by every full collection; the three that ran while it loaded
+    took 81-212 ms each with the event loop stopped (a /tmp probe with ``gc.callbacks``).
+    None ran during that probe's ~700 served requests, so this bounds the pauses a
+    long-running server meets rather than saving time in a short bench. An engine the
+    pool unloads is frozen with the rest, so its cycles are collected by thawing the heap
+    once it is closed (:meth:`engine_unloaded`)."""
 
     def __init__(self):
         self.running = 0
