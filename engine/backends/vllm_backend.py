@@ -376,20 +376,17 @@ class VllmEngine:
                               output_kind=RequestOutputKind.DELTA, detokenize=False)
 
     async def _one(self, req: Request, ids: list[int], ignore_eos: bool, t0: float, on_token):
-        params = self._params(req, ignore_eos)
         from contextlib import aclosing
 
         out_ids, times = [], []
         # closed at once when on_token raises (the server's client is gone): vLLM aborts the
         # request on close instead of generating it to the end for nobody
-        async with aclosing(self.engine.generate(prompt={"prompt_token_ids": list(ids)}, sampling_params=params,
-                                                 request_id=f"{req.id}-{uuid.uuid4().hex[:8]}")) as stream:
-            async for out in stream:
+        async with aclosing(self._stream(req, ids, ignore_eos)) as stream:
+            async for new in stream:
                 now = (time.perf_counter() - t0) * 1000
-                new = list(out.outputs[0].token_ids) if out.outputs else []
                 out_ids.extend(new)
                 times.extend([now] * len(new))
-                if new and on_token is not None:
+                if on_token is not None:
                     on_token(req.id, new)
         latency = (time.perf_counter() - t0) * 1000
         return Generation(req.id, out_ids, self.tokenizer.decode(out_ids, skip_special_tokens=True),
@@ -414,13 +411,15 @@ class VllmEngine:
         ``generate``; None unless this engine serves on the running loop (:meth:`use_loop`).
         Closing the iterator early aborts the request in the engine."""
         try:
-            if asyncio.get_running_loop() is not self._loop or self._shared_loop is None:
+            if self._shared_loop is None or asyncio.get_running_loop() is not self._shared_loop:
                 return None
         except RuntimeError:  # no loop runs here
             return None
         return self._stream(req, ids, ignore_eos)
 
     async def _stream(self, req: Request, ids: list[int], ignore_eos: bool):
+        """``req`` submitted to vLLM, its new token ids yielded as they come (empty outputs
+        skipped); closing it aborts the request. ``_one`` and ``astream`` both read it."""
         from contextlib import aclosing
 
         async with aclosing(self.engine.generate(prompt={"prompt_token_ids": list(ids)},
