@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from tests.helpers import free_port, synthetic_table  # noqa: E402
+from tests.helpers import CODE_RUNNERS, crafted_skops, free_port, synthetic_table  # noqa: E402
 
 #: the workload families of the training tables the CLI cases and the exported router use
 FAMILIES = ("short_prompt_short_output", "batch_pressure")
@@ -360,6 +360,61 @@ def server_cases(tmp: Path, key: str, disconnects: int, budget: float, mlruns: P
                                                                      str(mlruns)], tmp, must_say="recorded at export")
 
 
+def _rewrite_registered(mlruns: Path, stored: Path, data: bytes) -> None:
+    """Replace a registered router's file and rewrite every recorded hash to match, as an
+    attacker who can write the store would (the hashes are integrity, not authentication)."""
+    import mlflow
+
+    from routers.export import sha256_of
+    from routers.training.tracking import tracking_uri
+
+    old = sha256_of(stored)
+    stored.write_bytes(data)
+    meta = stored.parent / "meta.json"
+    meta.write_text(meta.read_text().replace(old, sha256_of(stored)))
+    mlflow.set_tracking_uri(tracking_uri(mlruns))
+    client = mlflow.MlflowClient()
+    for mv in client.search_model_versions("name = 'modeswitch-router'"):
+        client.set_model_version_tag(mv.name, mv.version, "router_sha256", sha256_of(stored))
+        client.set_model_version_tag(mv.name, mv.version, "meta_sha256", sha256_of(meta))
+
+
+def loading_cases(tmp: Path):
+    """Stored routers crafted to run code or hang the loader, loaded by `serve` through the
+    registry with its hashes rewritten to match: each refused by name, nothing run."""
+    print("router loading")
+    for i, function in enumerate(sorted(CODE_RUNNERS)):
+        mlruns, uri = exported_router(tmp / f"payload{i}")
+        [stored] = list(mlruns.rglob("router.skops"))
+        marker = tmp / f"payload{i}" / "code-ran"
+        _rewrite_registered(mlruns, stored, crafted_skops(
+            stored.read_bytes(), function, f"open({str(marker)!r}, 'w').write('ran')"))
+        for via in (uri, str(stored.parent.parent)):
+            code, out = cli(["serve", "--router", via, "--mlruns", str(mlruns)], tmp, timeout=120)
+            named = function in out and "Traceback" not in out
+            row("loading", f"{function.rsplit('.', 1)[1]} via {'registry' if via == uri else 'folder'}",
+                f"exit {code}, named: {named}, code ran: {marker.exists()}",
+                code == 2 and named and not marker.exists())
+    mlruns, uri = exported_router(tmp / "cyclic")
+    [stored] = list(mlruns.rglob("router.skops"))
+    import skops.io as sio
+
+    est = sio.load(stored, trusted=sio.get_untrusted_types(file=stored))
+    tr = est.pipeline_.named_steps["clf"].tree_
+    tr.children_left[int(max(i for i in range(tr.node_count) if tr.children_left[i] >= 0))] = 0
+    _rewrite_registered(mlruns, stored, sio.dumps(est))
+    from routers.export import load_router
+
+    t0 = time.perf_counter()
+    try:
+        load_router(uri, str(mlruns))
+        got, ok = "loaded", False
+    except ValueError as exc:
+        got, ok = str(exc)[:70], True
+    took = time.perf_counter() - t0
+    row("loading", "a decision tree whose children form a cycle", f"{took * 1000:.0f} ms: {got}", ok and took < 1.0)
+
+
 def exported_router(tmp: Path) -> tuple[Path, str]:
     from routers import get_router
     from routers.export import export_router
@@ -376,15 +431,23 @@ def main():
     ap.add_argument("--disconnects", type=int, default=50)
     ap.add_argument("--memory-budget-mb", type=float, default=1536)
     ap.add_argument("--skip-cli", action="store_true")
+    ap.add_argument("--only-loading", action="store_true", help="the stored-router cases alone")
     args = ap.parse_args()
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="hardening-") as d:
         tmp = Path(d)
         mlruns, uri = exported_router(tmp)
+        loading_cases(tmp)
+        if args.only_loading:
+            return _summary(t0)
         server_cases(tmp, "k-" + os.urandom(8).hex(), args.disconnects, args.memory_budget_mb, mlruns, uri)
         if not args.skip_cli:
             cli_cases(tmp, mlruns, uri)
         (tmp / "readonly").exists() and (tmp / "readonly").chmod(0o755)
+    return _summary(t0)
+
+
+def _summary(t0: float) -> int:
     bad = [r for r in ROWS if not r[5]]
     print(f"\n{len(ROWS)} cases in {time.time() - t0:.0f} s: {len(ROWS) - len(bad)} as documented, "
           f"{sum(r[3] for r in ROWS)} tracebacks shown, {sum(r[4] for r in ROWS)} answers 5xx")

@@ -13,22 +13,29 @@ Both register a new version under ``--name`` (default ``modeswitch-router``) and
 point the alias ``champion`` at it.
 
 Safe loading. The router is stored with skops (``router.skops``), a format that
-rebuilds objects of listed types instead of running pickle's arbitrary code; at
-export every type it holds must lie in :data:`TRUSTED_PREFIXES` (this project's
-routers, scikit-learn, LightGBM, numpy, scipy, the modules on
-``$MODESWITCH_PLUGINS``; more with ``$MODESWITCH_TRUSTED_TYPES``), and the SHA-256
-of it and of ``meta.json`` are recorded in the registry (tags on the model
-version). :func:`load_router`, which ``serve`` uses, never unpickles: it
-downloads the artifacts, checks both hashes against the registry's record
-(``models:/`` URIs; for ``runs:/`` URIs and folders only against ``meta.json``
-beside the file: a consistency check, not tamper evidence; and the registry's
-tags live in the same store, so they guard against a changed artifact, not
-against someone who can write the whole store), loads the skops file with the
-allow-listed types only, takes the modes it can answer from the router itself,
-and refuses anything else (a tampered file, an unknown type, an older joblib export)
-unless ``trust_pickle=True`` (``serve --trust-pickle``). MLflow's own
-``mlflow.pyfunc.load_model`` still unpickles the pyfunc wrapper
-(``python_model.pkl``): use it (or ``mlflow models serve``) only on stores you trust.
+rebuilds objects of listed types instead of running pickle's arbitrary code. skops
+trusts its own curated types (primitives, numpy arrays and dtypes, scikit-learn's
+estimators); every other type the file names must be one of :func:`allowed_types`,
+an explicit list of exact class names: the registered router families' classes
+(plug-ins included), the estimator internals in :data:`ESTIMATOR_TYPES`, and the exact
+names in ``$MODESWITCH_TRUSTED_TYPES``. A name is never matched by prefix, and each must
+resolve to a class: skops *calls* whatever a reduce node names, so a function such as
+``numpy.testing._private.utils.runstring`` in a file would run code with arguments
+from the file. Export records the exact list (``meta.json``'s ``trusted_types``); the
+loader refuses a file that names anything else, naming it, before skops builds a
+single object. Then every fitted tree is checked (:mod:`routers.compiler.tree_checks`:
+no cycle, children and features in range, thresholds finite) before anything walks it.
+
+The SHA-256 of ``router.skops`` and of ``meta.json`` are recorded in the registry
+(tags on the model version). That is an integrity check, not authentication: the
+tags live in the same store as the artifacts, so they catch a changed or torn
+artifact, not someone who can write the whole store (for ``runs:/`` URIs and folders
+the hash is only checked against ``meta.json`` beside the file). :func:`load_router`,
+which ``serve``, ``/admin/reload`` and the pyfunc's ``load_context`` use, never
+unpickles, and refuses an older joblib export unless ``trust_pickle=True``
+(``serve --trust-pickle``). MLflow's own ``mlflow.pyfunc.load_model`` still unpickles
+the pyfunc wrapper (``python_model.pkl``): use it (or ``mlflow models serve``) only on
+stores you trust.
 """
 
 from __future__ import annotations
@@ -46,15 +53,19 @@ import pandas as pd
 from dataset.errors import InputError
 from dataset.features import features_frame
 from dataset.requests import Request
+from routers.compiler.tree_checks import check_fitted_trees
 
 DEFAULT_NAME = "modeswitch-router"
 ALIAS = "champion"
 #: raw request fields the exported model takes (its signature)
 INPUT_COLUMNS = ("prompt_tokens", "expected_output_tokens", "shared_prefix_tokens",
                  "concurrent_requests", "memory_pressure", "family", "benchmark_suite")
-#: types a stored router may hold (module prefixes); $MODESWITCH_TRUSTED_TYPES adds more
-#: (comma-separated), e.g. a plug-in router's module
-TRUSTED_PREFIXES = ("routers.", "sklearn.", "lightgbm.", "numpy.", "scipy.", "collections.OrderedDict")
+#: classes inside the project's routers that skops does not trust by itself (exact names);
+#: the routers' own classes come from the registry, more from $MODESWITCH_TRUSTED_TYPES
+ESTIMATOR_TYPES = ("routers.cost_predicting._Constant", "routers.risk_control.Calibration",
+                   "sklearn.tree._tree.Tree", "lightgbm.basic.Booster", "lightgbm.sklearn.LGBMClassifier",
+                   "lightgbm.sklearn.LGBMRegressor", "collections.OrderedDict")
+TRUSTED_TYPES_ENV = "MODESWITCH_TRUSTED_TYPES"
 LOWER_IS_BETTER = ("overhead_p50_us", "overhead_p99_us", "energy_ratio", "memory_ratio",
                    "mean_regret", "fallback_rate")
 
@@ -68,7 +79,8 @@ class RouterPyfunc(mlflow.pyfunc.PythonModel):
     def load_context(self, context):
         self.meta_ = json.loads(Path(context.artifacts["meta"]).read_text())
         self.router_ = load_router_file(Path(context.artifacts["router"]), self.meta_.get("sha256"),
-                                        trust_pickle=os.environ.get("MODESWITCH_TRUST_PICKLE") == "1")
+                                        trust_pickle=os.environ.get("MODESWITCH_TRUST_PICKLE") == "1",
+                                        recorded_types=self.meta_.get("trusted_types"))
         self.use_compiled(True)
 
     def use_compiled(self, on: bool = True):
@@ -102,26 +114,51 @@ class RouterPyfunc(mlflow.pyfunc.PythonModel):
         return list(self.router_.predict(features_frame(reqs, "B")))
 
 
-def trusted_prefixes() -> tuple[str, ...]:
-    """The allow-list: the built-in prefixes, ``$MODESWITCH_TRUSTED_TYPES`` (prefixes as
-    given), and the modules named in ``$MODESWITCH_PLUGINS`` (code the user already runs
-    on every registry lookup)."""
-    from dataset.registry import PLUGINS_ENV
+def allowed_types() -> frozenset[str]:
+    """The allow-list, exact fully qualified class names: every registered router family's
+    class (built-in and plug-in), :data:`ESTIMATOR_TYPES`, and the comma-separated names in
+    ``$MODESWITCH_TRUSTED_TYPES`` (e.g. a plug-in router's helper class)."""
+    from routers.registry import ROUTERS
 
-    def listed(var):
-        return [p.strip() for p in os.environ.get(var, "").split(",") if p.strip()]
+    families = {f"{f.factory.__module__}.{f.factory.__qualname__}" for _, f in ROUTERS.items()
+                if isinstance(f.factory, type)}
+    extra = {t.strip() for t in os.environ.get(TRUSTED_TYPES_ENV, "").split(",") if t.strip()}
+    return frozenset(families | set(ESTIMATOR_TYPES) | extra)
 
-    return TRUSTED_PREFIXES + tuple(listed("MODESWITCH_TRUSTED_TYPES")) + tuple(
-        m + "." for m in listed(PLUGINS_ENV))
+
+def _is_class(name: str) -> bool:
+    """Whether an allow-listed ``module.QualName`` names a class (importing only modules the
+    allow-list itself names, never one a file names)."""
+    import importlib
+
+    module, _, qual = name.rpartition(".")
+    while module:
+        try:
+            obj = importlib.import_module(module)
+            break
+        except ImportError:  # a nested class: module.Outer.Inner
+            module, _, outer = module.rpartition(".")
+            qual = f"{outer}.{qual}"
+    else:
+        return False
+    for part in qual.split("."):
+        obj = getattr(obj, part, None)
+    return isinstance(obj, type)
 
 
-def _vetted_types(types) -> list[str]:
-    """The types skops would not load by itself, each checked against the allow-list."""
-    prefixes = trusted_prefixes()
-    bad = sorted(t for t in types if not t.startswith(prefixes))
-    if bad:
-        raise InputError(f"the router holds types outside the trusted list: {', '.join(bad)} (trusted: "
-                         f"{', '.join(prefixes)}; add a plug-in's module with $MODESWITCH_TRUSTED_TYPES)")
+def _vetted_types(types, where: str = "the router") -> list[str]:
+    """The types skops would not load by itself, each an allow-listed class, or a refusal
+    naming every one that is not."""
+    allowed = allowed_types()
+    outside = sorted(t for t in types if t not in allowed)
+    if outside:
+        raise InputError(f"{where} holds types outside the trusted list: {', '.join(outside)}; a stored "
+                         "router may hold only its own classes and their estimators' (exact names; add a "
+                         f"plug-in's own class with ${TRUSTED_TYPES_ENV})")
+    not_classes = sorted(t for t in types if not _is_class(t))
+    if not_classes:
+        raise InputError(f"{where} names {', '.join(not_classes)}, which is not a class; refusing to "
+                         "load it (only classes are allowed)")
     return sorted(types)
 
 
@@ -133,9 +170,11 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def load_router_file(path: Path, expected_sha256: str | None, trust_pickle: bool = False):
-    """A stored router: a skops file whose hash matches and whose types are all trusted;
-    a pickle (joblib) file only with ``trust_pickle``."""
+def load_router_file(path: Path, expected_sha256: str | None, trust_pickle: bool = False,
+                     recorded_types=None):
+    """A stored router: a skops file whose hash matches, whose types are all allow-listed
+    classes (and, with ``recorded_types``, all among those recorded at export) and whose
+    trees are trees; a pickle (joblib) file only with ``trust_pickle``."""
     path = Path(path)
     if expected_sha256 is not None or path.suffix == ".skops":
         got = sha256_of(path)
@@ -145,7 +184,17 @@ def load_router_file(path: Path, expected_sha256: str | None, trust_pickle: bool
     if path.suffix == ".skops":
         import skops.io as sio
 
-        return sio.load(path, trusted=_vetted_types(sio.get_untrusted_types(file=path)))
+        try:
+            named = sio.get_untrusted_types(file=path)
+        except Exception as exc:  # noqa: BLE001 - a torn or foreign file: skops raises many kinds
+            raise InputError(f"{path}: not a readable skops file ({type(exc).__name__}: {exc})") from None
+        trusted = _vetted_types(named, str(path))
+        if recorded_types is not None and set(named) - set(recorded_types):
+            raise InputError(f"{path} names {', '.join(sorted(set(named) - set(recorded_types)))}, which "
+                             "the export did not record (meta.json's trusted_types); refusing to load it")
+        router = sio.load(path, trusted=trusted)
+        check_fitted_trees(router)
+        return router
     if not trust_pickle:
         raise InputError(f"{path}: a pickle file (an export made before skops): loading it runs whatever code "
                          "it holds; re-export the router, or pass --trust-pickle if you trust this store")
@@ -280,18 +329,23 @@ def load_router(uri: str, mlruns: str = "mlruns", available_modes=None, compiled
     model = RouterPyfunc()
     model.meta_ = meta
     model.router_ = load_router_file(local / "artifacts" / name, recorded.get("router_sha256", meta.get("sha256")),
-                                     trust_pickle=trust_pickle)
+                                     trust_pickle=trust_pickle, recorded_types=meta.get("trusted_types"))
     # the modes it can answer: from the router itself, not from a file beside it
     model.meta_["modes"] = list(model.router_.modes_)
     model.use_compiled(compiled)
     if available_modes is not None:
-        missing = sorted(set(model.modes_) - set(available_modes))
-        if missing:
-            raise InputError(
-                f"router {uri} was trained for backend {model.meta_.get('backend')!r} and can choose "
-                f"{', '.join(missing)}, which this engine does not offer (it offers "
-                f"{', '.join(sorted(available_modes))}); export a router trained on this engine's profiles")
+        check_available_modes(model, uri, available_modes)
     return model
+
+
+def check_available_modes(model: RouterPyfunc, uri: str, available_modes) -> None:
+    """Refuse a loaded router that can choose a mode the serving engine lacks, listing them."""
+    missing = sorted(set(model.modes_) - set(available_modes))
+    if missing:
+        raise InputError(
+            f"router {uri} was trained for backend {model.meta_.get('backend')!r} and can choose "
+            f"{', '.join(missing)}, which this engine does not offer (it offers "
+            f"{', '.join(sorted(available_modes))}); export a router trained on this engine's profiles")
 
 
 def best_from_scoring(metric: str, mlruns: str = "mlruns", max_violation_rate: float | None = None):

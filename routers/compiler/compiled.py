@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from dataset.features import CATEGORICAL_FEATURES, FEATURE_SET_A, NONE_CATEGORY
+from routers.compiler.tree_checks import check_tree_arrays
 
 _SRC = Path(__file__).parent / "native" / "kernels.c"
 _LIB = None
@@ -307,6 +308,8 @@ def _pack(trees, n_features: int, n_classes: int, width: int, window: int = 4, b
       leaf tree."""
     group = library().group_size()
     n_real = len(trees)
+    for i, (feature, threshold, left, right, _, _) in enumerate(trees):
+        check_tree_arrays(feature, threshold, left, right, n_features, f"tree {i}")
     layouts = [_breadth_first(left, right) for _, _, left, right, _, _ in trees]
     span = window * group
     walk = [o for w in range(0, n_real, span)
