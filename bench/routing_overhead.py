@@ -51,7 +51,7 @@ def main():
     from dataset.workloads import get_workload
     from oracle.training_table import build_training_table
     from routers import get_router
-    from routers.compiler.compiled import compile
+    from routers.compiler import compile
     from routers.rule_baseline import RuleBaselineRouter
     from tests.helpers import synthetic_profile
 

@@ -26,7 +26,7 @@ rows, raised to the number the target needs to be certifiable at all
 
 Decisions: ``route(request)`` goes through the pipeline (milliseconds);
 ``compile()`` (feature set A) hands both variants to the C kernel's cost decision
-(:func:`routers.compiler.compiled.compile_cost`): the linear one as one matrix of
+(:meth:`fitted_state` describes it for :mod:`routers.compiler`): the linear one as one matrix of
 weights, the LightGBM one as one ensemble of every model's trees under a region
 tree, each one C call per decision with the same answers.
 """
@@ -39,10 +39,14 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.compose import ColumnTransformer
 from sklearn.utils.validation import check_is_fitted
 
-from dataset.features import CATEGORICAL_FEATURES, FEATURE_SETS, features_frame
+from dataset.features import CATEGORICAL_FEATURES, FEATURE_SET_A, FEATURE_SETS, features_frame
 from dataset.requests import Request
 from engine.modes import reference_mode
 from routers.base import RouterMixin
+from routers.compiler import compile as compile_router
+from routers.families.base import column_prep
+from routers.families.readers import lightgbm_trees
+from routers.fitted_state import CostDecision, FittedState, InputLayout, LinearModel, TreeEnsemble
 from routers.risk_control import (
     DELTA,
     calibration_split,
@@ -88,8 +92,6 @@ class CostPredictingRouter(RouterMixin, ClassifierMixin, BaseEstimator):
 
     # ------------------------------------------------------------- fitting
     def _prep(self, X) -> ColumnTransformer:
-        from routers.families.base import column_prep
-
         wanted = list(FEATURE_SETS[self.feature_set])
         missing = [c for c in wanted if c not in X.columns]
         if missing:
@@ -259,18 +261,44 @@ class CostPredictingRouter(RouterMixin, ClassifierMixin, BaseEstimator):
         return pd.Series(vals, index=names).sort_values(ascending=False)
 
     def compile(self, region_budget: tuple | None = None):
-        """The C kernel's cost decision (:func:`routers.compiler.compiled.compile_cost`):
-        same decisions, one C call from a raw request."""
-        if self.feature_set != "A":
-            self.compile_reason_ = "compiled only on feature set A (numbers only)"
-            return None
-        from routers.compiler.compiled import compile_cost
-
+        """The C kernel's cost decision (:mod:`routers.compiler`): same decisions, one C
+        call from a raw request."""
         try:
-            return compile_cost(self, region_budget)
+            return compile_router(self, region_budget)
         except (ValueError, TypeError, RuntimeError) as exc:  # e.g. no C compiler here
             self.compile_reason_ = str(exc).splitlines()[0]
             return None
+
+    # -- the fitted decision as plain data (what the compiler reads) ----------------
+    def fitted_state(self) -> FittedState:
+        """Outputs: each mode's predicted log latency ratio, then each (mode, constraint)'s
+        risk logit, under the cost decision. A model that predicts a constant (too few
+        rows, one class) becomes its output's bias; a constant risk is compared with the
+        threshold here, once (allowed: -inf, not: +inf)."""
+        check_is_fitted(self, "ratio_models_")
+        if self.feature_set != "A":
+            raise ValueError("compiled cost-predicting routers take feature set A (numbers only)")
+        modes = list(self.modes_)
+        M, C = len(modes), len(CONSTRAINTS)
+        thr = float(self.threshold_)
+        bias = np.zeros(M * (1 + C))
+        fitted = []  # (output, model, sign of its logit: a risk's logit is of P(True))
+        for j, m in enumerate(modes):
+            if m == self.reference_:
+                continue
+            outputs = [(j, self.ratio_models_[m])]
+            outputs += [(M + j * C + c, self.risk_models_[m][name]) for c, name in enumerate(CONSTRAINTS)]
+            for k, mdl in outputs:
+                if isinstance(mdl, _Constant):
+                    bias[k] = mdl.value if k < M else (-np.inf if mdl.value <= thr else np.inf)
+                else:
+                    fitted.append((k, mdl, 1.0 if k < M or mdl.classes_[1] else -1.0))
+        return FittedState(tuple(modes), InputLayout(len(FEATURE_SET_A)), self._outputs_state(fitted, bias),
+                           CostDecision(M, C, modes.index(self.reference_), thr), self.X_sample_)
+
+    def _outputs_state(self, fitted: list, bias: np.ndarray):  # pragma: no cover - abstract
+        """Every output's model as one description (``fitted``: (output, model, sign))."""
+        raise NotImplementedError
 
 
 def _proba(model, F) -> np.ndarray:
@@ -316,6 +344,16 @@ class LinearCostRouter(CostPredictingRouter):
         return dict(alpha=trial.suggest_float("alpha", 1e-3, 1e2, log=True),
                     C=trial.suggest_float("C", 1e-2, 1e2, log=True))
 
+    def _outputs_state(self, fitted, bias):
+        """One weight row per output on the standardised features (constants: a zero row)."""
+        W = np.zeros((len(bias), len(FEATURE_SET_A)))
+        bias = bias.copy()
+        for k, mdl, sign in fitted:
+            W[k] = sign * np.ravel(np.asarray(mdl.coef_, float))
+            bias[k] = sign * float(np.ravel(mdl.intercept_)[0])
+        sc = self.prep_.named_transformers_["num"]
+        return LinearModel(W, bias, np.asarray(sc.mean_, float), np.asarray(sc.scale_, float))
+
 
 class LightGBMCostRouter(CostPredictingRouter):
     """LightGBM regressor per mode for the latency ratio, LightGBM classifier per
@@ -358,6 +396,15 @@ class LightGBMCostRouter(CostPredictingRouter):
                     num_leaves=trial.suggest_int("num_leaves", 4, 31),
                     learning_rate=trial.suggest_float("learning_rate", 0.02, 0.3, log=True),
                     min_child_samples=trial.suggest_int("min_child_samples", 5, 40))
+
+    def _outputs_state(self, fitted, bias):
+        """Every model's trees as one ensemble, each tree scoring its own output (every
+        model a constant: the biases are the whole decision)."""
+        if not fitted:
+            return LinearModel(np.zeros((len(bias), len(FEATURE_SET_A))), bias)
+        trees = [t for k, mdl, sign in sorted(fitted, key=lambda f: f[0])
+                 for t in lightgbm_trees(mdl.booster_, k, sign)[0]]
+        return TreeEnsemble(tuple(trees), len(bias), "sum", False, bias)
 
     # single decisions skip scikit-learn's input checks: the boosters' own predict on
     # the request's numbers (feature set A is passed through unscaled, in its order)

@@ -12,7 +12,7 @@ from dataset.requests import Request
 from dataset.workloads import get_workload
 from oracle.training_table import build_training_table
 from routers import get_router
-from routers.compiler.compiled import compile
+from routers.compiler import compile
 from tests.helpers import synthetic_profile
 
 FAMILIES = ["short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",
@@ -174,7 +174,7 @@ def test_training_sample_is_kept_in_the_kernels_layout(fitted, data):
 def test_released_routers_free_their_kernel_slots(fitted, data):
     import gc
 
-    from routers.compiler.compiled import library
+    from routers.compiler import library
 
     est, _ = fitted[("lgbm", "B")]
     _, held = data

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from dataset.features import FEATURE_FORMULAS, FEATURE_SET_A, request_features
 from dataset.requests import Request
-from routers.compiler.compiled import kernel_shape_features
+from routers.compiler import kernel_shape_features
 
 requests = st.builds(
     Request, id=st.just("r"),

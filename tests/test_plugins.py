@@ -19,6 +19,7 @@ ROUTER_PLUGIN = '''
 from sklearn.ensemble import ExtraTreesClassifier
 
 from routers.families.base import LearnedRouter
+from routers.families.readers import sklearn_trees
 from routers.registry import RouterFamily, register_router
 
 
@@ -41,6 +42,9 @@ class ExtraTreesRouter(LearnedRouter):
     def _search_space(cls, trial):
         return dict(n_estimators=trial.suggest_int("n_estimators", 5, 30, step=5),
                     max_depth=trial.suggest_int("max_depth", 2, 8))
+
+    def _estimator_state(self, clf):  # its trees as plain data: the compiler needs no edit
+        return sklearn_trees(clf.estimators_, len(self.classes_))
 
 
 register_router(RouterFamily("plugin_et", ExtraTreesRouter, "extra trees (a plug-in)"))
@@ -139,16 +143,20 @@ def test_a_router_family_in_one_file_trains_scores_exports_and_serves(router_plu
     head = out["headline"]
     assert {"plugin_et", "rule", "reference", "oracle"} <= set(head.index)
     assert 0.0 <= head.loc["plugin_et", "oracle_match"] <= 1.0
-    assert out["overhead"]["plugin_et"].path.startswith("pipeline")  # no compiler for extra trees
+    assert out["overhead"]["plugin_et"].path == "compiled"  # its trees, described, compile as they are
 
     # export and load back: the same decisions
     est = mlflow.sklearn.load_model(run.data.tags["model_uri"])
     info = export_router(est, mlruns=mlruns, source_run_id=run_id, backend="transformers")
     loaded = load_router(info["uri"], mlruns)
+    assert loaded.path_ == "compiled"
     assert [loaded.route(r) for r in reqs[:20]] == list(est.predict(features_frame(reqs[:20], "B")))
+    held = [r for n in ("short_prompt_long_output", "long_prompt_short_output")
+            for r in get_workload(n).sample(40, seed=99)]
+    assert [est.compile().route(r) for r in held] == list(est.predict(features_frame(held, "A")))
 
     # serve: the server routes with it and runs the chosen mode's engine
-    # an uncompiled pipeline decision takes milliseconds: give it the time
+    # the budget is not under test here (a busy test machine): give the decision time
     cfg = ServerConfig(model_path=str(tiny_models.target), draft_path=str(tiny_models.draft),
                        route_budget_us=1e6)
     srv, th, port = start(create_app(lambda: loaded, cfg))

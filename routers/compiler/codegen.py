@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from dataset.features import FEATURE_FORMULAS, FEATURE_SET_A, NONE_CATEGORY
+from routers.fitted_state import InputLayout, Tree
 
 
 def float32_boundary(t: float) -> tuple[float, bool]:
@@ -29,12 +30,26 @@ def float32_boundary(t: float) -> tuple[float, bool]:
     return b, bool(even)
 
 
-def tree_source(tree, classes, n_num: int, fam_cats, suite_cats, name="route") -> str:
-    """Source of ``def route(r): ...`` returning the class label for a Request ``r``."""
-    tr = tree.tree_
-    feat_names = list(FEATURE_SET_A[:n_num]) + [("family", c) for c in fam_cats] + \
-        [("benchmark_suite", c) for c in suite_cats]
-    used = sorted({int(f) for f in tr.feature if f >= 0})
+def _condition(f: int, name, threshold: float, float32_inputs: bool) -> str:
+    """The test a node makes, as Python on the request's features."""
+    if isinstance(name, tuple):  # one-hot column: x <= threshold (0.5) means "not this category"
+        var = "fam" if name[0] == "family" else "suite"
+        return f"{var} != {name[1]!r}" if threshold < 1 else "True"
+    b, inclusive = float32_boundary(threshold) if float32_inputs else (threshold, True)
+    return f"x{f} {'<=' if inclusive else '<'} {b!r}"
+
+
+def tree_source(tree: Tree, classes, layout: InputLayout, float32_inputs: bool = True,
+                name="route") -> str:
+    """Source of ``def route(r): ...`` returning the class label for a Request ``r``: the
+    class of the largest leaf value (scikit-learn's argmax, first on ties)."""
+    n_num = layout.n_numeric
+    feat_names = list(FEATURE_SET_A[:n_num]) + [("family", c) for c in layout.families] + \
+        [("benchmark_suite", c) for c in layout.suites]
+    left, right = np.asarray(tree.left), np.asarray(tree.right)
+    feature, threshold = np.asarray(tree.feature), np.asarray(tree.threshold, np.float64)
+    value = np.asarray(tree.value, np.float64)
+    used = sorted({int(feature[i]) for i in range(len(left)) if left[i] >= 0})
     lines = [f"def {name}(r):"]
     for f in used:
         fn = feat_names[f]
@@ -44,34 +59,25 @@ def tree_source(tree, classes, n_num: int, fam_cats, suite_cats, name="route") -
         lines.append(f"    fam = r.family or {NONE_CATEGORY!r}")
     if any(isinstance(feat_names[f], tuple) and feat_names[f][0] == "benchmark_suite" for f in used):
         lines.append(f"    suite = r.benchmark_suite or {NONE_CATEGORY!r}")
-    value = tr.value[:, 0, :]
 
     def emit(node, depth):
         pad = "    " * depth
-        if tr.children_left[node] < 0:
-            v = value[node]
-            norm = v.sum() if v.sum() != 0 else 1.0
-            lines.append(f"{pad}return {str(classes[int(np.argmax(v / norm))])!r}")
+        if left[node] < 0:
+            lines.append(f"{pad}return {str(classes[int(np.argmax(value[node]))])!r}")
             return
-        f = int(tr.feature[node])
-        fn = feat_names[f]
-        if isinstance(fn, tuple):  # one-hot column: x <= threshold (0.5) means "not this category"
-            var = "fam" if fn[0] == "family" else "suite"
-            cond = f"{var} != {fn[1]!r}" if tr.threshold[node] < 1 else "True"
-        else:
-            b, inclusive = float32_boundary(float(tr.threshold[node]))
-            cond = f"x{f} {'<=' if inclusive else '<'} {b!r}"
-        lines.append(f"{pad}if {cond}:")
-        emit(tr.children_left[node], depth + 1)
+        f = int(feature[node])
+        lines.append(f"{pad}if {_condition(f, feat_names[f], float(threshold[node]), float32_inputs)}:")
+        emit(left[node], depth + 1)
         lines.append(f"{pad}else:")
-        emit(tr.children_right[node], depth + 1)
+        emit(right[node], depth + 1)
 
     emit(0, 1)
     return "\n".join(lines) + "\n"
 
 
-def compile_tree(tree, classes, n_num, fam_cats, suite_cats):
-    src = tree_source(tree, classes, n_num, fam_cats, suite_cats)
+def compile_tree(tree: Tree, classes, layout: InputLayout, float32_inputs: bool = True):
+    """(the generated ``route`` function, its source) for one tree."""
+    src = tree_source(tree, classes, layout, float32_inputs)
     ns = {"log1p": math.log1p, "inf": math.inf}
     exec(compile(src, "<modeswitch-tree>", "exec"), ns)  # noqa: S102 - our own generated code
     return ns["route"], src

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.compose import ColumnTransformer
+from sklearn.dummy import DummyClassifier
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
 from sklearn.tree import DecisionTreeClassifier
@@ -37,10 +38,12 @@ from sklearn.utils.validation import (
     column_or_1d,
 )
 
-from dataset.features import CATEGORICAL_FEATURES, FEATURE_SETS, features_frame
+from dataset.features import CATEGORICAL_FEATURES, FEATURE_SET_A, FEATURE_SETS, features_frame
 from dataset.requests import Request
 from engine.modes import reference_mode
 from routers.base import RouterMixin
+from routers.compiler import compile as compile_router
+from routers.fitted_state import FittedState, InputLayout
 
 
 def column_prep(num: list, cat: list, scale: bool) -> ColumnTransformer:
@@ -168,8 +171,6 @@ class LearnedRouter(RouterMixin, ClassifierMixin, BaseEstimator):
             # one label in the training part (a small table, or a fold where one mode
             # wins everywhere): the router is that constant, as a tree would learn;
             # logistic regression and LightGBM refuse a single class
-            from sklearn.dummy import DummyClassifier
-
             self.pipeline_.steps[-1] = ("clf", DummyClassifier(strategy="most_frequent"))
         params = {} if sample_weight is None else {"clf__sample_weight": sample_weight}
         self.pipeline_.fit(X, y, **params)
@@ -217,13 +218,49 @@ class LearnedRouter(RouterMixin, ClassifierMixin, BaseEstimator):
 
     def compile(self, region_budget: tuple | None = None):
         """The compiled router (same decisions, C kernel), or None with ``compile_reason_``."""
-        from routers.compiler import compile as compile_router
-
         try:
             return compile_router(self, region_budget)
         except (ValueError, TypeError, RuntimeError) as exc:  # e.g. a safety-guarded router
             self.compile_reason_ = str(exc).splitlines()[0]
             return None
+
+    # -- the fitted decision as plain data (what the compiler reads) ----------------
+    def fitted_state(self) -> FittedState:
+        """The fitted decision as plain data (:mod:`routers.fitted_state`): the input
+        layout, the classes and the family's model (``_estimator_state``)."""
+        check_is_fitted(self, "pipeline_")
+        if self.safety_threshold is not None:
+            raise ValueError("routers with a safety guard are not compiled yet; compile without it")
+        clf = self.pipeline_.named_steps["clf"]
+        if isinstance(clf, DummyClassifier):
+            raise TypeError("one class in training: a constant router, nothing to compile")
+        return FittedState(tuple(self.classes_), self._input_layout(), self._estimator_state(clf),
+                           sample=getattr(self, "X_sample_", None))
+
+    def _estimator_state(self, clf):
+        """The fitted classifier ``clf`` as a :class:`~routers.fitted_state.TreeEnsemble` or
+        :class:`~routers.fitted_state.LinearModel` (see :mod:`routers.families.readers`);
+        a family that defines none is served through its pipeline."""
+        raise TypeError(f"{type(self).__name__} does not describe its fitted {type(clf).__name__} "
+                        "(define _estimator_state to compile it)")
+
+    def _input_layout(self) -> InputLayout:
+        """The classifier's input columns: feature set A's numbers, then the one-hot ones."""
+        prep = self.pipeline_.named_steps["prep"]
+        n_num, fam, suite = 0, (), ()
+        for name, trans, cols in prep.transformers_:
+            if name == "num":
+                n_num = len(cols)
+                if isinstance(cols, list) and cols and isinstance(cols[0], str) and \
+                        list(cols) != list(FEATURE_SET_A)[: len(cols)]:
+                    raise ValueError("compiled routers expect feature set A's column order")
+            elif name == "cat":
+                for c, cats in zip(cols, trans.categories_):
+                    if c == CATEGORICAL_FEATURES[0]:
+                        fam = tuple(str(x) for x in cats)
+                    else:
+                        suite = tuple(str(x) for x in cats)
+        return InputLayout(n_num, fam, suite)
 
     #: training rows kept (model inputs after preprocessing) to tell compile where traffic is
     sample_rows = 2000

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sklearn.tree import DecisionTreeClassifier
 
 from routers.families.base import LearnedRouter
+from routers.families.readers import sklearn_trees
 from routers.registry import RouterFamily, register_router
 
 
@@ -33,6 +34,9 @@ class DecisionTreeRouter(LearnedRouter):
         return dict(max_depth=trial.suggest_int("max_depth", 2, 12),
                     min_samples_leaf=trial.suggest_int("min_samples_leaf", 1, 20),
                     criterion=trial.suggest_categorical("criterion", ["gini", "entropy"]))
+
+    def _estimator_state(self, clf):
+        return sklearn_trees([clf], len(self.classes_))
 
 
 register_router(RouterFamily("dt", DecisionTreeRouter, "decision tree (scikit-learn)"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from routers.families.base import LearnedRouter
+from routers.families.readers import lightgbm_ensemble
 from routers.registry import RouterFamily, register_router
 
 
@@ -38,6 +39,9 @@ class LightGBMRouter(LearnedRouter):
                     num_leaves=trial.suggest_int("num_leaves", 4, 63),
                     learning_rate=trial.suggest_float("learning_rate", 0.02, 0.3, log=True),
                     min_child_samples=trial.suggest_int("min_child_samples", 5, 50))
+
+    def _estimator_state(self, clf):
+        return lightgbm_ensemble(clf.booster_)
 
 
 register_router(RouterFamily("lgbm", LightGBMRouter, "gradient-boosted trees (LightGBM)"))

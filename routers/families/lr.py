@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from routers.families.base import LearnedRouter
+from routers.families.readers import linear_model
 from routers.registry import RouterFamily, register_router
 
 
@@ -30,6 +31,9 @@ class LogisticRouter(LearnedRouter):
     @classmethod
     def _search_space(cls, trial) -> dict:
         return dict(C=trial.suggest_float("C", 1e-3, 1e2, log=True))
+
+    def _estimator_state(self, clf):
+        return linear_model(clf.coef_, clf.intercept_, self.pipeline_.named_steps["prep"].named_transformers_["num"])
 
 
 register_router(RouterFamily("lr", LogisticRouter, "logistic regression (scikit-learn)"))

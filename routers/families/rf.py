@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from routers.families.base import LearnedRouter
+from routers.families.readers import sklearn_trees
 from routers.registry import RouterFamily, register_router
 
 
@@ -38,6 +39,9 @@ class RandomForestRouter(LearnedRouter):
                     max_depth=trial.suggest_int("max_depth", 3, 12),
                     min_samples_leaf=trial.suggest_int("min_samples_leaf", 1, 10),
                     max_features=trial.suggest_categorical("max_features", ["sqrt", 0.5, 1.0]))
+
+    def _estimator_state(self, clf):
+        return sklearn_trees(clf.estimators_, len(self.classes_))
 
 
 register_router(RouterFamily("rf", RandomForestRouter, "random forest (scikit-learn)"))

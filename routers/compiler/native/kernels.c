@@ -1,4 +1,4 @@
-/* Routing kernels for compiled routers (see routers/compiler/compiled.py).
+/* Routing kernels for compiled routers (see routers/compiler/: kernel.py builds and loads it).
  *
  * A model is registered once (its arrays are copied: the kernel owns them) and then
  * called by handle: a router object from make_router() reads a raw request's fields,

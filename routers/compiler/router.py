@@ -1,0 +1,144 @@
+"""The compiled router: a fitted router's description registered in the C kernel.
+
+:func:`compile` asks a router for its :class:`~routers.fitted_state.FittedState`
+(``router.fitted_state()``), packs it (:mod:`routers.compiler.packing`) and registers it
+in the kernel (:mod:`routers.compiler.kernel`); a single averaged tree also becomes
+generated Python (:mod:`routers.compiler.codegen`), faster than a C call for a handful
+of comparisons. :class:`CompiledRouter` keeps the estimator API (``predict``,
+``classes_``) and adds ``route(request)``: features and decision from a raw request
+in one call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dataset.features import FEATURE_SET_A, NONE_CATEGORY
+from routers.compiler.codegen import compile_tree
+from routers.compiler.kernel import F64, I32, extension, library, pointer
+from routers.compiler.packing import LINEAR, pack
+from routers.fitted_state import FittedState, TreeEnsemble
+
+#: region-tree budget: nodes, and tree nodes visited while building (~1 ns each)
+REGION_NODES = 1 << 17
+REGION_WORK = 2_000_000_000
+
+
+class CompiledRouter:
+    """A fitted router as flat arrays in the C kernel. Build with :func:`compile`."""
+
+    def __init__(self, state: FittedState, region_budget: tuple | None = None):
+        layout = state.layout
+        kind, a = pack(state)  # copied by the kernel; not kept here
+        self.kind = kind
+        self.classes_ = np.asarray(state.classes, dtype=object)
+        self.n_num = layout.n_numeric
+        self.fam_cats = list(layout.families)
+        self.suite_cats = list(layout.suites)
+        self.fam_index = {c: i for i, c in enumerate(self.fam_cats)}
+        self.suite_index = {c: i for i, c in enumerate(self.suite_cats)}
+        self.n_features = layout.n_features
+        lib = library()
+        self._lib = lib
+        nodes = a.get("nodes")
+        self.handle = lib.register_model(
+            kind, self.n_features, a["n_classes"], a.get("n_trees", 0), a.get("n_real_trees", 0), self.n_num,
+            len(self.fam_cats), len(self.suite_cats), len(nodes) if nodes is not None else 0,
+            nodes.ctypes.data if nodes is not None else None, pointer(a.get("value"), F64),
+            pointer(a.get("roots"), I32), pointer(a.get("steps"), I32), pointer(a.get("tree_class"), I32),
+            pointer(a.get("position"), I32), pointer(a.get("cuts"), F64), pointer(a.get("cut_start"), I32),
+            pointer(a.get("cut_count"), I32), pointer(a.get("weights"), F64), pointer(a.get("bias"), F64),
+            pointer(a.get("sufdiff"), F64))
+        if self.handle < 0:
+            raise RuntimeError("compiled router: the kernel refused the model (over 4096 models alive in this "
+                               "process, more than 256 outputs or 512 features, or out of memory)")
+        cost = a.get("cost")  # the cost decision over per-mode outputs (cost-predicting routers)
+        if cost is not None and lib.set_cost_decision(self.handle, cost["n_modes"], cost["n_constraints"],
+                                                      cost["ref"], cost["threshold"], cost["cut"]) < 0:
+            lib.release_model(self.handle)
+            raise RuntimeError("compiled router: the kernel refused the cost decision's layout")
+        starts = a.get("out_start")
+        if starts is not None and lib.set_output_ranges(self.handle, pointer(starts, I32)) < 0:
+            lib.release_model(self.handle)
+            raise RuntimeError("compiled router: the kernel refused the outputs' tree ranges")
+        #: the model's owner in the kernel: a builtin function making one decision from a raw
+        #: request in one C call; the model is freed when this object is garbage
+        self._owner = extension().make_router(
+            self.handle, tuple(self.classes_), self.fam_index if self.fam_cats else None,
+            self.suite_index if self.suite_cats else None)
+        self.route = self._owner
+        #: tree models: nodes of the region tree (the argmax as one tree over numeric bins)
+        #: and the share of the bin grid it leaves undecided (those decisions walk the trees)
+        self.region_nodes_, self.region_walk_share_ = 0, 1.0
+        region_budget = region_budget or (REGION_NODES, REGION_WORK)
+        if kind != LINEAR and region_budget[0] > 0:
+            self._build_region(state.sample, region_budget)
+
+    def _build_region(self, sample, region_budget):
+        if sample is not None and np.shape(sample)[1:] != (self.n_features,):
+            sample = None  # not the kernel's layout: spend the budget by volume alone
+        sample = None if sample is None else np.ascontiguousarray(sample, dtype=np.float64)
+        got = self._lib.build_region(self.handle, int(region_budget[0]), int(region_budget[1]),
+                                     pointer(sample, F64), 0 if sample is None else len(sample))
+        if got == -2:
+            raise MemoryError("compiled router: out of memory building the region tree")
+        self.region_nodes_ = max(0, got)
+        self.region_walk_share_ = self._lib.region_walk_share(self.handle)
+
+    # ------------------------------------------------------------- decisions
+    def matrix(self, X) -> np.ndarray:
+        """The kernel's input matrix (numeric features + one-hot) from a feature frame or array."""
+        if hasattr(X, "columns"):
+            num = X[list(FEATURE_SET_A)[: self.n_num]].to_numpy(dtype=np.float64)
+            parts = [num]
+            for cats, col in ((self.fam_cats, "family"), (self.suite_cats, "benchmark_suite")):
+                if cats:
+                    vals = X[col].fillna(NONE_CATEGORY).astype(str).to_numpy()
+                    parts.append((vals[:, None] == np.asarray(cats, dtype=object)[None, :]).astype(np.float64))
+            return np.ascontiguousarray(np.hstack(parts))
+        X = np.ascontiguousarray(np.asarray(X, dtype=np.float64))
+        if X.ndim != 2 or X.shape[1] != self.n_features:
+            raise ValueError(f"expected a 2-D array with {self.n_features} columns")
+        return X
+
+    def predict_matrix(self, M: np.ndarray) -> np.ndarray:
+        """Class indices for a ready input matrix (the batch path)."""
+        out = np.empty(len(M), dtype=np.int32)
+        self._lib.predict_batch(self.handle, pointer(M, F64), len(M), pointer(out, I32))
+        if len(out) and out.min() < 0:
+            raise MemoryError("compiled router: out of memory")
+        return out
+
+    def region_share(self, X) -> float:
+        """Share of the rows the region tree decides without walking the trees."""
+        M = self.matrix(X)
+        if not len(M) or not self.region_nodes_:
+            return 0.0
+        return self._lib.region_hits(self.handle, pointer(M, F64), len(M)) / len(M)
+
+    def predict(self, X) -> np.ndarray:
+        return self.classes_[self.predict_matrix(self.matrix(X))]
+
+
+def compile_state(state: FittedState, region_budget: tuple | None = None) -> CompiledRouter:
+    """The compiled form of a fitted router's description."""
+    comp = CompiledRouter(state, region_budget)
+    model = state.model
+    if isinstance(model, TreeEnsemble) and len(model.trees) == 1 and model.combine == "mean" \
+            and state.decision is None:
+        # single decisions: generated Python beats a C call for a handful of comparisons
+        comp.route, comp.source_code = compile_tree(model.trees[0], state.classes, state.layout,
+                                                    model.float32_inputs)
+    return comp
+
+
+def compile(router, region_budget: tuple | None = None) -> CompiledRouter:  # noqa: A001 - the issue's name
+    """Compile a fitted learned router (any family whose ``fitted_state()`` describes a
+    tree ensemble or a linear model).
+
+    ``region_budget``: (nodes, work) for the region tree of tree models; default
+    (``REGION_NODES``, ``REGION_WORK``); nodes 0 = no region tree (always walk)."""
+    describe = getattr(router, "fitted_state", None)
+    if describe is None:
+        raise TypeError(f"{type(router).__name__} has no fitted_state(): nothing to compile")
+    return compile_state(describe(), region_budget)
