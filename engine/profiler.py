@@ -752,7 +752,9 @@ class Profiler:
         output text; ROUGE-L not yet scored). A Ray worker calls this too."""
         run = self._run
         group = run.prepared[unit.id]
-        ignore_eos = not any(r.benchmark_suite for r, _ in group)
+        # a request with real text (a benchmark's, or a family's prompt built from one:
+        # it records its question's evaluation_mode) ends where the model ends its answer
+        ignore_eos = not any(r.benchmark_suite or r.evaluation_mode for r, _ in group)
         if run.primers[unit.id]:
             engine.run(run.primers[unit.id], ignore_eos=ignore_eos)
         sampler = self._memory_sampler()

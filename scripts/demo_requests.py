@@ -1,5 +1,6 @@
-"""Send a few requests of different shapes to a running `modeswitch serve` with the
-`openai` client and print the mode the router chose for each (used by `make demo`).
+"""Send real questions of different shapes to a running `modeswitch serve` with the
+`openai` client; print the mode the router chose for each and the model's answers
+(used by `make demo`).
 
     .venv/bin/python scripts/demo_requests.py [--url http://127.0.0.1:8000/v1]
 """
@@ -7,7 +8,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -16,8 +16,23 @@ import openai
 from rich.console import Console
 from rich.table import Table
 
-SYSTEM = ("You are a code assistant for the Python standard library. Answer with code only. "
-          "Keep names short, prefer the standard library, and never invent modules. ") * 6
+SYSTEM = ("You are a helpful assistant for a travel and science quiz. Answer accurately and briefly; "
+          "when a question has options, answer with the letter of the correct one. ") * 4
+QUESTIONS = ["What is the capital of France?",
+             "Name three planets of the solar system.",
+             "What is the boiling point of water at sea level in degrees Celsius?",
+             "Who wrote the play Romeo and Juliet?",
+             "What gas do plants take in from the air to make their food?",
+             "What is the largest ocean on Earth?",
+             "How many days are there in a leap year?",
+             "Which animal is known as the king of the jungle?"]
+
+
+def benchmark_question(suite: str) -> str:
+    """One real question of ``suite`` from the benchmark samples (dataset.prompt_corpus)."""
+    from dataset.prompt_corpus import load_corpus
+
+    return load_corpus().pick((suite,))[0].prompt
 
 
 def wait_ready(url: str, timeout: float = 180.0):
@@ -50,36 +65,45 @@ def main():
                      f"{(time.perf_counter() - t0) * 1000:.0f}", str(usage.prompt_tokens),
                      str(usage.completion_tokens), ms.get("fallback") or "-"))
 
-    t0 = time.perf_counter()
-    record("short completion", c.completions.with_raw_response.create(
-        model="modeswitch", prompt="def read_config(path):", max_tokens=16), t0)
-    t0 = time.perf_counter()
-    record("long output", c.completions.with_raw_response.create(
-        model="modeswitch", prompt="class Parser:\n    def __init__(self):", max_tokens=128), t0)
-    t0 = time.perf_counter()
-    record("long prompt", c.completions.with_raw_response.create(
-        model="modeswitch", prompt=open(json.__file__).read()[:3000], max_tokens=16), t0)
-    for i in range(2):
+    answers = []
+
+    def chat(label, messages, max_tokens):
         t0 = time.perf_counter()
-        record(f"shared system prompt #{i + 1}", c.chat.completions.with_raw_response.create(
-            model="modeswitch", max_tokens=24,
-            messages=[{"role": "system", "content": SYSTEM},
-                      {"role": "user", "content": f"open a file number {i}"}]), t0)
+        raw = c.chat.completions.with_raw_response.create(model="modeswitch", max_tokens=max_tokens,
+                                                          messages=messages)
+        record(label, raw, t0)
+        answers.append((label, raw.headers.get("x-modeswitch-mode"), messages[-1]["content"],
+                        raw.parse().choices[0].message.content))
+
+    chat("short question", [{"role": "user", "content": QUESTIONS[0]}], 24)
+    chat("GSM8K (long answer)", [{"role": "user", "content": benchmark_question("gsm8k")}], 128)
+    chat("MMLU-Pro (long prompt)", [{"role": "user", "content": benchmark_question("mmlu_pro")}], 16)
+    for i in range(2):
+        chat(f"shared system prompt #{i + 1}",
+             [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[1 + i]}], 32)
+    t0 = time.perf_counter()
+    record("completion (no template)", c.completions.with_raw_response.create(
+        model="modeswitch", prompt="The three primary colours are", max_tokens=16), t0)
 
     def one(i):
         t = time.perf_counter()
-        return i, t, c.chat.completions.with_raw_response.create(
-            model="modeswitch", max_tokens=24, messages=[{"role": "user", "content": f"import os  # {i}"}])
+        q = QUESTIONS[i % len(QUESTIONS)]
+        return i, q, t, c.chat.completions.with_raw_response.create(
+            model="modeswitch", max_tokens=24, messages=[{"role": "user", "content": q}])
 
     with ThreadPoolExecutor(8) as ex:
-        for i, t, raw in ex.map(one, range(8)):
+        for i, q, t, raw in ex.map(one, range(8)):
             record(f"burst of 8, #{i + 1}", raw, t)
+            if i >= 3:
+                answers.append((f"burst #{i + 1}", raw.headers.get("x-modeswitch-mode"), q,
+                                raw.parse().choices[0].message.content))
     t0 = time.perf_counter()
     pieces = [ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
         model="modeswitch", max_tokens=24, stream=True,
-        messages=[{"role": "user", "content": "def main():"}])]
+        messages=[{"role": "user", "content": QUESTIONS[-1]}])]
     rows.append(("streamed chat", "(see /metrics)", "-", f"{(time.perf_counter() - t0) * 1000:.0f}",
                  "-", str(sum(1 for p in pieces if p)) + " chunks", "-"))
+    answers.append(("streamed chat", "-", QUESTIONS[-1], "".join(pieces)))
 
     table = Table(title="requests through the router (chosen mode per request)")
     for col in ("request", "mode", "route us", "latency ms", "prompt tok", "output tok", "fallback"):
@@ -87,6 +111,12 @@ def main():
     for r in rows:
         table.add_row(*r)
     Console(width=140).print(table)
+    shown = Table(title="answers (the question's end, the mode it was routed to, the model's answer)")
+    for col in ("request", "mode", "question", "answer"):
+        shown.add_column(col, overflow="fold")
+    for label, mode, q, a in answers:
+        shown.add_row(label, mode or "-", ("..." + q[-60:]) if len(q) > 60 else q, " ".join((a or "").split())[:160])
+    Console(width=160).print(shown)
     base = args.url.rsplit("/v1", 1)[0]
     with urllib.request.urlopen(base + "/metrics") as r:
         metrics = r.read().decode()

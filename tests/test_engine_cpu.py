@@ -35,7 +35,7 @@ def reqs(tiny_models):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_models.target)
-    b = PromptBuilder(tok, corpus_bytes=200_000)
+    b = PromptBuilder(tok)
     rs = [Request(id="a", prompt_tokens=300, expected_output_tokens=24),
           Request(id="b", prompt_tokens=90, expected_output_tokens=16)]
     rs += get_workload("shared_prefix_chat").sample(2, seed=3)

@@ -49,6 +49,12 @@ class WorkloadSpec:
     concurrent_requests: int = 1
     memory_pressure: float = 0.0
     spread: float = 0.25
+    #: benchmark suites whose questions end this family's prompts (every suite when
+    #: empty); see :mod:`dataset.prompt_corpus`
+    questions: tuple[str, ...] = ()
+    #: suites whose worked examples fill a long prompt, and the shared prefix, up to
+    #: the family's length
+    context: tuple[str, ...] = ("mmlu_pro", "gsm8k")
 
     def __post_init__(self):
         if self.condition not in CONDITIONS:

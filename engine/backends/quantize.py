@@ -6,8 +6,11 @@ Kernels were chosen by measuring (``bench/quant_kernels.py`` keeps the kernel co
 * INT8: ``torch.ao.quantization.quantize_dynamic`` (int8 weights, activations
   quantized per batch on the fly; fbgemm kernels). torchao's int8-dynamic path
   was 2-4x slower than fp32 on this kind of CPU.
-* 4-bit weight-only: round-to-nearest, asymmetric, group size 32, run by
-  ``torch.ops.aten._weight_int4pack_mm_for_cpu``. That kernel takes bf16
+* 4-bit weight-only: round-to-nearest, **symmetric**, group size 128 (GPTQ's usual
+  one; 64 or 32 where a layer's width is no multiple of 128, e.g. SmolLM2's 576), run
+  by ``torch.ops.aten._weight_int4pack_mm_for_cpu``. Not asymmetric group-32: the
+  default model's weights come from a Q4_1 GGUF, which already lies on that grid, so
+  re-quantising to it reproduced them exactly and the mode looked free. That kernel takes bf16
   activations: with fp32 activations it takes a path 3-12x slower
   (``bench/quant_kernels.py``: 84.6 vs 31.9 us at 256x256, 1238 vs 107 us at
   1024x1024, one row). We cast in and out.
@@ -49,20 +52,38 @@ def quantize_int8_dynamic(model) -> int:
     return n
 
 
-class Int4WeightOnlyLinear(nn.Module):
-    """y = x W^T with W stored as packed int4 groups (RTN, asymmetric)."""
+#: group sizes the int4 kernel takes, the preferred (GPTQ's usual 128) first
+INT4_GROUPS = (128, 64, 32)
 
-    def __init__(self, linear: nn.Linear, group_size: int = 32, inner_k_tiles: int = 2):
+
+def int4_group(k: int, preferred: int = 128) -> int:
+    """The largest kernel group size <= ``preferred`` that divides ``k``."""
+    for g in INT4_GROUPS:
+        if g <= preferred and k % g == 0:
+            return g
+    raise ValueError(f"in_features {k} is not a multiple of any int4 group size {INT4_GROUPS}")
+
+
+class Int4WeightOnlyLinear(nn.Module):
+    """y = x W^T with W stored as packed int4 groups (RTN; symmetric as GPTQ's sym=True:
+    levels (q - 8) * scale; ``symmetric=False``: asymmetric min-max, the Q4_1 grid)."""
+
+    def __init__(self, linear: nn.Linear, group_size: int = 128, inner_k_tiles: int = 2,
+                 symmetric: bool = True):
         super().__init__()
         w = linear.weight.detach().float()
         n_out, k = w.shape
-        if k % group_size:
-            raise ValueError(f"in_features {k} is not a multiple of group size {group_size}")
+        group_size = int4_group(k, group_size)
         wg = w.reshape(n_out, k // group_size, group_size)
-        lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
-        scale = ((hi - lo) / 15).clamp(min=1e-8)
-        q = ((wg - lo) / scale).round().clamp(0, 15)
-        zero = lo + 8 * scale  # the kernel computes (q - 8) * scale + zero
+        if symmetric:  # GPTQ's sym=True: zero point 8, scale 2 * absmax / 15
+            scale = (2 * wg.abs().amax(-1, keepdim=True) / 15).clamp(min=1e-8)
+            q = ((wg / scale).round() + 8).clamp(0, 15)
+            zero = torch.zeros_like(scale)  # the kernel computes (q - 8) * scale + zero
+        else:
+            lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
+            scale = ((hi - lo) / 15).clamp(min=1e-8)
+            q = ((wg - lo) / scale).round().clamp(0, 15)
+            zero = lo + 8 * scale
         self.register_buffer(
             "packed",
             torch.ops.aten._convert_weight_to_int4pack_for_cpu(
@@ -84,9 +105,9 @@ class Int4WeightOnlyLinear(nn.Module):
         return y.reshape(*shape[:-1], self.out_features)
 
 
-def quantize_int4_weight_only(model, group_size: int = 32) -> int:
+def quantize_int4_weight_only(model, group_size: int = 128, symmetric: bool = True) -> int:
     n = 0
     for parent, name, lin in _decoder_linears(model):
-        setattr(parent, name, Int4WeightOnlyLinear(lin, group_size))
+        setattr(parent, name, Int4WeightOnlyLinear(lin, group_size, symmetric=symmetric))
         n += 1
     return n

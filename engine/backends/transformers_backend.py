@@ -32,8 +32,8 @@ def capabilities(device: str = "cpu") -> BackendCapabilities:
     """How this backend implements each mode on ``device``, or why it cannot."""
     cpu = device == "cpu"
     int8 = "dynamic int8 linear layers (torch.ao quantize_dynamic, fbgemm)"
-    int4 = ("4-bit weight-only RTN, group 32, aten _weight_int4pack_mm_for_cpu with bf16 "
-            "activations (CPU analogue of GPTQ; no calibration)")
+    int4 = ("4-bit weight-only RTN, symmetric, group 128 (64 or 32 where a layer's width needs it), "
+            "aten _weight_int4pack_mm_for_cpu with bf16 activations (CPU analogue of GPTQ; no calibration)")
     no_quant_gpu = "weight quantization on CUDA needs pre-quantized checkpoints: use the vLLM backend"
     modes: dict[str, ModeSupport] = {}
 

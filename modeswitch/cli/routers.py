@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from engine.models.resolve import MODEL_HELP
 from modeswitch.cli.common import (
     Fallback,
     FeatureSet,
@@ -107,7 +108,7 @@ def score_cmd(
     live_threads: Annotated[int | None, typer.Option(min=1, help="Engine threads live [the profile's, else 1 on CPU].")] = None,
     live_max_remeasure: Annotated[int, typer.Option(min=0, help="Times a contended live trial is measured again.")] = 2,
     backend: Annotated[str, typer.Option(parser=backend_name, metavar="<{backends}>", help="Engine backend for --live.")] = "transformers",
-    model: Annotated[str, typer.Option(help="Engine model for --live: 'tiny' or a checkpoint folder.")] = "tiny",
+    model: Annotated[str | None, typer.Option(help="Engine model for --live: " + MODEL_HELP)] = None,
     draft_model: Annotated[str | None, typer.Option(help="Draft checkpoint for --live.")] = None,
     device: Annotated[str, typer.Option(help="Device for --live: cpu or cuda.")] = "cpu",
     compile_routers: Annotated[bool, typer.Option("--compile/--no-compile", help="Route with compiled routers or the scikit-learn pipelines.")] = True,

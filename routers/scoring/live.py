@@ -149,7 +149,8 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
             group = [builder.prepare(r) for r in _group(req)]
             prime = [builder.prepare(dataclasses.replace(req, id=f"{req.id}-prime"))] \
                 if req.shared_prefix_tokens else []
-            plans.append((req, group, prime, not req.benchmark_suite))
+            # ends at the model's end of answer for real text, as the profiler does
+            plans.append((req, group, prime, not any(r.benchmark_suite or r.evaluation_mode for r, _ in group)))
             modes = [reference] + sorted({d[i] for d in decisions.values()} - {reference})
             rows += [measure(i, m, t, 0) for t in range(trials) for m in modes]
         # as the profiler does: after the sweep, each trial none of whose attempts is clean

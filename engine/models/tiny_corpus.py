@@ -1,7 +1,8 @@
-"""Text every machine with Python has: the standard library's own sources.
+"""The tiny test model's training text: the standard library's own sources, which
+every machine with Python has.
 
-Used to train the project's small default model and to fill synthetic prompts
-with real text. The file list is sorted and filtered the same way everywhere,
+Used only to train the project's stdlib model (the test suite's fast fixture);
+prompts take their text from the benchmark samples (:mod:`dataset.prompt_corpus`). The file list is sorted and filtered the same way everywhere,
 so the corpus depends only on the Python version (recorded with the model).
 """
 

@@ -1,0 +1,76 @@
+"""Real text for synthetic requests: the benchmark prompt samples.
+
+A workload family is a request *shape* (prompt and output lengths, shared prefix,
+concurrency, memory pressure). Its prompts carry real text from the benchmark JSONL
+files (``../shared/reference/benchmarks/`` beside a clone, or ``$MODESWITCH_PROMPTS``):
+AlpacaEval and MT-Bench instructions, GSM8K, MMLU-Pro, TruthfulQA and GPQA questions.
+Which suites end a family's prompts, and which fill its long context or shared
+prefix, is declared on the family (:class:`dataset.workloads.spec.WorkloadSpec`'s
+``questions`` and ``context``); the engine's prompt builder meets the lengths in
+tokens (``engine/prompts.py``).
+
+Context is made of *worked examples*: earlier questions of a suite with their gold
+answers, as a few-shot prompt holds them. That is how long prompts and shared
+prefixes arise in real serving (a few-shot or document prefix reused across
+requests), and it keeps every token real text.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from dataset.benchmarks import read_benchmark
+from dataset.errors import InputError
+from dataset.requests import Request
+
+PROMPTS_ENV = "MODESWITCH_PROMPTS"
+#: beside a clone of the project: ../shared/reference/benchmarks
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference" / "benchmarks"
+
+
+def prompts_dir() -> Path:
+    """``$MODESWITCH_PROMPTS``, else the benchmarks folder beside the clone."""
+    env = os.environ.get(PROMPTS_ENV)
+    path = Path(env) if env else DEFAULT_DIR
+    if not path.is_dir() or not any(path.glob("*.jsonl")):
+        raise InputError(f"no benchmark prompt files (*.jsonl) in {path}: synthetic requests take their text "
+                         f"from them; point ${PROMPTS_ENV} at a folder of benchmark JSONL files")
+    return path
+
+
+@dataclass(frozen=True)
+class PromptCorpus:
+    """Every benchmark question by suite (as Requests: text, gold answer, scoring mode)."""
+
+    folder: Path
+    suites: dict[str, tuple[Request, ...]]
+
+    def pick(self, suites: tuple[str, ...]) -> tuple[Request, ...]:
+        """The questions of ``suites`` (every suite when empty), in a fixed order; a suite
+        this corpus lacks is an error naming what it has."""
+        names = suites or tuple(sorted(self.suites))
+        missing = [s for s in names if s not in self.suites]
+        if missing:
+            raise InputError(f"benchmark suite(s) {', '.join(missing)} not in {self.folder} "
+                             f"(it has {', '.join(sorted(self.suites))})")
+        return tuple(q for s in names for q in self.suites[s])
+
+
+@lru_cache(maxsize=4)
+def load_corpus(folder: Path | None = None) -> PromptCorpus:
+    folder = Path(folder) if folder else prompts_dir()
+    suites: dict[str, list[Request]] = {}
+    for path in sorted(folder.glob("*.jsonl")):
+        for q in read_benchmark(path):
+            suites.setdefault(q.benchmark_suite, []).append(q)
+    return PromptCorpus(folder, {k: tuple(sorted(v, key=lambda q: q.id)) for k, v in suites.items()})
+
+
+def worked_example(q: Request) -> str:
+    """A question with its gold answer, as a few-shot prompt shows it (the answer letter
+    for multiple choice, the number for GSM8K; questions without one stand alone)."""
+    answer = (q.reference or "").partition("|")[0]
+    return f"{q.prompt.strip()}\nAnswer: {answer}\n\n" if answer else f"{q.prompt.strip()}\n\n"

@@ -1,0 +1,12 @@
+"""Where built and converted models are cached: ``$MODESWITCH_CACHE`` or
+``~/.cache/modeswitch`` (each model in ``models/<name>-<key>/``, keyed by what made it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("MODESWITCH_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "modeswitch"
