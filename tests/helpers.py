@@ -80,12 +80,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(app):
-    """Run ``app`` with uvicorn on a free loopback port in a thread; returns (server, thread, port)."""
+def start(app, **uvicorn_kw):
+    """Run ``app`` with uvicorn on a free loopback port in a thread; returns (server, thread, port).
+    ``uvicorn_kw``: more ``uvicorn.Config`` arguments (the server's connection limits)."""
     import uvicorn
 
     port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **uvicorn_kw))
     th = threading.Thread(target=srv.run, daemon=True)
     th.start()
     deadline = time.time() + 60

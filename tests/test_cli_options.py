@@ -173,12 +173,13 @@ def test_serve_with_no_options_builds_the_default_server_config(monkeypatch, fak
     from engine.serving import ServerConfig
 
     _capture(monkeypatch, "engine.serving.supported_modes")
-    assert _built(["serve"]) == ServerConfig(model_path=str(TARGET))
+    # --router rule: a stored router is loaded (and vetted) before the config is used
+    assert _built(["serve", "--router", "rule"]) == ServerConfig(model_path=str(TARGET))
 
 
 def test_serve_passes_max_tokens_limit_on(monkeypatch, fake_models):
     _capture(monkeypatch, "engine.serving.supported_modes")
-    assert _built(["serve", "--max-tokens-limit", "64"]).max_tokens_limit == 64
+    assert _built(["serve", "--router", "rule", "--max-tokens-limit", "64"]).max_tokens_limit == 64
 
 
 def test_profile_with_no_options_builds_the_default_spec(monkeypatch, fake_models, tmp_path):
@@ -234,10 +235,11 @@ def test_score_with_no_options_builds_the_default_config(monkeypatch, table, tmp
 #: per command, invocations that between them set every exposed field to a non-default
 #: value (profile: vLLM cannot --interleave, so that one comes on its own)
 SET_ALL = {
-    "serve": [["serve", "--backend", "vllm", "--device", "cuda", "--api-key", "k",
+    "serve": [["serve", "--router", "rule", "--backend", "vllm", "--device", "cuda", "--api-key", "k",
                "--served-name", "n", "--max-tokens-limit", "64", "--route-budget-us", "1.5",
                "--memory-budget-mb", "2.5", "--one-at-a-time", "--max-body-bytes", "1000",
-               "--max-in-flight", "3", "--context-tokens", "512"]],
+               "--max-in-flight", "3", "--context-tokens", "512", "--header-timeout-s", "2.5",
+               "--body-timeout-s", "3.5", "--max-connections-per-peer", "7"]],
     "profile": [["profile", "--backend", "vllm", "--device", "cuda", "--modes", "fp16_baseline",
                  "--workloads", "batch_pressure", "--requests", "2", "--trials", "2", "--max-remeasure", "1", "--seed", "1",
                  "--benchmarks", "b.jsonl", "--benchmark-requests", "3", "--batch-size", "4",
@@ -292,3 +294,18 @@ def test_backend_choices_are_the_registered_backends(cmd):
 
     out = runner.invoke(app, [cmd, "--help"], env={"COLUMNS": "250"}).output
     assert "<" + "|".join(backend_names()) + ">" in out
+
+
+@pytest.mark.parametrize("option, value", [("--memory-budget-mb", "-5"), ("--max-tokens-limit", "0"),
+                                           ("--route-budget-us", "-1"), ("--route-budget-us", "inf"),
+                                           ("--header-timeout-s", "0"), ("--max-connections-per-peer", "0")])
+def test_serve_refuses_a_limit_out_of_range_before_any_work(monkeypatch, option, value):
+    import engine.models.resolve
+
+    def no_model(*a, **k):
+        raise AssertionError("the model was resolved before the options were checked")
+
+    monkeypatch.setattr(engine.models.resolve, "resolve_models", no_model)
+    res = runner.invoke(app, ["serve", "--router", "rule", option, value])
+    assert res.exit_code == 2 and option in res.output and "positive" in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1

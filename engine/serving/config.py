@@ -7,11 +7,13 @@ added as a plug-in is served with no edit here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import TYPE_CHECKING
 
+from dataset.errors import InputError
 from engine.backends.base import EngineSettings
 from engine.modes import reference_mode
 
@@ -49,9 +51,38 @@ class ServerConfig:
     #: the model's context in tokens (prompt + max_tokens must fit); None: read from the
     #: model's config (``max_position_embeddings``) at start-up
     context_tokens: int | None = None
+    #: a connection's request headers must be complete this long after it opens (or after
+    #: its previous response), else it is closed (:mod:`engine.serving.connections`)
+    header_timeout_s: float = 10.0
+    #: a request's whole body must arrive this long after its headers, else it is closed
+    body_timeout_s: float = 30.0
+    #: connections one address may hold; beyond it the address's oldest connection
+    #: without a request in progress is closed
+    max_connections_per_peer: int = 256
+
+    def __post_init__(self):
+        """Refuse a limit no server could run with before anything starts (a negative
+        memory budget or a max_tokens of 0 started, then refused every request)."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name not in _POSITIVE or value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value <= 0:
+                raise InputError(f"--{f.name.replace('_', '-')} {value!r}: must be a positive, finite number")
+            if isinstance(value, int) and value > _LARGEST:
+                raise InputError(f"--{f.name.replace('_', '-')} {value:,}: larger than this machine can count "
+                                 f"({_LARGEST:,})")
 
     def engine_settings(self) -> EngineSettings:
         return EngineSettings(self.model_path, self.draft_path, self.device)
+
+
+#: the fields that must be positive and finite (their option is --<field-name>)
+_POSITIVE = ("route_budget_us", "memory_budget_mb", "max_tokens_limit", "max_body_bytes", "max_in_flight",
+             "context_tokens", "header_timeout_s", "body_timeout_s", "max_connections_per_peer")
+#: the largest count a limit may hold (a 64-bit index: larger ones cannot be allocated)
+_LARGEST = 2**63 - 1
 
 
 def supported_modes(cfg: ServerConfig) -> list[str]:

@@ -12,10 +12,13 @@ Text must be valid Unicode (a lone surrogate such as ``"\\ud800"`` is refused).
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
+from fastapi import HTTPException
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field, StrictBool, StrictInt, field_validator
+from pydantic import BaseModel, Field, StrictBool, StrictInt, ValidationError, field_validator
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -76,3 +79,40 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
     return JSONResponse({"error": {"message": message, "type": kind, "param": None,
                                    "code": code if code is not None else status}},
                         status_code=status, headers=headers)
+
+
+def parse_body(raw: bytes, model: type[BaseModel], context: int | None = None) -> BaseModel:
+    """A request body as ``model``, or the 400 naming what is wrong. A conversation with
+    more messages than the context has tokens is refused before its messages are
+    validated (validating 270,000 took 1 s): every message costs its role's markup, at
+    least one token, so it could never fit. Runs off the event loop for large bodies."""
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:  # not UTF-8, or not JSON
+        raise RequestValidationError([{"loc": ("body",), "msg": f"not valid JSON ({exc})",
+                                       "type": "json_invalid"}]) from None
+    messages = data.get("messages") if isinstance(data, dict) else None
+    if context is not None and isinstance(messages, list) and len(messages) > context:
+        raise HTTPException(400, f"{len(messages):,} messages cannot fit the model's context of {context} "
+                                 "tokens (each message's role takes at least one)")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False)) from None
+
+
+def body_schema(model: type[BaseModel]) -> dict:
+    """The OpenAPI request body of an endpoint that parses its body itself (``/docs``),
+    with the model's sub-schemas written in place of their references."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node):
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return inline(defs[ref.removeprefix("#/$defs/")])
+            return {k: inline(v) for k, v in node.items()}
+        return [inline(v) for v in node] if isinstance(node, list) else node
+
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}}

@@ -29,10 +29,19 @@ def completion_ids(tok, body: CompletionBody, context: int | None = None) -> lis
     return tok(prompt, add_special_tokens=True)["input_ids"] if prompt else []
 
 
+def chat_chars(messages: list[Message]) -> int:
+    """What a conversation costs the tokenizer, in characters: its contents and roles, and
+    for each message :data:`CHARS_PER_TOKEN_BOUND` more, standing for the template markup
+    around it (at least one token). So 100,000 empty messages count as what they are to
+    tokenise (3.2 M characters), not as 0, and a conversation with more messages than the
+    context has tokens is over the bound below."""
+    return sum(len(m.content) + len(m.role) + CHARS_PER_TOKEN_BOUND for m in messages)
+
+
 def chat_ids(tok, messages: list[Message], context: int | None = None) -> list[int]:
     """The conversation as the model was trained to read it (its chat template), or as
     ``role: content`` lines for a model without one (the tiny test models)."""
-    _bounded(sum(len(m.content) for m in messages), context)
+    _bounded(chat_chars(messages), context)
     msgs = [m.model_dump() for m in messages]
     if tok.chat_template:
         out = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)

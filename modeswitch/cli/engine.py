@@ -235,11 +235,15 @@ def serve_cmd(
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body (larger: HTTP 413, before parsing).")] = 8 * 1024 * 1024,
     max_in_flight: Annotated[int, typer.Option(min=1, help="Requests admitted at once, running or waiting (more: HTTP 503 with Retry-After).")] = 256,
     context_tokens: Annotated[int | None, typer.Option(min=1, help="The model's context in tokens; prompt + max_tokens must fit [default: the model config's max_position_embeddings].")] = None,
+    header_timeout_s: Annotated[float, typer.Option(help="A connection's request headers must be complete this many seconds after it opens (or after its previous response), else it is closed.")] = 10.0,
+    body_timeout_s: Annotated[float, typer.Option(help="A request's whole body must arrive this many seconds after its headers, else the connection is closed.")] = 30.0,
+    max_connections_per_peer: Annotated[int, typer.Option(help="Connections one client address may hold; beyond it its oldest connection without a request in progress is closed.")] = 256,
     mlruns: Annotated[Path, typer.Option(help="MLflow store folder.")] = Path("mlruns"),
     tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking store holding the router's registry [$MLFLOW_TRACKING_URI, else SQLite in --mlruns].")] = None,
     trust_pickle: Annotated[bool, typer.Option(help="Also load a router stored as a pickle (exports made before skops): it runs whatever code the file holds.")] = False,
 ):
     """Serve an OpenAI-compatible API with the router in front of one engine per mode."""
+    import dataclasses
     import logging
 
     import uvicorn
@@ -247,7 +251,15 @@ def serve_cmd(
     from dataset.errors import InputError
     from engine.models.resolve import resolve_models
     from engine.serving import ServerConfig, create_app, supported_modes
+    from engine.serving.connections import uvicorn_options
 
+    # every limit checked before any work (the model path is filled in once resolved)
+    cfg = ServerConfig(model_path=str(model), backend=backend, device=device, served_name=served_name,
+                       max_tokens_limit=max_tokens_limit, route_budget_us=route_budget_us,
+                       memory_budget_mb=memory_budget_mb, batch_across_requests=batch_across_requests,
+                       max_body_bytes=max_body_bytes, max_in_flight=max_in_flight, context_tokens=context_tokens,
+                       header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
+                       max_connections_per_peer=max_connections_per_peer)
     if api_key_file is not None:
         if api_key is not None:
             raise InputError("give --api-key (or $MODESWITCH_API_KEY) or --api-key-file, not both")
@@ -262,12 +274,8 @@ def serve_cmd(
     preloaded = [_load_exported(router, mlruns, tracking_uri, None, compile_router, trust_pickle)] \
         if exported else []
     target, draft, _ = resolve_models(model, draft_model, None, None, console.print)
-    cfg = ServerConfig(model_path=str(target), draft_path=str(draft) if draft else None,
-                       backend=backend, device=device, api_key=api_key,
-                       served_name=served_name, max_tokens_limit=max_tokens_limit,
-                       route_budget_us=route_budget_us, memory_budget_mb=memory_budget_mb,
-                       batch_across_requests=batch_across_requests, max_body_bytes=max_body_bytes,
-                       max_in_flight=max_in_flight, context_tokens=context_tokens)
+    cfg = dataclasses.replace(cfg, model_path=str(target), draft_path=str(draft) if draft else None,
+                              api_key=api_key)
     modes = supported_modes(cfg)
 
     def load():
@@ -298,8 +306,6 @@ def serve_cmd(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     console.print(f"serving {target} on http://{host}:{port}/v1 with router {router}")
-    # idle keep-alive connections close after 5 s; headers over 64 KiB are refused by h11;
-    # connections beyond the admission limit (+ room for /health) get uvicorn's 503
+    # header and body timeouts, a per-address cap, admission by requests (not sockets)
     uvicorn.run(create_app(loader, cfg, supported_modes=modes), host=host, port=port, log_level="info",
-                timeout_keep_alive=5, h11_max_incomplete_event_size=64 * 1024,
-                limit_concurrency=max_in_flight + 32)
+                **uvicorn_options(cfg))

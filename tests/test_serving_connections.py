@@ -1,0 +1,193 @@
+"""Connection-level limits and a loop that never stalls: silent, trickling and stalled
+clients cannot take the slots real requests need, and a request of many tiny messages is
+parsed and refused away from the event loop while ``/health`` keeps answering.
+
+The server runs with ``engine.serving.connections.uvicorn_options``, as ``modeswitch
+serve`` runs it, on the test doubles of ``test_serving_limits`` (no model)."""
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from engine.serving.tokens import chat_chars
+from tests.helpers import http, start
+from tests.test_serving_limits import CharTokenizer, Fixed, SlowEngine
+
+
+def _server(**cfg_kw):
+    from engine.serving import ServerConfig, create_app
+    from engine.serving.connections import uvicorn_options
+
+    cfg = ServerConfig(model_path="unused", max_tokens_limit=4096, context_tokens=8192, **cfg_kw)
+    app = create_app(lambda: Fixed(), cfg, engine_factory=lambda mode: SlowEngine(mode, 0.001),
+                     tokenizer=CharTokenizer(), supported_modes=["fp16_baseline"])
+    server, th, port = start(app, **uvicorn_options(cfg))
+    return server, th, port, app
+
+
+@pytest.fixture
+def serving(request):
+    server, th, port, app = _server(**getattr(request, "param", {}))
+    yield port, app
+    server.should_exit = True
+    th.join(timeout=30)
+
+
+def _connect(port, source="127.0.0.1"):
+    s = socket.socket()
+    s.bind((source, 0))
+    s.settimeout(10)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def _closed_within(s, seconds) -> float | None:
+    """Seconds until the server closed ``s`` (reads EOF), or None if it stayed open."""
+    t0 = time.perf_counter()
+    s.settimeout(seconds)
+    try:
+        while s.recv(4096):
+            pass
+        return time.perf_counter() - t0
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        return time.perf_counter() - t0
+
+
+def _timed(method, url, body=None):
+    t0 = time.perf_counter()
+    status, _, text = http(method, url, body)
+    return status, time.perf_counter() - t0, text
+
+
+@pytest.mark.parametrize("serving", [{"max_in_flight": 8, "header_timeout_s": 30.0}], indirect=True)
+def test_silent_connections_do_not_take_the_slots_of_real_requests(serving):
+    """With max_in_flight 8 the old limit (8 + 32 sockets) was full after 40 silent
+    connections; admission now counts requests, so 120 change nothing."""
+    port, _ = serving
+    silent = [_connect(port, "127.0.0.2") for _ in range(120)]
+    try:
+        time.sleep(0.2)
+        status, took, text = _timed("POST", f"http://127.0.0.1:{port}/v1/completions",
+                                    {"prompt": "hello", "max_tokens": 2})
+        assert status == 200 and took < 2.0, (status, text[:200])
+        status, took, _ = _timed("GET", f"http://127.0.0.1:{port}/health")
+        assert status == 200 and took < 2.0
+    finally:
+        for s in silent:
+            s.close()
+
+
+@pytest.mark.parametrize("serving", [{"header_timeout_s": 0.5}], indirect=True)
+def test_silent_and_trickling_connections_are_closed_by_the_header_timeout(serving):
+    port, _ = serving
+    silent = _connect(port)
+    trickle = _connect(port)
+
+    def drip():  # one header byte every 50 ms: bytes do not extend the deadline
+        try:
+            for ch in b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200:
+                trickle.send(bytes([ch]))
+                time.sleep(0.05)
+        except OSError:
+            pass
+
+    th = threading.Thread(target=drip, daemon=True)
+    th.start()
+    assert (t := _closed_within(silent, 5.0)) is not None and 0.3 < t < 2.0
+    assert _closed_within(trickle, 5.0) is not None
+    th.join(timeout=15)
+    silent.close()
+    trickle.close()
+
+
+@pytest.mark.parametrize("serving", [{"body_timeout_s": 0.5}], indirect=True)
+def test_a_stalled_body_is_closed_by_its_timeout_and_counted_out(serving):
+    port, app = serving
+    s = _connect(port)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 5000\r\n\r\n" + b'{"prompt": "' + b"a" * 8)
+    took = _closed_within(s, 10.0)
+    s.close()
+    assert took is not None and took < 3.0
+    health = json.loads(http("GET", f"http://127.0.0.1:{port}/health")[2])
+    assert health["in_flight"] == 0
+    # nobody was left to answer; nothing was counted as an internal error
+    errors = app.state.metrics.errors.labels("internal")._value.get()
+    assert errors == 0
+
+
+@pytest.mark.parametrize("serving", [{"max_connections_per_peer": 4, "header_timeout_s": 30.0}], indirect=True)
+def test_one_address_holds_at_most_its_cap_and_loses_its_idle_connections_first(serving):
+    port, _ = serving
+    first = [_connect(port, "127.0.0.3") for _ in range(4)]
+    time.sleep(0.2)
+    fifth = _connect(port, "127.0.0.3")
+    assert _closed_within(first[0], 3.0) is not None  # the oldest idle one made room
+    assert _closed_within(fifth, 0.3) is None  # the newcomer stays
+    # another address is not affected by this one's cap
+    status, _, _ = http("POST", f"http://127.0.0.1:{port}/v1/completions", {"prompt": "hi", "max_tokens": 2})
+    assert status == 200
+    for s in [*first, fifth]:
+        s.close()
+
+
+def test_chat_size_counts_roles_and_markup_not_only_content():
+    from engine.serving.app import INLINE_TOKENIZE_CHARS
+    from engine.serving.schemas import Message
+
+    empty = [Message(role="user", content="")] * 1000
+    assert chat_chars(empty) > INLINE_TOKENIZE_CHARS  # tokenised in the pool, not on the loop
+
+
+@pytest.mark.parametrize("serving", [{"max_body_bytes": 16 * 1024 * 1024}], indirect=True)
+def test_health_answers_while_a_request_of_270000_messages_is_refused(serving):
+    port, _ = serving
+    body = json.dumps({"messages": [{"role": "user", "content": ""}] * 270_000},
+                      separators=(",", ":")).encode()
+    before = CharTokenizer.calls
+    result = {}
+
+    def big():
+        import urllib.error
+        import urllib.request
+
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(req, timeout=60)
+        except urllib.error.HTTPError as e:
+            result["status"], result["text"] = e.code, e.read().decode()
+
+    th = threading.Thread(target=big)
+    th.start()
+    worst = 0.0
+    while th.is_alive():
+        _, took, _ = _timed("GET", f"http://127.0.0.1:{port}/health")
+        worst = max(worst, took)
+    th.join()
+    assert result["status"] == 400 and "270,000 messages cannot fit" in result["text"]
+    assert CharTokenizer.calls == before
+    # the loop parsed none of it (1-3 s before); a loaded 2-core machine adds its own delays
+    assert worst < 0.5, worst
+
+
+@pytest.mark.parametrize("serving", [{}], indirect=True)
+def test_many_short_messages_are_tokenised_off_the_loop(serving, monkeypatch):
+    port, _ = serving
+    threads = []
+    real = CharTokenizer.__call__
+
+    def spy(self, text, add_special_tokens=True):
+        threads.append(threading.current_thread().name)
+        return real(self, text, add_special_tokens)
+
+    monkeypatch.setattr(CharTokenizer, "__call__", spy)
+    status, _, text = http("POST", f"http://127.0.0.1:{port}/v1/chat/completions",
+                           {"messages": [{"role": "user", "content": "x"}] * 200, "max_tokens": 2})
+    assert status == 200, text[:200]
+    assert threads and all(t.startswith("tokenize") for t in threads)
