@@ -34,6 +34,9 @@ METRICS = (
     "rouge_l_vs_reference",
     "rouge_l_vs_baseline",
 )
+#: metrics the cost model predicts from the request's shape (quality is looked up); here,
+#: beside the metrics, because the cost model and the interpolation both read it
+MODELLED = ("latency_ms", "ttft_ms", "energy_per_token_j", "peak_memory_mb")
 SHAPE = (
     "prompt_tokens",
     "expected_output_tokens",

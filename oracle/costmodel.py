@@ -40,10 +40,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from oracle.cells import Cells, OracleError, family_condition, quality_key, request_rows, summarise
+from oracle.cells import (
+    MODELLED,
+    Cells,
+    OracleError,
+    family_condition,
+    quality_key,
+    request_rows,
+    summarise,
+)
+from oracle.estimate import estimate
 
-#: metrics the model predicts from the request's shape (quality is looked up)
-MODELLED = ("latency_ms", "ttft_ms", "energy_per_token_j", "peak_memory_mb")
 #: metrics validate() reports (tokens/s follows from latency, so it is not listed)
 VALIDATED = ("latency_ms", "ttft_ms", "energy_per_token_j", "peak_memory_mb")
 QUALITY = ("accuracy", "rouge_l_vs_reference", "rouge_l_vs_baseline")
@@ -407,8 +414,6 @@ def validate(profile: pd.DataFrame, k: int = 5, seed: int = 0, misfit: float = 0
     ``within10_interpolation``; and every held-out (request, mode, metric) with its
     measured median and both predictions.
     """
-    from oracle.estimate import estimate
-
     rows = request_rows(profile)
     if rows.empty:
         raise OracleError("the profile has no measured per-request rows (request_id) to "

@@ -31,7 +31,7 @@ import pandas as pd
 from scipy.interpolate import LinearNDInterpolator
 from scipy.spatial import QhullError
 
-from oracle.cells import METRICS, Cells, OracleError, family_condition
+from oracle.cells import METRICS, MODELLED, Cells, OracleError, family_condition
 
 LOG_METRICS = {"latency_ms", "ttft_ms", "tokens_per_s", "energy_per_token_j", "peak_memory_mb"}
 
@@ -99,8 +99,6 @@ def _pool(cells: Cells, condition: str, suite) -> tuple[pd.Index, str]:
 
 def _apply_costmodel(est_df: pd.DataFrame, costmodel, req: pd.DataFrame) -> pd.DataFrame:
     """Overwrite the interpolated (mode, metric)s the cost model validated better on."""
-    from oracle.costmodel import MODELLED
-
     cm = costmodel.predict(req)
     est_df = est_df.set_index(["unit", "mode"])
     est_df["latency_basis"] = "interpolation"
