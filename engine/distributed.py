@@ -270,7 +270,10 @@ class RayProfiler(Profiler):
                 progress.update(bar, description="done")
         finally:
             self._stop_actors(ray)
-        return self.finish(journal)
+        try:
+            return self.finish(journal)
+        finally:
+            journal.close()
 
     def _record_threads(self, plan: RayPlan):
         from engine.noise import ThreadChoice

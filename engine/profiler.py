@@ -43,6 +43,7 @@ import pandas as pd
 
 from dataset.benchmarks import read_benchmark, score_answer
 from dataset.errors import InputError, InputFileError
+from dataset.io import OutputLock, os_errors, write_text
 from dataset.profile_schema import validate_profile
 from dataset.requests import Request
 from dataset.workloads import get_workload
@@ -168,10 +169,15 @@ class Journal:
 
     Lines with a ``kind`` key are facts about the run, not rows (the thread
     calibration): ``meta[kind]`` holds the last one of each kind.
+
+    One writer at a time: the journal is locked (:class:`dataset.io.OutputLock`) from
+    before it is read until :meth:`close`, so a second run on the same output is refused
+    with the first one's pid instead of appending duplicate rows beside it.
     """
 
     def __init__(self, path: Path, spec: ProfileSpec):
         self.path = path
+        self.lock = OutputLock(path).acquire()
         self.rows: list[dict] = []
         self.meta: dict[str, dict] = {}
         text = path.read_text() if path.exists() else ""
@@ -212,14 +218,16 @@ class Journal:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._append({"identity": spec.identity(), "run_id": self.run_id, "spec": asdict(spec)})
 
+    def close(self) -> None:
+        """Let the next run have the output."""
+        self.lock.release()
+
     def _rewrite(self, header: dict):
-        tmp = self.path.with_name(self.path.name + ".tmp")
         lines = [header, *self.meta.values(), *self.rows]
-        tmp.write_text("\n".join(json.dumps(r) for r in lines) + "\n")
-        os.replace(tmp, self.path)
+        write_text("\n".join(json.dumps(r) for r in lines) + "\n", self.path, overwrite=True)
 
     def _append(self, obj: dict):
-        with open(self.path, "a", encoding="utf-8") as fh:
+        with os_errors(self.path), open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(obj, default=_json_default) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
@@ -505,17 +513,20 @@ class Profiler:
         for m, why in skipped.items():
             self._say(f"[yellow]skip[/yellow] {m}: {why}")
         journal = Journal(self.journal_path, self.spec)
-        self._run = self._start(journal, caps.reference_mode, build_units(self.spec))
-        with self._progress() as progress:
-            bar = _Bar(progress, progress.add_task("profiling", total=self._total(modes),
-                                                   completed=self._completed(modes)))
-            self._choose_threads(modes, bar)
-            if self.spec.interleave:
-                self._sweep_interleaved(modes, bar)
-            else:
-                self._sweep_mode_by_mode(modes, bar)
-            bar.show("done")
-        return self.finish(journal)
+        try:
+            self._run = self._start(journal, caps.reference_mode, build_units(self.spec))
+            with self._progress() as progress:
+                bar = _Bar(progress, progress.add_task("profiling", total=self._total(modes),
+                                                       completed=self._completed(modes)))
+                self._choose_threads(modes, bar)
+                if self.spec.interleave:
+                    self._sweep_interleaved(modes, bar)
+                else:
+                    self._sweep_mode_by_mode(modes, bar)
+                bar.show("done")
+            return self.finish(journal)
+        finally:
+            journal.close()
 
     def _start(self, journal: Journal, reference: str, units: list[Unit]) -> ProfileRun:
         from engine.energy import make_meter

@@ -4,7 +4,9 @@ Error policy. A mistake in the user's input (a bad file, an unknown name, an opt
 combination that cannot work) prints one red line and exits 2; everything else is
 a bug and keeps its full traceback, so it is never dressed up as an input error.
 Which exceptions count as input errors is one list, :func:`input_errors`: the
-project's own input-error types plus ``FileExistsError`` / ``FileNotFoundError``.
+project's own input-error types plus ``FileExistsError`` / ``FileNotFoundError``;
+an OS error the user can fix (read-only folder, full disk, a directory where a file
+belongs: :func:`os_error_line`) is one line too, wherever it is raised.
 ``--debug`` (or ``MODESWITCH_DEBUG=1``) shows the traceback of input errors too.
 
 Help that names heavy things. ``modeswitch --help`` must not import the engine or
@@ -79,13 +81,29 @@ def friendly_errors(fn):
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
-            if debug_enabled() or not isinstance(exc, input_errors()):
+            if debug_enabled():
                 raise
-            report = getattr(exc, "report", None)
-            err_console.print(f"[red]error:[/red] {escape(report() if report else str(exc))}")
+            if isinstance(exc, input_errors()):
+                report = getattr(exc, "report", None)
+                message = report() if report else str(exc)
+            elif (message := os_error_line(exc)) is None:
+                raise
+            err_console.print(f"[red]error:[/red] {escape(message)}")
             raise typer.Exit(2) from None
 
     return wrapper
+
+
+def os_error_line(exc: BaseException) -> str | None:
+    """One line for an OS error the user can fix (a read-only folder, a full disk, a
+    directory where a file belongs, no permission: ``dataset.io.USER_ERRNOS``), naming
+    the path; None for any other exception, which keeps its traceback."""
+    from dataset.io import USER_ERRNOS
+
+    if not isinstance(exc, OSError) or exc.errno not in USER_ERRNOS:
+        return None
+    where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+    return f"{where}: {exc.strerror}" if where else f"{exc.strerror or exc}"
 
 
 @contextmanager

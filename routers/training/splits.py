@@ -24,6 +24,10 @@ def split_indices(table: pd.DataFrame, split: str = "group", test_size: float = 
     idx = np.arange(n)
     groups = table["family"].astype(str).to_numpy()
     if split == "random":
+        n_test = int(np.ceil(test_size * n))
+        if n_test < 1 or n - n_test < 1:
+            raise InputError(f"the table has {n} row(s): a random split with test size {test_size} leaves "
+                             f"its {'test' if n_test < 1 else 'training'} part empty; it needs more rows")
         y = table["label"].astype(str)
         counts = y.value_counts()
         strat = y if counts.min() >= 2 and len(counts) * 2 <= n * test_size else None
@@ -56,4 +60,6 @@ def inner_folds(table: pd.DataFrame, split: str, seed: int, n_folds: int = 3):
         return list(StratifiedKFold(n_splits=k, shuffle=True, random_state=seed).split(idx, y))
     from sklearn.model_selection import KFold
 
-    return list(KFold(n_splits=n_folds, shuffle=True, random_state=seed).split(idx))
+    if len(idx) < 2:
+        raise InputError(f"the training part has {len(idx)} row(s): tuning needs at least 2 to validate on")
+    return list(KFold(n_splits=min(n_folds, len(idx)), shuffle=True, random_state=seed).split(idx))
