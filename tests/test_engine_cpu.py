@@ -65,7 +65,7 @@ CPU_MODES = {
     "fp16_baseline", "int8_quant", "gptq_4bit", "speculative_decoding", "ngram_speculative_decoding",
     "kv_cache_compression", "prefix_caching", "chunked_prefill", "continuous_batching",
     "gptq_plus_prefix_caching", "int8_plus_prefix_caching", "int8_plus_continuous_batching",
-    "gptq_plus_chunked_prefill", "int8_plus_chunked_prefill",
+    "gptq_plus_chunked_prefill", "int8_plus_chunked_prefill", "quantized_draft_speculative",
 }
 
 
@@ -206,3 +206,18 @@ def test_chunked_prefill_never_prefills_more_than_a_chunk(tiny_models, reqs):
     e.run([reqs[0]])
     assert max(spy.calls) <= 64
     assert e.info["prefill_chunks"] == -(-(len(reqs[0][1]) - 1) // 64)
+
+
+def test_quantized_self_speculation_drafts_with_an_int8_copy_and_keeps_the_reference_output(
+        tiny_models, reqs, reference_outputs):
+    from engine.backends.quantize import Int8WeightOnlyLinear
+
+    e = engine(tiny_models, "quantized_draft_speculative")
+    try:
+        assert any(isinstance(m, Int8WeightOnlyLinear) for m in e.draft.modules())
+        assert not any(isinstance(m, Int8WeightOnlyLinear) for m in e.model.modules())
+        assert e.draft.model.embed_tokens.weight.data_ptr() != e.model.model.embed_tokens.weight.data_ptr()
+        for rq, ref in zip(reqs, reference_outputs):
+            assert e.run([rq])[0].output_ids == ref.output_ids
+    finally:
+        e.close()

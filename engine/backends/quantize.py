@@ -64,6 +64,40 @@ def int4_group(k: int, preferred: int = 128) -> int:
     raise ValueError(f"in_features {k} is not a multiple of any int4 group size {INT4_GROUPS}")
 
 
+class Int8WeightOnlyLinear(nn.Module):
+    """y = x W^T with W stored as int8 per output channel (symmetric, absmax / 127);
+    ``aten._weight_int8pack_mm`` dequantises on the fly. Activations go in as bf16: the
+    kernel's fp32 path is about 19x slower (968 vs 51 us for one 576x1536 row here,
+    the fp32 matmul 52 us), its bf16 path 0.3 % off the fp32 product.
+    Weight-only int8 is near-lossless in the literature (arXiv 2407.09141), unlike
+    dynamic W8A8, which also rounds every activation to 8 bits."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        w = linear.weight.detach().float()
+        scale = (w.abs().amax(1) / 127).clamp(min=1e-8)
+        self.register_buffer("weight_int8", (w / scale[:, None]).round().clamp(-128, 127).to(torch.int8))
+        self.register_buffer("scales", scale.to(torch.bfloat16))
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
+        self.in_features, self.out_features = w.shape[1], w.shape[0]
+
+    def forward(self, x):
+        shape = x.shape
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, shape[-1]).to(torch.bfloat16), self.weight_int8,
+                                               self.scales).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+def quantize_int8_weight_only(model) -> int:
+    n = 0
+    for parent, name, lin in _decoder_linears(model):
+        setattr(parent, name, Int8WeightOnlyLinear(lin))
+        n += 1
+    return n
+
+
 class Int4WeightOnlyLinear(nn.Module):
     """y = x W^T with W stored as packed int4 groups (RTN; symmetric as GPTQ's sym=True:
     levels (q - 8) * scale; ``symmetric=False``: asymmetric min-max, the Q4_1 grid)."""

@@ -55,6 +55,8 @@ def capabilities(device: str = "cpu") -> BackendCapabilities:
                    "mode (routers map awq_4bit to it)")
     yes("speculative_decoding", "assisted generation with the draft model, k tokens per step")
     yes("ngram_speculative_decoding", "prompt-lookup decoding (n-grams of the prompt)")
+    cpu_only("quantized_draft_speculative", "assisted generation with a weight-only int8 copy of the "
+             "model as its own draft (aten _weight_int8pack_mm), the model verifying: QSpec")
     yes("kv_cache_compression", "fp8 (e4m3) quantized KV cache, per-tensor scale (transformers "
                                 "QuantizedCache backend 'fp8')")
     yes("prefix_caching", "KV cache of the shared prefix kept in an LRU store (byte budget), "
@@ -170,11 +172,14 @@ class TransformersEngine:
             self.info["int8_linears"] = quantize.quantize_int8_dynamic(self.model)
         elif m.quantization in ("gptq_4bit", "awq_4bit"):
             self.info["int4_linears"] = quantize.quantize_int4_weight_only(self.model)
+        if m.speculative is not None and m.speculative.method == "quantized_self":
+            self.draft = self._quantized_copy(m.speculative.draft_quantization)
         if m.speculative is not None and m.speculative.method == "draft_model":
             draft = m.speculative.draft_model or self.draft_path
             if draft is None:
                 raise InputError(f"{m.name} needs a draft model (--draft-model PATH)")
             self.draft = AutoModelForCausalLM.from_pretrained(draft, dtype=dtype).to(self.device).eval()
+        if self.draft is not None:
             gc = self.draft.generation_config
             gc.num_assistant_tokens = m.speculative.num_speculative_tokens
             gc.num_assistant_tokens_schedule = "constant"
@@ -242,6 +247,22 @@ class TransformersEngine:
             mb += self.prefix_cache_mb
         return mb
 
+    def _quantized_copy(self, how: str):
+        """The model's own weights quantised, as its draft (the copy shares no tensors)."""
+        import copy
+
+        from engine.backends import quantize
+
+        draft = copy.deepcopy(self.model)
+        if how == "int8":
+            quantize.quantize_int8_dynamic(draft)
+        elif how == "int8_weight_only":
+            quantize.quantize_int8_weight_only(draft)
+        else:
+            quantize.quantize_int4_weight_only(draft)
+        draft.generation_config = copy.deepcopy(self.model.generation_config)
+        return draft.eval()
+
     def weights_bytes(self) -> int:
         from engine.memory import module_bytes
 
@@ -295,7 +316,7 @@ class TransformersEngine:
         if ignore_eos:
             kwargs["min_new_tokens"] = max_new
         if m.speculative is not None:
-            if m.speculative.method == "draft_model":
+            if m.speculative.method in ("draft_model", "quantized_self"):
                 kwargs["assistant_model"] = self.draft
             else:
                 kwargs["prompt_lookup_num_tokens"] = m.speculative.num_speculative_tokens

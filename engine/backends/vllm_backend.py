@@ -91,6 +91,8 @@ def engine_args(mode: ModeConfig | str, model_path, draft_path=None, checkpoints
         args["max_num_seqs"] = m.max_num_seqs or 256
     if m.speculative is not None:
         s = m.speculative
+        if s.method == "quantized_self":
+            raise ModeUnavailable(f"mode {m.name}: vLLM does not draft with a quantised copy of the target")
         if s.method == "ngram":
             args["speculative_config"] = {"method": "ngram", "num_speculative_tokens": s.num_speculative_tokens,
                                           "prompt_lookup_max": s.prompt_lookup_max,
@@ -122,6 +124,8 @@ def capabilities(device: str = "cpu", checkpoints: dict | None = None, draft: bo
             why = "graph capture is a CUDA feature"
         elif m.missing_draft(draft):
             why = m.missing_draft(draft)
+        elif m.speculative is not None and m.speculative.method == "quantized_self":
+            why = "vLLM does not draft with a quantised copy of the target (QSpec); the transformers backend does"
         if why is None:
             args = engine_args(m, "MODEL", "DRAFT" if draft else None,
                                {k: "CHECKPOINT" for k in QUANT_KEYS}, device)

@@ -23,18 +23,22 @@ Phase = Literal["prefill", "decode", "both", "memory", "throughput"]
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """Speculative decoding: a draft model or n-gram (prompt-lookup) proposals.
+    """Speculative decoding: a draft model, n-gram (prompt-lookup) proposals, or a
+    quantised copy of the model itself (``quantized_self``, QSpec arXiv 2410.11305).
 
     ``num_speculative_tokens`` is k, the tokens proposed per verification step;
     ``draft_model`` is a model id or local path (None: the backend's default draft,
-    the project's own small draft model on the transformers backend).
+    the project's own small draft model on the transformers backend);
+    ``draft_quantization`` is how ``quantized_self`` stores its copy's weights. Every
+    method is lossless under greedy decoding: the model verifies each drafted token.
     """
 
-    method: Literal["draft_model", "ngram"]
+    method: Literal["draft_model", "ngram", "quantized_self"]
     num_speculative_tokens: Annotated[int, Field(ge=1, le=64)] = 5
     draft_model: str | None = None
     prompt_lookup_max: Annotated[int, Field(ge=1)] = 4
     prompt_lookup_min: Annotated[int, Field(ge=1)] = 1
+    draft_quantization: Literal["int8", "int8_weight_only", "gptq_4bit"] = "int8_weight_only"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ from engine.modes.config import ModeConfig, SpeculativeConfig
 M = ModeConfig
 DRAFT = SpeculativeConfig(method="draft_model", num_speculative_tokens=5)
 NGRAM = SpeculativeConfig(method="ngram", num_speculative_tokens=5, prompt_lookup_max=4)
+#: QSpec (arXiv 2410.11305): a weight-only int8 copy of the model drafts, the model verifies
+QSPEC = SpeculativeConfig(method="quantized_self", num_speculative_tokens=5, draft_quantization="int8_weight_only")
 
 for mode in [
     M("fp16_baseline",
@@ -28,6 +30,11 @@ for mode in [
       substitutes=("ngram_speculative_decoding", "int8_quant")),
     M("ngram_speculative_decoding", "Speculation from n-grams of the prompt (prompt lookup).",
       speculative=NGRAM, primary_phase="decode", substitutes=("speculative_decoding",)),
+    M("quantized_draft_speculative",
+      "Lossless self-speculation: a weight-only int8 copy of the model drafts k=5 tokens, the "
+      "model verifies them (QSpec); greedy output equals the reference's by construction.",
+      speculative=QSPEC, primary_phase="decode",
+      substitutes=("speculative_decoding", "ngram_speculative_decoding")),
     M("kv_cache_compression", "Compressed (8-bit or lower) KV cache.",
       kv_cache_dtype="fp8", primary_phase="memory", substitutes=("gptq_4bit", "awq_4bit")),
     M("prefix_caching", "Reuse the KV cache of a prompt prefix seen before.",
