@@ -1,7 +1,8 @@
 """(b) Add your own router class (k nearest neighbours) and score it beside the built-in ones.
 
-A router is a scikit-learn estimator: subclass LearnedRouter, say which model to fit
-and its Optuna search space, register it by name, and training, scoring, export and
+A router is a scikit-learn estimator: subclass ModeClassifier, declare your own
+parameters (keyword-only; the shared ones come from the base through ``**shared``), say
+which model to fit and its Optuna search space, register it by name, and training, scoring, export and
 serving take it like any built-in family (`modeswitch train --routers knn` too, when
 the module is on $MODESWITCH_PLUGINS).
 
@@ -12,23 +13,18 @@ from _data import table_from_args
 from sklearn.neighbors import KNeighborsClassifier
 
 from routers import RouterFamily, api, register_router
-from routers.families.base import LearnedRouter
+from routers.families.classifier import ModeClassifier
 
 
-class KNNRouter(LearnedRouter):
+class KNNRouter(ModeClassifier):
     """The mode most of the k nearest training requests (scaled features) were labelled."""
 
     _scale = True  # distances need comparable feature scales
 
-    def __init__(self, n_neighbors=7, weights="distance", class_weight=None, feature_set="A",
-                 safety_threshold=None, fallback="rule", random_state=0):
+    def __init__(self, *, n_neighbors=7, weights="distance", **shared):
+        super().__init__(**shared)
         self.n_neighbors = n_neighbors
         self.weights = weights
-        self.class_weight = class_weight  # part of every family's search space; kNN ignores it
-        self.feature_set = feature_set
-        self.safety_threshold = safety_threshold
-        self.fallback = fallback
-        self.random_state = random_state
 
     def _make_estimator(self):
         return KNeighborsClassifier(n_neighbors=self.n_neighbors, weights=self.weights)
@@ -37,6 +33,10 @@ class KNNRouter(LearnedRouter):
     def _search_space(cls, trial) -> dict:
         return dict(n_neighbors=trial.suggest_int("n_neighbors", 1, 30),
                     weights=trial.suggest_categorical("weights", ["uniform", "distance"]))
+
+    @classmethod
+    def search_space(cls, trial) -> dict:
+        return cls._search_space(trial)  # no class weighting: kNN has none to tune
 
 
 register_router(RouterFamily("knn", KNNRouter, "k nearest neighbours (examples/custom_router.py)"))

@@ -4,7 +4,8 @@ Rooms inside ``routers/``:
 
 * this level: the :class:`~routers.base.Router` protocol (``base``), the registry
   (``registry``), the rule baseline (``rule_baseline``), fixed-mode and oracle routers
-  (``reference``), and the learned families (``families/``, one file each);
+  (``reference``), the learned families (``families/``, one file each), their fitted
+  decision as plain data (``fitted_state``) and the certifying wrapper (``certified``);
 * ``training/``: Optuna tuning, the cost objective, splits, MLflow tracking;
 * ``scoring/``: offline scores, routing overhead, live runs, the report;
 * ``compiler/``: compiled routers (C kernel, generated Python);

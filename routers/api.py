@@ -24,7 +24,6 @@ Tuning with Optuna is :func:`routers.training.trainer.train` (``TrainConfig``), 
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import pandas as pd
@@ -62,13 +61,11 @@ def fit(router, table: pd.DataFrame, **params):
     ``"cost_linear"``, a plug-in's name; ``params`` go to its constructor) or an
     unfitted estimator. Classifiers learn the ``label`` column; cost-predicting
     routers read the per-mode cost columns themselves; a router with a safety
-    threshold also gets the per-mode ``safe__<mode>`` labels."""
-    from routers.training.trainer import _xy
-
+    threshold (or a :class:`~routers.certified.CertifiedRouter`) reads the per-mode
+    ``safe__<mode>`` labels."""
     est = get_router(router, **params) if isinstance(router, str) else router
-    table, y, safe, _ = _xy(table.reset_index(drop=True))
-    guarded = "safe" in inspect.signature(est.fit).parameters and getattr(est, "safety_threshold", None) is not None
-    return est.fit(table, y, **({"safe": safe} if guarded else {}))
+    table = table.reset_index(drop=True)
+    return est.fit(table, table["label"].astype(str).to_numpy())
 
 
 def evaluate(routers: dict, test: pd.DataFrame, decisions: int = 2_000, compiled: bool = True,

@@ -62,9 +62,9 @@ INPUT_COLUMNS = ("prompt_tokens", "expected_output_tokens", "shared_prefix_token
                  "concurrent_requests", "memory_pressure", "family", "benchmark_suite")
 #: classes inside the project's routers that skops does not trust by itself (exact names);
 #: the routers' own classes come from the registry, more from $MODESWITCH_TRUSTED_TYPES
-ESTIMATOR_TYPES = ("routers.cost_predicting._Constant", "routers.risk_control.Calibration",
-                   "sklearn.tree._tree.Tree", "lightgbm.basic.Booster", "lightgbm.sklearn.LGBMClassifier",
-                   "lightgbm.sklearn.LGBMRegressor", "collections.OrderedDict")
+ESTIMATOR_TYPES = ("routers.families.cost._Constant", "routers.certified.CertifiedRouter",
+                   "routers.risk_control.Calibration", "sklearn.tree._tree.Tree", "lightgbm.basic.Booster",
+                   "lightgbm.sklearn.LGBMClassifier", "lightgbm.sklearn.LGBMRegressor", "collections.OrderedDict")
 TRUSTED_TYPES_ENV = "MODESWITCH_TRUSTED_TYPES"
 LOWER_IS_BETTER = ("overhead_p50_us", "overhead_p99_us", "energy_ratio", "memory_ratio",
                    "mean_regret", "fallback_rate")

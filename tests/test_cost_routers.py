@@ -1,4 +1,4 @@
-"""Cost-predicting routers (routers.cost_predicting) and certified thresholds
+"""Cost-predicting routers (routers.families.cost) and certified thresholds
 (routers.risk_control)."""
 
 import numpy as np
@@ -8,7 +8,8 @@ from sklearn.base import clone
 
 from dataset.features import features_frame
 from dataset.requests import Request
-from routers.cost_predicting import LightGBMCostRouter, LinearCostRouter
+from routers.certified import CertifiedRouter
+from routers.families.cost import LightGBMCostRouter, LinearCostRouter
 from routers.risk_control import (
     binomial_p_value,
     calibration_split,
@@ -151,7 +152,7 @@ def test_a_calibrated_cost_router_keeps_its_violation_rate():
     noise = (rng.random(len(table)) < 0.2) & (table["prompt_tokens"] <= 200)
     table[f"violates_quality__{QUANT}"] |= noise
     table[f"safe__{QUANT}"] = ~table[f"violates_quality__{QUANT}"]
-    r = LinearCostRouter(target_violation_rate=0.05, calibration_share=0.4).fit(table)
+    r = CertifiedRouter(LinearCostRouter(), target_violation_rate=0.05, calibration_share=0.4).fit(table)
     cal = r.calibration_
     assert cal["n"] == 1200 and cal["threshold"] is not None and cal["rate"] <= 0.05
     test = synthetic_table(3000, seed=11, quant_unsafe_above=200)
@@ -166,7 +167,7 @@ def test_a_calibrated_cost_router_keeps_its_violation_rate():
 @pytest.mark.parametrize("cls", [LinearCostRouter, LightGBMCostRouter])
 def test_too_few_calibration_requests_certify_nothing_and_answer_the_reference(cls):
     table = synthetic_table(120, seed=12)
-    r = cls(target_violation_rate=0.01, calibration_share=0.3).fit(table)
+    r = CertifiedRouter(cls(), target_violation_rate=0.01, calibration_share=0.3).fit(table)
     assert r.calibration_["threshold"] is None and r.calibration_["n"] < 230
     assert set(r.predict(synthetic_table(50, seed=13))) == {REF}
     assert set(r.compile().predict(synthetic_table(50, seed=13))) == {REF}
@@ -187,11 +188,20 @@ def test_export_load_decides_identically(tmp_path, name):
     assert set(loaded.modes_) == {REF, FAST, QUANT}
 
 
-def test_every_learned_family_takes_the_target():
-    from routers import learned_families
-    from routers.training.trainer import _accepts
+def test_the_certifying_wrapper_takes_any_router_with_a_risk_score():
+    """One wrapper certifies every family with a risk score (the cost routers, the guarded
+    classifiers) and refuses a router without one; no family takes a target itself."""
+    import inspect
 
-    assert all(_accepts(f, "target_violation_rate") for f in learned_families())
+    from routers import get_router, learned_families
+    from routers.certified import has_risk_score
+
+    for family in learned_families():
+        assert "target_violation_rate" not in inspect.signature(get_router(family).__class__).parameters
+    assert has_risk_score(get_router("cost_lgbm")) and has_risk_score(get_router("dt", safety_threshold=0.5))
+    assert not has_risk_score(get_router("dt"))
+    with pytest.raises(ValueError, match="no risk score"):
+        CertifiedRouter(get_router("dt")).fit(synthetic_table(300, seed=16), synthetic_table(300, seed=16)["label"])
 
 
 def test_a_guarded_classifier_certifies_its_safety_threshold():
@@ -205,10 +215,10 @@ def test_a_guarded_classifier_certifies_its_safety_threshold():
     table[f"safe__{QUANT}"] = ~(table[f"violates_quality__{QUANT}"] | noise)
     modes = [REF, FAST, QUANT]
     safe = pd.DataFrame({m: table[f"safe__{m}"].to_numpy() for m in modes})
-    r = DecisionTreeRouter(safety_threshold=0.3, fallback="reference", target_violation_rate=0.05,
-                           max_depth=6).fit(table, table["label"], safe=safe)
+    r = CertifiedRouter(DecisionTreeRouter(safety_threshold=0.3, fallback="reference", max_depth=6),
+                        target_violation_rate=0.05).fit(table, table["label"], safe=safe)
     cal = r.calibration_
-    assert cal["threshold"] is not None and cal["n"] == 900 and r.safety_threshold_ >= 0.3
+    assert cal["threshold"] is not None and cal["n"] == 900 and r.router_.safety_threshold_ >= 0.3
     test = synthetic_table(3000, seed=21, quant_unsafe_above=200)
     noise = (rng.random(len(test)) < 0.2) & (test["prompt_tokens"] <= 200)
     test[f"safe__{QUANT}"] = ~(test[f"violates_quality__{QUANT}"] | noise)
@@ -217,7 +227,7 @@ def test_a_guarded_classifier_certifies_its_safety_threshold():
     assert 1 - ok.mean() <= 0.05 + 0.02
     # without a target the given threshold is used as it is
     plain = DecisionTreeRouter(safety_threshold=0.3, fallback="reference").fit(table, table["label"], safe=safe)
-    assert plain.safety_threshold_ == 0.3 and plain.calibration_ is None
+    assert plain.safety_threshold_ == 0.3 and not hasattr(plain, "calibration_")
 
 
 def test_a_target_outside_0_1_is_refused_not_certified():

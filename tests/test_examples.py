@@ -45,7 +45,7 @@ def test_example_b_scores_a_custom_knn_router_beside_the_built_in_ones(profile_f
                 "--requests", "200"], tmp_path)
     for router in ("knn", "dt", "lgbm", "rule"):
         assert re.search(rf"^{router}\s+\d", out, re.M), out
-    assert "cannot compile KNeighborsClassifier" in out
+    assert "does not describe its fitted KNeighborsClassifier" in out
 
 
 def test_example_c_exports_the_champion_and_queries_the_served_model(profile_file, tmp_path, tiny_models):

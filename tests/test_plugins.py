@@ -18,21 +18,16 @@ ROUTER_PLUGIN = '''
 """Extremely randomised trees: a router family from outside the project."""
 from sklearn.ensemble import ExtraTreesClassifier
 
-from routers.families.base import LearnedRouter
+from routers.families.classifier import ModeClassifier
 from routers.families.readers import sklearn_trees
 from routers.registry import RouterFamily, register_router
 
 
-class ExtraTreesRouter(LearnedRouter):
-    def __init__(self, n_estimators=20, max_depth=6, class_weight=None, feature_set="A",
-                 safety_threshold=None, fallback="rule", random_state=0):
+class ExtraTreesRouter(ModeClassifier):
+    def __init__(self, *, n_estimators=20, max_depth=6, **shared):  # the shared ones: the base's
+        super().__init__(**shared)
         self.n_estimators = n_estimators
         self.max_depth = max_depth
-        self.class_weight = class_weight
-        self.feature_set = feature_set
-        self.safety_threshold = safety_threshold
-        self.fallback = fallback
-        self.random_state = random_state
 
     def _make_estimator(self):
         return ExtraTreesClassifier(n_estimators=self.n_estimators, max_depth=self.max_depth,
@@ -170,6 +165,27 @@ def test_a_router_family_in_one_file_trains_scores_exports_and_serves(router_plu
     finally:
         srv.should_exit = True
         th.join(timeout=30)
+
+
+def test_a_plugin_family_passes_the_scikit_learn_checks_and_compiles_as_it_predicts(router_plugin):
+    """Every registered family, plug-ins included, is a scikit-learn estimator; a plug-in
+    of trees compiles from its description alone (no compiler edit)."""
+    from dataset.features import features_frame
+    from dataset.workloads import get_workload
+    from oracle.training_table import build_training_table
+    from routers import api, learned_families
+    from tests.test_routers_learned import family_estimator_checks
+
+    assert "plugin_et" in learned_families()
+    family_estimator_checks("plugin_et", {"check_class_weight_classifiers": (
+        "20 extra trees of depth 6 underfit the check's synthetic data")})
+    reqs = [r for i, n in enumerate(["short_prompt_short_output", "long_prompt_long_output", "batch_pressure"])
+            for r in get_workload(n).sample(40, seed=i)]
+    est = api.fit("plugin_et", build_training_table(synthetic_profile(), reqs), feature_set="B")
+    held = [r for n in ("shared_prefix_chat", "long_prompt_short_output") for r in get_workload(n).sample(40, seed=7)]
+    fast = est.compile()
+    assert fast is not None and fast.region_nodes_ > 0
+    assert [fast.route(r) for r in held] == list(est.predict(features_frame(held, "B")))
 
 
 def test_a_backend_in_one_file_is_profiled_and_live_scored(backend_plugin, tmp_path, tiny_models):

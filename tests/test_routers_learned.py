@@ -10,11 +10,7 @@ from sklearn.utils.estimator_checks import check_estimator
 
 from dataset.workloads import get_workload
 from oracle.training_table import build_training_table, table_meta
-from routers import get_router
-from routers.families.dt import DecisionTreeRouter
-from routers.families.lgbm import LightGBMRouter
-from routers.families.lr import LogisticRouter
-from routers.families.rf import RandomForestRouter
+from routers import get_router, learned_families
 from routers.training.costs import cost_matrix, objective_metrics, regret_weights
 from routers.training.splits import split_indices
 from tests.helpers import synthetic_profile
@@ -29,16 +25,55 @@ EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("cls,kw", [
-    (DecisionTreeRouter, {}), (RandomForestRouter, {"n_estimators": 10}),
-    (LogisticRouter, {}), (LightGBMRouter, {"n_estimators": 10}),
-])
-def test_scikit_learn_estimator_checks(cls, kw):
-    expected = dict(EXPECTED)
-    if cls is DecisionTreeRouter:
+#: small models, so the checks run fast
+FAST = {"rf": {"n_estimators": 10}, "lgbm": {"n_estimators": 10}, "cost_lgbm": {"n_estimators": 10}}
+#: what scikit-learn checks on an estimator whose fit needs the training table, not a 2-D
+#: array (the cost-predicting routers read per-mode cost columns): the parameter API
+TABLE_ONLY_CHECKS = ("check_estimator_cloneable", "check_estimator_repr", "check_no_attributes_set_in_init",
+                     "check_parameters_default_constructible", "check_do_not_raise_errors_in_init_or_set_params",
+                     "check_get_params_invariance", "check_set_params", "check_mixin_order",
+                     "check_estimator_tags_renamed", "check_valid_tag_types")
+
+
+def family_estimator_checks(family: str, expected_failures: dict | None = None) -> None:
+    """scikit-learn's estimator checks on a registered learned family (plug-ins too);
+    ``expected_failures``: check name -> why, besides :data:`EXPECTED`."""
+    from sklearn.utils import estimator_checks
+    from sklearn.utils._tags import get_tags
+
+    est = get_router(family, **FAST.get(family, {}))
+    if not get_tags(est).input_tags.two_d_array:
+        for name in TABLE_ONLY_CHECKS:
+            getattr(estimator_checks, name)(type(est).__name__, est)
+        return
+    expected = {**EXPECTED, **(expected_failures or {})}
+    if family == "dt":
         expected["check_class_weight_classifiers"] = (
             "the study's depth-5 / min-leaf-3 defaults underfit the check's synthetic data")
-    check_estimator(cls(**kw), expected_failed_checks=expected)
+    check_estimator(est, expected_failed_checks=expected)
+
+
+@pytest.mark.parametrize("family", learned_families())
+def test_scikit_learn_estimator_checks(family):
+    family_estimator_checks(family)
+
+
+def test_every_family_declares_each_parameter_once():
+    """Keyword-only parameters, each declared by one class: a family's signature is its
+    own parameters and its bases' (what get_params, clone and Optuna see)."""
+    import inspect
+
+    from routers.families.base import LearnedRouter
+    from routers.registry import get_family
+
+    for family in learned_families():
+        cls = get_family(family).factory
+        params = inspect.signature(cls).parameters
+        assert all(p.kind is p.KEYWORD_ONLY for p in params.values()), family
+        assert {"feature_set", "random_state"} <= set(params) and issubclass(cls, LearnedRouter)
+        assert set(cls().get_params()) == set(params)
+        with pytest.raises(TypeError):
+            cls(no_such_parameter=1)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,11 @@
 """Learned router families, one module each (estimator + search space + registration).
 
-:mod:`routers.families.base` holds what they share (:class:`LearnedRouter`); every
-other module here is imported by the router registry on first lookup.
+What they share: :mod:`~routers.families.base` (:class:`LearnedRouter`: the shared
+keyword-only parameters and machinery), :mod:`~routers.families.classifier` (mode
+classifiers: ``dt``, ``rf``, ``lr``, ``lgbm``), :mod:`~routers.families.cost`
+(cost-predicting routers: ``cost_linear``, ``cost_lgbm``),
+:mod:`~routers.families.lightgbm_params` (LightGBM's parameters, for both kinds) and
+:mod:`~routers.families.readers` (fitted models read as plain data for the compiler).
+Every module here is imported by the router registry on first lookup; a certified
+threshold wraps any of them (:class:`routers.certified.CertifiedRouter`).
 """

@@ -1,11 +1,363 @@
-"""Cost-predicting routers: per mode, the latency ratio to the reference and each
-constraint's risk, predicted from the request; the fastest mode predicted safe wins
-(:mod:`routers.cost_predicting`)."""
+"""Routers that predict every mode's cost and risk, then pick (``cost_lgbm``, ``cost_linear``).
+
+Why: a classifier can only answer labels it saw. When a held-out family's best
+mode never won in training, every classifier misses it. A cost-predicting router
+learns, per mode, what the mode costs relative to the reference (the log latency
+ratio) and how likely it is to break each constraint (quality, energy, memory),
+all from the request's features; it then answers the lowest predicted latency
+among modes whose predicted risk is at most the threshold, else the reference. It
+can pick a mode for requests whose label it never saw, as long as the mode's cost
+was measured (or estimated) on *some* training requests.
+
+``fit(X, y)`` takes the training table's rows as ``X``: besides the features it
+reads each mode's ``latency_ms__<mode>`` and ``violates_{quality,energy,memory}__<mode>``
+columns (what :mod:`oracle.training_table` writes); ``y`` (the oracle labels) is
+not needed. A mode without a latency for a request (unmeasured there) counts as
+a risk for every constraint. ``predict`` needs only the features.
+
+Threshold: ``max_risk`` (tuned by Optuna like any hyperparameter). The predicted
+risk is the router's risk score: :class:`routers.certified.CertifiedRouter` certifies
+the threshold actually used (``threshold_``) on calibration requests held out of the
+training rows by Learn then Test, the per-mode models then fitted on the other rows
+only.
+
+Decisions: ``route(request)`` goes through the pipeline (milliseconds);
+``compile()`` (feature set A) hands both variants to the C kernel's cost decision
+(:meth:`fitted_state` describes it for :mod:`routers.compiler`): the linear one as one matrix of
+weights, the LightGBM one as one ensemble of every model's trees under a region
+tree, each one C call per decision with the same answers.
+"""
 
 from __future__ import annotations
 
-from routers.cost_predicting import LightGBMCostRouter, LinearCostRouter
+import numpy as np
+import pandas as pd
+from sklearn.base import ClassifierMixin
+from sklearn.compose import ColumnTransformer
+from sklearn.linear_model import LogisticRegression, Ridge
+from sklearn.utils.validation import check_is_fitted
+
+from dataset.features import CATEGORICAL_FEATURES, FEATURE_SET_A, FEATURE_SETS, _shape
+from dataset.requests import Request
+from engine.modes import reference_mode
+from routers.families.base import LearnedRouter, column_prep
+from routers.families.lightgbm_params import LightGBMParameters
+from routers.families.readers import lightgbm_trees
+from routers.fitted_state import CostDecision, FittedState, InputLayout, LinearModel, TreeEnsemble
 from routers.registry import RouterFamily, register_router
+
+CONSTRAINTS = ("quality", "energy", "memory")
+#: fewer training rows than this for a (mode, target): predict the rows' mean instead
+MIN_ROWS = 8
+
+
+class _Constant:
+    """A fitted model that predicts one value (a target with one class or few rows)."""
+
+    def __init__(self, value: float):
+        self.value = float(value)
+
+    def predict(self, F):
+        return np.full(len(F), self.value)
+
+
+class CostPredictingRouter(ClassifierMixin, LearnedRouter):
+    """Shared machinery; variants define ``_regressor``, ``_classifier`` and their space.
+
+    ``max_risk``: the largest predicted risk a mode may have to be picked."""
+
+    def __init__(self, *, max_risk=0.2, **shared):
+        super().__init__(**shared)
+        self.max_risk = max_risk
+
+    def _regressor(self):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _classifier(self):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def _search_space(cls, trial) -> dict:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def search_space(cls, trial) -> dict:
+        return {**cls._search_space(trial),
+                "max_risk": trial.suggest_float("max_risk", 0.02, 0.6, log=True)}
+
+    # ------------------------------------------------------------- fitting
+    def _prep(self, X) -> ColumnTransformer:
+        wanted = list(FEATURE_SETS[self.feature_set])
+        missing = [c for c in wanted if c not in X.columns]
+        if missing:
+            raise ValueError(f"{type(self).__name__}: feature frame lacks {', '.join(missing)}")
+        # dense output whatever the number of categories: the per-mode models, the sample
+        # and the scores all index rows of one array
+        return column_prep([c for c in wanted if c not in CATEGORICAL_FEATURES],
+                           [c for c in wanted if c in CATEGORICAL_FEATURES], self._scale).set_params(
+                               sparse_threshold=0.0)
+
+    def fit(self, X, y=None, sample_weight=None):
+        """Learn each mode's latency ratio and risks from the training table ``X`` (its
+        per-mode cost columns); ``y`` is not needed."""
+        if not hasattr(X, "columns"):
+            raise ValueError(f"{type(self).__name__}.fit needs the training table (per-mode cost columns)")
+        X = X.reset_index(drop=True)
+        ref = reference_mode().name
+        modes = sorted(c.split("__", 1)[1] for c in X.columns if c.startswith("latency_ms__"))
+        if ref not in modes:
+            raise ValueError(f"{type(self).__name__}.fit: the table has no latency_ms__{ref} "
+                             "(the reference mode's cost every ratio is taken to)")
+        w = None if sample_weight is None else np.asarray(sample_weight, dtype=float)
+        self.prep_ = self._prep(X).fit(X)
+        F = self.prep_.transform(X)
+        lat_ref = X[f"latency_ms__{ref}"].to_numpy(float)
+        self.ratio_models_, self.risk_models_ = {}, {}
+        for m in modes:
+            if m == ref:
+                continue
+            lat = X[f"latency_ms__{m}"].to_numpy(float)
+            ratio = np.log(lat / lat_ref)
+            ok = np.isfinite(ratio)
+            self.ratio_models_[m] = self._fit_reg(F[ok], ratio[ok], None if w is None else w[ok])
+            unmeasured = ~np.isfinite(lat)
+            self.risk_models_[m] = {}
+            for c in CONSTRAINTS:
+                col = f"violates_{c}__{m}"
+                v = X[col].astype("boolean").fillna(True).to_numpy(bool) if col in X else np.zeros(len(X), bool)
+                self.risk_models_[m][c] = self._fit_clf(F, v | unmeasured, w)
+        self.reference_ = ref
+        self.modes_ = modes
+        self.classes_ = np.array(modes, dtype=object)
+        self.n_features_in_ = F.shape[1]
+        self.X_sample_ = np.asarray(F[self._sample_rows(len(F))], dtype=np.float64)
+        self.threshold_ = float(self.max_risk)
+        return self
+
+    def _fit_reg(self, F, t, w):
+        if len(t) < MIN_ROWS:
+            return _Constant(np.mean(t) if len(t) else 0.0)
+        return self._regressor().fit(F, t, sample_weight=w)
+
+    def _fit_clf(self, F, v, w):
+        if len(v) < MIN_ROWS or v.all() or not v.any():
+            return _Constant(v.mean() if len(v) else 1.0)
+        return self._classifier().fit(F, v, sample_weight=w)
+
+    # -- the risk score a certification calibrates (routers.certified) ------------------
+    #: the threshold at which only the reference is allowed
+    strictest_threshold = -1.0
+    #: the loosest threshold a calibration may certify (a risk of 1 is no guard at all)
+    max_risk_ceiling = 0.99
+
+    def loosest_threshold(self) -> float:
+        return self.max_risk_ceiling
+
+    def risk_scores(self, X) -> np.ndarray:
+        """What the threshold is compared with: every other mode's predicted risk."""
+        return self.scores(X)[1][:, self._others()].ravel()
+
+    def set_risk_threshold(self, threshold: float | None):
+        """Decide with ``threshold`` from now on (None: nothing certified, the reference)."""
+        self.threshold_ = self.strictest_threshold if threshold is None else float(threshold)
+        return self
+
+    # ------------------------------------------------------------ deciding
+    def _others(self) -> list[int]:
+        return [i for i, m in enumerate(self.modes_) if m != self.reference_]
+
+    def _features(self, X) -> np.ndarray:
+        return self.prep_.transform(X)
+
+    def scores(self, X) -> tuple[np.ndarray, np.ndarray]:
+        """(n, modes) predicted log latency ratio to the reference and predicted risk
+        (the largest of the constraints' predicted violation probabilities); the
+        reference's column is 0 in both."""
+        check_is_fitted(self, "ratio_models_")
+        return self._scores_of(self._features(X))
+
+    def _scores_of(self, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n = F.shape[0]
+        ratio = np.zeros((n, len(self.modes_)))
+        risk = np.zeros((n, len(self.modes_)))
+        for j, m in enumerate(self.modes_):
+            if m == self.reference_:
+                continue
+            ratio[:, j] = self._regress(self.ratio_models_[m], F)
+            risk[:, j] = np.max([self._proba(self.risk_models_[m][c], F) for c in CONSTRAINTS], axis=0)
+        return ratio, risk
+
+    @staticmethod
+    def _regress(model, F) -> np.ndarray:
+        return model.predict(F)
+
+    @staticmethod
+    def _proba(model, F) -> np.ndarray:
+        return _proba(model, F)
+
+    def _decide(self, ratio, risk, threshold) -> np.ndarray:
+        allowed = risk <= threshold
+        allowed[:, self.modes_.index(self.reference_)] = True
+        return np.where(allowed, ratio, np.inf).argmin(axis=1)
+
+    def predict_with_fallback(self, X) -> tuple[np.ndarray, np.ndarray]:
+        ratio, risk = self.scores(X)
+        idx = self._decide(ratio, risk, self.threshold_)
+        # fell back: no mode but the reference was predicted safe enough
+        fell = ~(risk[:, self._others()] <= self.threshold_).any(axis=1)
+        return self.classes_[idx].astype(object), fell
+
+    def predict(self, X) -> np.ndarray:
+        return self.predict_with_fallback(X)[0]
+
+    def explain(self, X) -> list[tuple[str, str]]:
+        ratio, risk = self.scores(X)
+        idx = self._decide(ratio, risk, self.threshold_)
+        out = []
+        for i, j in enumerate(idx):
+            m = self.modes_[j]
+            why = (f"predicted {np.exp(ratio[i, j]):.2f}x the reference's latency, risk "
+                   f"{risk[i, j]:.2f} <= {self.threshold_:.3g}" if m != self.reference_
+                   else f"no faster mode predicted safe (threshold {self.threshold_:.3g})")
+            out.append((m, f"{type(self).__name__}: {why}"))
+        return out
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.two_d_array = False  # fit reads the training table's per-mode cost columns
+        tags.target_tags.required = False
+        return tags
+
+    def feature_importances(self) -> pd.Series:
+        names = [n.split("__", 1)[-1] for n in self.prep_.get_feature_names_out()]
+        vals = np.zeros(len(names))
+        for mdl in self.ratio_models_.values():
+            if hasattr(mdl, "feature_importances_"):
+                vals += np.asarray(mdl.feature_importances_, float)
+            elif hasattr(mdl, "coef_"):
+                vals += np.abs(np.ravel(mdl.coef_))
+        return pd.Series(vals, index=names).sort_values(ascending=False)
+
+    # -- the fitted decision as plain data (what the compiler reads) ----------------
+    def fitted_state(self) -> FittedState:
+        """Outputs: each mode's predicted log latency ratio, then each (mode, constraint)'s
+        risk logit, under the cost decision. A model that predicts a constant (too few
+        rows, one class) becomes its output's bias; a constant risk is compared with the
+        threshold here, once (allowed: -inf, not: +inf)."""
+        check_is_fitted(self, "ratio_models_")
+        if self.feature_set != "A":
+            raise ValueError("compiled cost-predicting routers take feature set A (numbers only)")
+        modes = list(self.modes_)
+        M, C = len(modes), len(CONSTRAINTS)
+        thr = float(self.threshold_)
+        bias = np.zeros(M * (1 + C))
+        fitted = []  # (output, model, sign of its logit: a risk's logit is of P(True))
+        for j, m in enumerate(modes):
+            if m == self.reference_:
+                continue
+            outputs = [(j, self.ratio_models_[m])]
+            outputs += [(M + j * C + c, self.risk_models_[m][name]) for c, name in enumerate(CONSTRAINTS)]
+            for k, mdl in outputs:
+                if isinstance(mdl, _Constant):
+                    bias[k] = mdl.value if k < M else (-np.inf if mdl.value <= thr else np.inf)
+                else:
+                    fitted.append((k, mdl, 1.0 if k < M or mdl.classes_[1] else -1.0))
+        return FittedState(tuple(modes), InputLayout(len(FEATURE_SET_A)), self._outputs_state(fitted, bias),
+                           CostDecision(M, C, modes.index(self.reference_), thr), self.X_sample_)
+
+    def _outputs_state(self, fitted: list, bias: np.ndarray):  # pragma: no cover - abstract
+        """Every output's model as one description (``fitted``: (output, model, sign))."""
+        raise NotImplementedError
+
+
+def _proba(model, F) -> np.ndarray:
+    if isinstance(model, _Constant):
+        return model.predict(F)
+    p = model.predict_proba(F)
+    return p[:, list(model.classes_).index(True)]
+
+
+class LinearCostRouter(CostPredictingRouter):
+    """Ridge regression per mode for the latency ratio, logistic regression per (mode,
+    constraint) for the risk, on standardised features; compiles to one weight matrix
+    (the scaling folded in) per decision."""
+
+    _scale = True
+
+    def __init__(self, *, alpha=1.0, C=1.0, **shared):
+        super().__init__(**shared)
+        self.alpha = alpha
+        self.C = C
+
+    def _regressor(self):
+        return Ridge(alpha=self.alpha)
+
+    def _classifier(self):
+        return LogisticRegression(C=self.C, max_iter=2000, random_state=self.random_state)
+
+    @classmethod
+    def _search_space(cls, trial) -> dict:
+        return dict(alpha=trial.suggest_float("alpha", 1e-3, 1e2, log=True),
+                    C=trial.suggest_float("C", 1e-2, 1e2, log=True))
+
+    def _outputs_state(self, fitted, bias):
+        """One weight row per output on the standardised features (constants: a zero row)."""
+        W = np.zeros((len(bias), len(FEATURE_SET_A)))
+        bias = bias.copy()
+        for k, mdl, sign in fitted:
+            W[k] = sign * np.ravel(np.asarray(mdl.coef_, float))
+            bias[k] = sign * float(np.ravel(mdl.intercept_)[0])
+        sc = self.prep_.named_transformers_["num"]
+        return LinearModel(W, bias, np.asarray(sc.mean_, float), np.asarray(sc.scale_, float))
+
+
+class LightGBMCostRouter(LightGBMParameters, CostPredictingRouter):
+    """LightGBM regressor per mode for the latency ratio, LightGBM classifier per
+    (mode, constraint) for the risk."""
+
+    def _regressor(self):
+        from lightgbm import LGBMRegressor  # heavy (~0.3 s): only when a LightGBM router is built
+
+        return LGBMRegressor(**self._lightgbm_kwargs())
+
+    def _classifier(self):
+        from lightgbm import LGBMClassifier  # heavy (~0.3 s): only when a LightGBM router is built
+
+        return LGBMClassifier(**self._lightgbm_kwargs())
+
+    @classmethod
+    def _search_space(cls, trial) -> dict:
+        return cls._lightgbm_space(trial, max_leaves=31, max_child_samples=40)
+
+    def _outputs_state(self, fitted, bias):
+        """Every model's trees as one ensemble, each tree scoring its own output (every
+        model a constant: the biases are the whole decision)."""
+        if not fitted:
+            return LinearModel(np.zeros((len(bias), len(FEATURE_SET_A))), bias)
+        trees = [t for k, mdl, sign in sorted(fitted, key=lambda f: f[0])
+                 for t in lightgbm_trees(mdl.booster_, k, sign)[0]]
+        return TreeEnsemble(tuple(trees), len(bias), "sum", False, bias)
+
+    # single decisions skip scikit-learn's input checks: the boosters' own predict on
+    # the request's numbers (feature set A is passed through unscaled, in its order)
+    @staticmethod
+    def _regress(model, F) -> np.ndarray:
+        return model.predict(F) if isinstance(model, _Constant) else model.booster_.predict(F)
+
+    @staticmethod
+    def _proba(model, F) -> np.ndarray:
+        if isinstance(model, _Constant):
+            return model.predict(F)
+        p = model.booster_.predict(F)  # binary: P(label 1), label 1 = classes_[1]
+        return p if bool(model.classes_[1]) else 1 - p
+
+    def route(self, request: Request) -> str:
+        if self.feature_set != "A":
+            return super().route(request)
+        F = np.array(_shape(request), dtype=np.float64)[None, :]
+        ratio, risk = self._scores_of(F)
+        return str(self.classes_[self._decide(ratio, risk, self.threshold_)[0]])
+
 
 register_router(RouterFamily("cost_linear", LinearCostRouter,
                              "cost-predicting: ridge latency ratio + logistic risk per mode"))

@@ -4,25 +4,17 @@ from __future__ import annotations
 
 from sklearn.tree import DecisionTreeClassifier
 
-from routers.families.base import LearnedRouter
+from routers.families.classifier import ModeClassifier
 from routers.families.readers import sklearn_trees
 from routers.registry import RouterFamily, register_router
 
 
-class DecisionTreeRouter(LearnedRouter):
-    def __init__(self, max_depth=5, min_samples_leaf=3, criterion="gini", class_weight=None,
-                 feature_set="A", safety_threshold=None, fallback="rule", target_violation_rate=None,
-                 delta=0.1, random_state=0):
+class DecisionTreeRouter(ModeClassifier):
+    def __init__(self, *, max_depth=5, min_samples_leaf=3, criterion="gini", **shared):
+        super().__init__(**shared)
         self.max_depth = max_depth
         self.min_samples_leaf = min_samples_leaf
         self.criterion = criterion
-        self.class_weight = class_weight
-        self.feature_set = feature_set
-        self.safety_threshold = safety_threshold
-        self.fallback = fallback
-        self.target_violation_rate = target_violation_rate
-        self.delta = delta
-        self.random_state = random_state
 
     def _make_estimator(self):
         return DecisionTreeClassifier(max_depth=self.max_depth, min_samples_leaf=self.min_samples_leaf,

@@ -2,32 +2,24 @@
 
 from __future__ import annotations
 
-from routers.families.base import LearnedRouter
+from sklearn.ensemble import RandomForestClassifier
+
+from routers.families.classifier import ModeClassifier
 from routers.families.readers import sklearn_trees
 from routers.registry import RouterFamily, register_router
 
 
-class RandomForestRouter(LearnedRouter):
-    def __init__(self, n_estimators=100, max_depth=10, min_samples_leaf=2, max_features="sqrt",
-                 class_weight=None, feature_set="A", safety_threshold=None, fallback="rule", target_violation_rate=None,
-                 delta=0.1,
-                 random_state=0, n_jobs=1):
+class RandomForestRouter(ModeClassifier):
+    def __init__(self, *, n_estimators=100, max_depth=10, min_samples_leaf=2, max_features="sqrt", n_jobs=1,
+                 **shared):
+        super().__init__(**shared)
         self.n_estimators = n_estimators
         self.max_depth = max_depth
         self.min_samples_leaf = min_samples_leaf
         self.max_features = max_features
-        self.class_weight = class_weight
-        self.feature_set = feature_set
-        self.safety_threshold = safety_threshold
-        self.fallback = fallback
-        self.target_violation_rate = target_violation_rate
-        self.delta = delta
-        self.random_state = random_state
         self.n_jobs = n_jobs
 
     def _make_estimator(self):
-        from sklearn.ensemble import RandomForestClassifier
-
         return RandomForestClassifier(n_estimators=self.n_estimators, max_depth=self.max_depth,
                                       min_samples_leaf=self.min_samples_leaf,
                                       max_features=self.max_features, class_weight=self.class_weight,

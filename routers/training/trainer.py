@@ -12,6 +12,7 @@ its signature) and one nested run per trial (optuna-integration's callback).
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import socket
@@ -22,9 +23,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from sklearn.base import clone
 
 from dataset.errors import InputError
 from oracle.training_table import frame_hash, table_meta
+from routers.certified import CertifiedRouter, has_risk_score
 from routers.registry import get_family, get_router, learned_families
 from routers.rule_baseline import RuleBaselineRouter
 from routers.training.costs import UNSAFE_PENALTY, objective_metrics, regret_weights
@@ -98,25 +101,26 @@ def _xy(table):
     return table, table["label"].astype(str).to_numpy(), safe, modes
 
 
-def _fit(family, params, cfg: TrainConfig, table, y, safe, modes, idx, use_weights, certify=True):
-    """One router fitted on rows ``idx``. ``certify``: with the config's target, the
-    threshold is certified on held-out rows of ``idx`` (the final and cross-fitted
-    fits); Optuna's inner folds fit without it, so tuning compares the models (with
-    their tuned ``max_risk``), not folds too small to certify anything."""
+def _fit(family, params, cfg: TrainConfig, table, y, modes, idx, use_weights, certify=True):
+    """One router fitted on rows ``idx``. ``certify``: with the config's target, a router
+    with a risk score is wrapped in :class:`~routers.certified.CertifiedRouter`, its
+    threshold certified on held-out rows of ``idx`` (the final and cross-fitted fits);
+    Optuna's inner folds fit without it, so tuning compares the models (with their
+    tuned ``max_risk``), not folds too small to certify anything."""
     extra = {k: v for k, v in params.items() if k != "regret_weights"}
-    if certify and cfg.target_violation_rate and _accepts(family, "target_violation_rate"):
-        extra["target_violation_rate"] = cfg.target_violation_rate
-    est = get_router(family, feature_set=cfg.feature_set, safety_threshold=cfg.safety_threshold,
-                     fallback=cfg.fallback, **extra)
+    for name, value in (("safety_threshold", cfg.safety_threshold), ("fallback", cfg.fallback)):
+        if _accepts(family, name):  # the guard is the mode classifiers' own
+            extra[name] = value
+    est = get_router(family, feature_set=cfg.feature_set, **extra)
+    if certify and cfg.target_violation_rate and has_risk_score(est):
+        est = CertifiedRouter(est, target_violation_rate=cfg.target_violation_rate)
     sub = table.iloc[idx]
     w = regret_weights(sub, modes, cfg.unsafe_penalty) if use_weights else None
-    return est.fit(sub, y[idx], sample_weight=w, safe=safe.iloc[idx] if cfg.safety_threshold else None)
+    return est.fit(sub, y[idx], sample_weight=w)  # safety labels: the table's safe__<mode> columns
 
 
 def _accepts(family: str, param: str) -> bool:
-    """Does the family's estimator take ``param``? (Only some certify a threshold.)"""
-    import inspect
-
+    """Does the family's estimator take ``param``?"""
     return param in inspect.signature(get_family(family).factory).parameters
 
 
@@ -124,16 +128,13 @@ def refit(est, table: pd.DataFrame, rows, use_weights: bool = False,
           unsafe_penalty: float = UNSAFE_PENALTY):
     """A fresh clone of the fitted router ``est`` (same hyperparameters) fitted on
     ``rows`` of the training table, as training fitted it: with the regret weights
-    if it was tuned with them, with the safety labels if it has a safety threshold.
-    Scoring uses it to refit a leave-one-family-out router per fold."""
-    from sklearn.base import clone
-
-    table, y, safe, modes = _xy(table)
+    if it was tuned with them (safety labels come from the table's columns). Scoring
+    uses it to refit a leave-one-family-out router per fold."""
+    table, y, _, modes = _xy(table)
     rows = np.asarray(rows)
     sub = table.iloc[rows]
     w = regret_weights(sub, modes, unsafe_penalty) if use_weights else None
-    guarded = getattr(est, "safety_threshold", None) is not None
-    return clone(est).fit(sub, y[rows], sample_weight=w, safe=safe.iloc[rows] if guarded else None)
+    return clone(est).fit(sub, y[rows], sample_weight=w)
 
 
 def tune(family, cfg: TrainConfig, table, y, safe, modes, train_idx, study_name, callbacks=(),
@@ -171,8 +172,7 @@ def tune(family, cfg: TrainConfig, table, y, safe, modes, train_idx, study_name,
         use_w = trial.suggest_categorical("regret_weights", [False, True])
         scores = []
         for step, (tr, va) in enumerate(folds):
-            est = _fit(family, params, cfg, train, y[train_idx], safe.iloc[train_idx], modes, tr, use_w,
-                       certify=False)
+            est = _fit(family, params, cfg, train, y[train_idx], modes, tr, use_w, certify=False)
             scores.append(objective_metrics(train.iloc[va], est.predict(train.iloc[va]), modes,
                                    cfg.unsafe_penalty)["objective"])
             trial.report(float(np.mean(scores)), step)
@@ -439,8 +439,7 @@ def _cross_fit(family, tuned: Tuned, cfg: TrainConfig, data: TrainingData) -> He
     rows = []
     model = None
     for tr, te in data.folds:
-        est = _fit(family, tuned.params, cfg, data.table, data.y, data.safe, data.modes, tr,
-                   tuned.use_weights)
+        est = _fit(family, tuned.params, cfg, data.table, data.y, data.modes, tr, tuned.use_weights)
         preds[te] = est.predict(data.table.iloc[te])
         rows.extend(te)
         model = model if model is not None else est
