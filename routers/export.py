@@ -27,7 +27,9 @@ single object. Then every fitted tree is checked (:mod:`routers.compiler.tree_ch
 no cycle, children and features in range, thresholds finite) before anything walks it.
 
 The SHA-256 of ``router.skops`` and of ``meta.json`` are recorded in the registry
-(tags on the model version). That is an integrity check, not authentication: the
+(tags on the model version), written in the same transaction that creates the
+version, so no version is visible without them; a registered version without them
+(an export killed mid-way by an older release) is refused. That is an integrity check, not authentication: the
 tags live in the same store as the artifacts, so they catch a changed or torn
 artifact, not someone who can write the whole store (for ``runs:/`` URIs and folders
 the hash is only checked against ``meta.json`` beside the file). :func:`load_router`,
@@ -77,7 +79,7 @@ class RouterPyfunc(mlflow.pyfunc.PythonModel):
     interface, whose signature differs from the estimators' ``predict(X)``)."""
 
     def load_context(self, context):
-        self.meta_ = json.loads(Path(context.artifacts["meta"]).read_text())
+        self.meta_ = read_meta(Path(context.artifacts["meta"]))
         self.router_ = load_router_file(Path(context.artifacts["router"]), self.meta_.get("sha256"),
                                         trust_pickle=os.environ.get("MODESWITCH_TRUST_PICKLE") == "1",
                                         recorded_types=self.meta_.get("trusted_types"))
@@ -246,15 +248,15 @@ def export_router(router, *, name: str = DEFAULT_NAME, mlruns: str = "mlruns", s
             info = mlflow.pyfunc.log_model(
                 name="router", python_model=RouterPyfunc(),
                 artifacts={"router": str(rpath), "meta": str(mpath)},
-                signature=signature, input_example=example, registered_model_name=name,
-                metadata=meta,
+                signature=signature, input_example=example, metadata=meta,
                 pip_requirements=["scikit-learn", "lightgbm", "pandas", "numpy", "skops"])
-    version = info.registered_model_version
-    client = mlflow.MlflowClient()
-    # the registry's own record of the files' hashes: a changed artifact no longer matches
-    client.set_model_version_tag(name, version, "router_sha256", meta["sha256"])
-    client.set_model_version_tag(name, version, "meta_sha256", meta_sha)
-    client.set_registered_model_alias(name, ALIAS, version)
+    # the registry's own record of the files' hashes (a changed artifact no longer matches),
+    # written with the version in one transaction: no version is ever visible (/latest, /N)
+    # without them, however the export is interrupted; the alias moves only after that
+    mv = mlflow.register_model(info.model_uri, name, tags={"router_sha256": meta["sha256"],
+                                                           "meta_sha256": meta_sha})
+    version = mv.version
+    mlflow.MlflowClient().set_registered_model_alias(name, ALIAS, version)
     return {"name": name, "version": version, "uri": f"models:/{name}@{ALIAS}",
             "model_uri": info.model_uri, "run_id": run.info.run_id, "meta": meta}
 
@@ -275,7 +277,7 @@ def check_router_uri(uri: str) -> None:
 
 def _registry_sha256(uri: str) -> dict:
     """The hashes the registry recorded for a ``models:/`` URI's version: {"router_sha256",
-    "meta_sha256"} (empty for other URIs and for versions exported before hashing)."""
+    "meta_sha256"} (empty for other URIs); a version without both is refused."""
     import mlflow
 
     if not uri.startswith("models:/"):
@@ -292,7 +294,24 @@ def _registry_sha256(uri: str) -> dict:
                 raise InputError(f"router {uri}: no registered model {name!r}")
             version = str(max(int(v.version) for v in versions))
         mv = client.get_model_version(name, version)
-    return {k: mv.tags[k] for k in ("router_sha256", "meta_sha256") if k in mv.tags}
+    recorded = {k: mv.tags[k] for k in ("router_sha256", "meta_sha256") if k in mv.tags}
+    if len(recorded) < 2:
+        raise InputError(f"router {uri}: version {mv.version} of {mv.name!r} has no recorded hashes (an export "
+                         "interrupted before it finished, or one made before exports were hashed); export "
+                         "the router again")
+    return recorded
+
+
+def read_meta(path: Path, uri: str | None = None) -> dict:
+    """A stored router's ``meta.json``, or an error naming it when it is not a JSON object."""
+    try:
+        meta = json.loads(path.read_text())
+    except (ValueError, UnicodeError) as exc:
+        raise InputError(f"{uri or path}: {path.name} is not valid JSON ({exc}); the artifacts were changed "
+                         "or torn: export the router again") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{uri or path}: {path.name} holds a {type(meta).__name__}, not a router's metadata")
+    return meta
 
 
 def load_router(uri: str, mlruns: str = "mlruns", available_modes=None, compiled: bool = True,
@@ -322,7 +341,7 @@ def load_router(uri: str, mlruns: str = "mlruns", available_modes=None, compiled
         raise InputError(f"{uri} is not a router exported by `modeswitch export` (no artifacts/meta.json)")
     if "meta_sha256" in recorded and sha256_of(meta_path) != recorded["meta_sha256"]:
         raise InputError(f"{uri}: meta.json differs from the one recorded at export: the artifacts were changed")
-    meta = json.loads(meta_path.read_text())
+    meta = read_meta(meta_path, uri)
     name = {"skops": "router.skops"}.get(meta.get("format"), "router.joblib")
     if not (local / "artifacts" / name).exists():
         raise InputError(f"{uri}: artifacts/{name} (the format meta.json names) is missing")

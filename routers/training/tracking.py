@@ -7,11 +7,20 @@ several processes and machines can write at once (SQLite serialises writers). Th
 store is then used as is, its artifacts where the server puts them. The
 environment's setting is read once, at import: ``mlflow.set_tracking_uri`` itself
 writes that variable, so reading it later could not tell the user's choice from ours.
+
+Runs a killed command left behind. MLflow ends a run when its ``with`` block exits,
+but a kill -9 exits nothing, and the run stays RUNNING for good. So every run this
+process starts is tagged with its owner (:data:`OWNER_TAG`: host, pid and the
+process's start time, which tells a reused pid apart), and :func:`setup`, which every
+command that opens the store calls, marks FAILED each RUNNING run whose owner on this
+host is gone. A run still owned by a live process (a second ``train`` on a shared
+store) is left alone, as is one started on another host or without the tag.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -65,7 +74,70 @@ def setup(mlruns: Path, experiment: str) -> str:
         if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:  # made before the tag existed
             mlflow.MlflowClient().set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     mlflow.set_experiment(experiment_id=exp_id)
+    _tag_owner()
+    mark_orphaned_runs()
     return exp_id
+
+
+#: the run tag naming the process that started it: "host pid start-time"
+OWNER_TAG = "modeswitch.owner"
+#: the tag on a run this module marked FAILED, saying why
+ORPHANED_TAG = "modeswitch.orphaned"
+
+
+def _this_process() -> str:
+    import psutil
+
+    return f"{socket.gethostname()} {os.getpid()} {psutil.Process().create_time():.3f}"
+
+
+def _owner_alive(owner: str) -> bool:
+    """Whether the process that ``owner`` names (see :data:`OWNER_TAG`) still runs."""
+    import psutil
+
+    _host, pid, started = owner.split()
+    try:
+        return abs(psutil.Process(int(pid)).create_time() - float(started)) < 0.01
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def _tag_owner() -> None:
+    """Every run this process starts carries :data:`OWNER_TAG` (an MLflow run-context
+    provider: ``mlflow.start_run`` asks each for its tags)."""
+    from mlflow.tracking.context.abstract_context import RunContextProvider
+    from mlflow.tracking.context.registry import _run_context_provider_registry as providers
+
+    class OwnerContext(RunContextProvider):
+        def in_context(self):
+            return True
+
+        def tags(self):
+            return {OWNER_TAG: _this_process()}
+
+    if not any(type(p).__name__ == "OwnerContext" and type(p).__module__ == __name__ for p in providers):
+        providers.register(OwnerContext)
+
+
+def mark_orphaned_runs() -> list[str]:
+    """Mark FAILED every RUNNING run of the store whose owning process on this host is
+    gone (killed before it could end the run); return their ids."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    if not experiments:
+        return []
+    host, marked = socket.gethostname(), []
+    for run in client.search_runs(experiments, filter_string="attributes.status = 'RUNNING'", max_results=5000):
+        owner = run.data.tags.get(OWNER_TAG, "")
+        if len(owner.split()) != 3 or owner.split()[0] != host or _owner_alive(owner):
+            continue
+        client.set_tag(run.info.run_id, ORPHANED_TAG, f"process {owner.split()[1]} ended without ending this run; "
+                                                      "marked FAILED by the next command on the store")
+        client.set_terminated(run.info.run_id, status="FAILED")
+        marked.append(run.info.run_id)
+    return marked
 
 
 def git_commit() -> str:
