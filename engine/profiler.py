@@ -93,6 +93,21 @@ class ProfileSpec:
     #: every family's prompt, output and prefix lengths times this
     length_scale: float = 1.0
 
+    def __post_init__(self):
+        """Refuse counts and scales no run could use before anything is measured."""
+        from dataset.limits import count, finite, requests_fit
+
+        count("requests", self.requests)
+        count("trials", self.trials)
+        count("max_remeasure", self.max_remeasure, minimum=0)
+        count("benchmark_requests", self.benchmark_requests, minimum=0)
+        for name in ("batch_size", "threads"):
+            if getattr(self, name) is not None:
+                count(name, getattr(self, name))
+        finite("length_scale", self.length_scale, positive=True)
+        finite("watts_per_core", self.watts_per_core, minimum=0)
+        requests_fit("requests", self.requests * max(1, len(self.workloads)))
+
     def identity(self) -> str:
         d = asdict(self)
         # fields added later enter the identity only when set, so journals written

@@ -128,6 +128,8 @@ def profile_cmd(
     ray_cpus_per_worker: RayCpus = None,
 ):
     """Measure modes on workloads and write a validated, resumable profile table."""
+    import dataclasses
+
     from rich.progress import Progress
 
     from dataset.errors import InputError
@@ -145,14 +147,11 @@ def profile_cmd(
     if quick:
         requests = 1 if requests is None else requests
         trials = 1 if trials is None else trials
-    with Progress(console=console) as progress:
-        target, draft, card = resolve_models(model, draft_model, cache_dir, progress, console.print)
-    if card:
-        console.print(f"model: {describe_card(card)}")
-    # options left at None take the spec's own defaults
+    # options left at None take the spec's own defaults; the spec checks every value
+    # before the model is resolved (which may convert it), the model's path filled in after
     defaults = {"workloads": _split(workloads) or None, "requests": requests, "trials": trials}
     spec = ProfileSpec(
-        model=str(target), draft_model=str(draft) if draft else None, backend=backend,
+        model=str(model), draft_model=draft_model, backend=backend,
         device=device, modes=_split(modes) or None, max_remeasure=max_remeasure, seed=seed,
         benchmarks=_split(benchmarks), benchmark_requests=benchmark_requests,
         batch_size=batch_size, watts_per_core=watts_per_core, threads=threads,
@@ -160,6 +159,11 @@ def profile_cmd(
         conditions=_conditions(conditions),
         **{k: v for k, v in defaults.items() if v is not None},
     )
+    with Progress(console=console) as progress:
+        target, draft, card = resolve_models(model, draft_model, cache_dir, progress, console.print)
+    if card:
+        console.print(f"model: {describe_card(card)}")
+    spec = dataclasses.replace(spec, model=str(target), draft_model=str(draft) if draft else None)
     from engine.distributed import make_profiler
 
     ray_opts = ray_options(ray, ray_address, ray_workers, ray_cpus_per_worker)

@@ -90,11 +90,20 @@ class StudyConfig:
         bad = [s for s in self.splits if s not in SPLITS]
         if bad:
             raise ValueError(f"train.splits: unknown split(s) {', '.join(bad)}; choose from {', '.join(SPLITS)}")
-        for name in ("requests_per_family", "trials", "live_trials", "tuning_trials"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be at least 1")
-        if self.length_scale <= 0:
-            raise ValueError("profile.length_scale: must be > 0")
+        # every number finite, in range and within what this machine can hold, before any
+        # step starts (length_scale = inf or requests_per_family = 1e20 failed in the profile)
+        from dataset.limits import count, finite, requests_fit
+
+        for name in ("requests_per_family", "trials", "live_trials", "tuning_trials", "decisions"):
+            count(name, getattr(self, name))
+        for name in ("max_remeasure", "drawn_requests", "live_per_family"):
+            count(name, getattr(self, name), minimum=0)
+        if self.threads is not None:
+            count("threads", self.threads)
+        finite("profile.length_scale", self.length_scale, positive=True)
+        finite("train.test_size", self.test_size, positive=True, below=1)
+        requests_fit("profile.requests_per_family", self.requests_per_family * max(1, len(self.families)))
+        requests_fit("drawn_requests", self.drawn_requests)
         if not 0 <= self.target_violation_rate < 1:
             raise ValueError("train.target_violation_rate: must lie in [0, 1) (0: no certification)")
 
@@ -129,7 +138,9 @@ class StudyConfig:
             cfg = TypeAdapter(cls).validate_python(flat)
         except ValidationError as exc:
             err = exc.errors()[0]
-            raise InputFileError(path, None, ".".join(map(str, err["loc"])), err["msg"]) from None
+            # a check in __post_init__ has no field of its own: its message names the value
+            raise InputFileError(path, None, ".".join(map(str, err["loc"])) or None,
+                                 err["msg"].removeprefix("Value error, ")) from None
         except ValueError as exc:
             raise InputFileError(path, None, None, str(exc)) from None
         cfg.condition_draw()  # the owners check their own tables now, not an hour in
