@@ -236,6 +236,12 @@ def label_cmd(
     if explain:
         print_explanations(labels, cand, c, out=console)
     print_labels(labels, skipped, c, out=console)
+    from oracle.quality_floor import self_consistency_floor
+
+    floor = self_consistency_floor(profile)
+    if not floor.empty:
+        console.print(frame_table(floor, title="self-consistency floor: the reference against itself in its "
+                                               "lossless modes (reported, not charged to a mode)", index=False))
     if output is not None:
         console.print(f"wrote {len(labels)} labels to {output} and the per-mode verdicts to {cand_path}")
 
