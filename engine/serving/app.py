@@ -58,7 +58,7 @@ from engine.serving.state import (
     server_state,
     start_state,
 )
-from engine.serving.tokens import chat_chars, chat_ids, completion_ids
+from engine.serving.tokens import body_bytes_bound, chat_chars, chat_ids, completion_ids
 
 log = logging.getLogger("modeswitch.serve")
 
@@ -195,18 +195,29 @@ async def server_error(request: HttpRequest, exc: Exception):
 
 class BodyLimit:
     """Refuse a request body over ``max_bytes`` (413) by its Content-Length, or while it
-    arrives when it has none, before anything parses it."""
+    arrives when it has none, before anything parses it. The limit is also the largest
+    body a request that fits the model's context could need (:func:`body_bytes_bound`),
+    so a body of 270,000 empty messages is refused by its length, unread."""
 
     def __init__(self, app, max_bytes: int):
         self.app, self.max_bytes = app, max_bytes
+
+    def limit(self, scope) -> tuple[int, int | None]:
+        """(this request's limit in bytes, the context it comes from, or None)."""
+        state = getattr(scope["app"].state, "serving", None) if "app" in scope else None
+        context = getattr(state, "context_tokens", None)
+        if context is None or body_bytes_bound(context) >= self.max_bytes:
+            return self.max_bytes, None
+        return body_bytes_bound(context), context
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         scope["modeswitch.arrived"] = time.perf_counter()
+        limit, context = self.limit(scope)
         length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            return await error_response(413, _TooBig(self.max_bytes).detail)(scope, receive, send)
+        if length is not None and length.isdigit() and int(length) > limit:
+            return await error_response(413, _TooBig(limit, context).detail)(scope, receive, send)
         seen = 0
 
         async def counted():
@@ -214,16 +225,17 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _TooBig(self.max_bytes)  # an HTTP error: FastAPI's body reader passes it on
+                if seen > limit:
+                    raise _TooBig(limit, context)  # an HTTP error: FastAPI's body reader passes it on
             return message
 
         await self.app(scope, counted, send)
 
 
 class _TooBig(HTTPException):
-    def __init__(self, limit: int):
-        super().__init__(413, f"the request body exceeds this server's limit of {limit:,} bytes")
+    def __init__(self, limit: int, context: int | None = None):
+        why = f" (no request that fits the model's context of {context} tokens needs more)" if context else ""
+        super().__init__(413, f"the request body exceeds this server's limit of {limit:,} bytes{why}")
 
 
 async def require_api_key(request: HttpRequest, state: State):

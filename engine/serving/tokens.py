@@ -12,6 +12,20 @@ from engine.serving.schemas import CompletionBody, Message
 CHARS_PER_TOKEN_BOUND = 32
 
 
+#: JSON body bytes one context token can account for: its text (at most
+#: CHARS_PER_TOKEN_BOUND characters, each at most 12 bytes as JSON escapes, two \uXXXX
+#: for a character outside the BMP) and 256 bytes of keys, punctuation and whitespace
+#: (a message per token at most); a body larger than this for the whole context, plus
+#: BODY_SLACK_BYTES for the other fields, is refused by its length before it is read
+BODY_BYTES_PER_TOKEN = CHARS_PER_TOKEN_BOUND * 12 + 256
+BODY_SLACK_BYTES = 64 * 1024
+
+
+def body_bytes_bound(context: int) -> int:
+    """The largest request body that could hold a request fitting ``context`` tokens."""
+    return context * BODY_BYTES_PER_TOKEN + BODY_SLACK_BYTES
+
+
 def _bounded(text_chars: int, context: int | None) -> None:
     if context is not None and text_chars > CHARS_PER_TOKEN_BOUND * context:
         raise HTTPException(400, f"the prompt ({text_chars:,} characters) cannot fit the model's context of "
