@@ -53,7 +53,8 @@ def live(monkeypatch):
     from engine.backends import registry
     from routers.scoring import live as live_mod
 
-    monkeypatch.setattr(prompts, "PromptBuilder", lambda tok: SimpleNamespace(prepare=lambda r: r))
+    # as the real builder: (the request as prepared, its token ids)
+    monkeypatch.setattr(prompts, "PromptBuilder", lambda tok: SimpleNamespace(prepare=lambda r: (r, [1, 2, 3])))
 
     def run(contended_calls=(), **kw):
         calls, seen = [], []
