@@ -209,3 +209,22 @@ def test_many_short_messages_are_tokenised_off_the_loop(serving, monkeypatch):
                            {"messages": [{"role": "user", "content": "x"}] * 200, "max_tokens": 2})
     assert status == 200, text[:200]
     assert threads and all(t.startswith("tokenize") for t in threads)
+
+
+def test_a_chat_template_gives_token_ids_not_the_encodings_keys():
+    """The default model's tokenizer answers a BatchEncoding (a Mapping, not a dict)."""
+    from engine.serving.schemas import Message
+    from engine.serving.tokens import chat_ids
+
+    try:
+        from transformers import AutoTokenizer
+
+        from engine.models.resolve import resolve_models
+
+        target, _, _ = resolve_models(None, None, None, None, lambda *a: None)
+        tok = AutoTokenizer.from_pretrained(target)
+    except Exception as exc:  # noqa: BLE001 - no default model on this machine
+        pytest.skip(f"the default model is not available here ({type(exc).__name__})")
+    assert tok.chat_template
+    ids = chat_ids(tok, [Message(role="user", content="hello")])
+    assert ids and all(isinstance(i, int) for i in ids)

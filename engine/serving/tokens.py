@@ -58,7 +58,8 @@ def chat_ids(tok, messages: list[Message], context: int | None = None) -> list[i
     _bounded(chat_chars(messages), context)
     msgs = [m.model_dump() for m in messages]
     if tok.chat_template:
-        out = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-        return list(out["input_ids"] if isinstance(out, dict) else out)
+        # a BatchEncoding (a Mapping, not a dict): listing it gave its keys, not the ids
+        out = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True)
+        return list(out["input_ids"])
     text = "\n".join(f"{m['role']}: {m['content']}" for m in msgs) + "\nassistant:"
     return tok(text, add_special_tokens=True)["input_ids"]
