@@ -65,7 +65,7 @@ CPU_MODES = {
     "fp16_baseline", "int8_quant", "gptq_4bit", "speculative_decoding", "ngram_speculative_decoding",
     "kv_cache_compression", "prefix_caching", "chunked_prefill", "continuous_batching",
     "gptq_plus_prefix_caching", "int8_plus_prefix_caching", "int8_plus_continuous_batching",
-    "gptq_plus_chunked_prefill", "int8_plus_chunked_prefill", "quantized_draft_speculative",
+    "gptq_plus_chunked_prefill", "int8_plus_chunked_prefill", "quantized_draft_speculative", "int8_weight_only",
 }
 
 
@@ -219,5 +219,18 @@ def test_quantized_self_speculation_drafts_with_an_int8_copy_and_keeps_the_refer
         assert e.draft.model.embed_tokens.weight.data_ptr() != e.model.model.embed_tokens.weight.data_ptr()
         for rq, ref in zip(reqs, reference_outputs):
             assert e.run([rq])[0].output_ids == ref.output_ids
+    finally:
+        e.close()
+
+
+def test_weight_only_int8_replaces_the_linears_with_int8_weights(tiny_models, reqs):
+    from engine.backends.quantize import Int8WeightOnlyLinear
+
+    e = engine(tiny_models, "int8_weight_only")
+    try:
+        lins = [m for m in e.model.modules() if isinstance(m, Int8WeightOnlyLinear)]
+        assert lins and all(m.weight_int8.dtype == torch.int8 for m in lins)
+        gen = e.run([reqs[0]])[0]
+        assert gen.output_tokens == reqs[0][0].expected_output_tokens
     finally:
         e.close()

@@ -50,6 +50,8 @@ def capabilities(device: str = "cpu") -> BackendCapabilities:
     yes(ref, "unquantized weights in the device's native precision (fp32 on CPU, "
                          "fp16 on CUDA)")
     cpu_only("int8_quant", int8)
+    cpu_only("int8_weight_only", "int8 weights per output channel, bf16 activations (aten "
+             "_weight_int8pack_mm; its fp32-activation path is 19x slower)")
     cpu_only("gptq_4bit", int4)
     no("awq_4bit", "no activation-aware 4-bit path in this backend; gptq_4bit is its only 4-bit "
                    "mode (routers map awq_4bit to it)")
@@ -170,6 +172,8 @@ class TransformersEngine:
         m = self.mode
         if m.quantization == "int8":
             self.info["int8_linears"] = quantize.quantize_int8_dynamic(self.model)
+        elif m.quantization == "int8_weight_only":
+            self.info["int8_weight_only_linears"] = quantize.quantize_int8_weight_only(self.model)
         elif m.quantization in ("gptq_4bit", "awq_4bit"):
             self.info["int4_linears"] = quantize.quantize_int4_weight_only(self.model)
         if m.speculative is not None and m.speculative.method == "quantized_self":

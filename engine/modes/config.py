@@ -15,7 +15,7 @@ from pydantic import Field, TypeAdapter
 
 from dataset.errors import InputError
 
-Quantization = Literal["none", "int8", "gptq_4bit", "awq_4bit"]
+Quantization = Literal["none", "int8", "int8_weight_only", "gptq_4bit", "awq_4bit"]
 KVCacheDtype = Literal["auto", "fp8", "int8", "int4"]
 Batching = Literal["none", "continuous"]
 Phase = Literal["prefill", "decode", "both", "memory", "throughput"]

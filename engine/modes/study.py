@@ -21,6 +21,9 @@ for mode in [
       is_reference=True),
     M("int8_quant", "INT8 weights (W8A8 on vLLM, dynamic int8 linear layers on CPU).",
       quantization="int8", primary_phase="both", substitutes=("gptq_4bit", "awq_4bit")),
+    M("int8_weight_only", "INT8 weights, activations kept in 16 bits (weight-only int8; on CPU "
+      "aten _weight_int8pack_mm with bf16 activations): less lossy than W8A8, slower.",
+      quantization="int8_weight_only", primary_phase="decode", substitutes=("int8_quant", "gptq_4bit")),
     M("gptq_4bit", "GPTQ 4-bit weight-only quantization (4-bit weight-only kernel on CPU).",
       quantization="gptq_4bit", primary_phase="decode", substitutes=("awq_4bit", "int8_quant")),
     M("awq_4bit", "AWQ 4-bit weight-only quantization (4-bit weight-only kernel on CPU).",
