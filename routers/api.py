@@ -19,7 +19,9 @@ the same thing.
     api.export_router(lgbm, source_run_id=run_id)      # models:/modeswitch-router@champion
 
 Tuning with Optuna is :func:`routers.training.trainer.train` (``TrainConfig``), as
-``modeswitch train`` runs it.
+``modeswitch train`` runs it. Every function takes the training table as a frame or as a
+:class:`~routers.training.table.TrainingTable` (its labels, per-mode costs and safety
+columns, modes, folds and feature columns by name).
 """
 
 from __future__ import annotations
@@ -29,12 +31,23 @@ from pathlib import Path
 import pandas as pd
 
 from routers.export import export_router, load_router
+from routers.reference import OracleRouter
 from routers.registry import get_router
-from routers.scoring.run import ScoreConfig, score_routers
-from routers.training.trainer import TrainConfig, train
+from routers.scoring import overhead as oh
+from routers.scoring.offline import (
+    aggregate_scores,
+    offline_intervals,
+    requests_from_table,
+    score_offline,
+)
+from routers.scoring.report import headline_table
+from routers.scoring.run import ScoreConfig, baselines, score_routers
+from routers.training.table import TrainingTable
+from routers.training.tracking import git_commit, log_table_input, setup
+from routers.training.trainer import TrainConfig, log_model, train
 
-__all__ = ["ScoreConfig", "TrainConfig", "evaluate", "export_router", "fit", "load_router", "log_router",
-           "score_routers", "split", "train"]
+__all__ = ["ScoreConfig", "TrainConfig", "TrainingTable", "evaluate", "export_router", "fit", "load_router",
+           "log_router", "score_routers", "split", "train"]
 
 
 def split(table: pd.DataFrame, how: str = "group", test_size: float = 0.25,
@@ -42,18 +55,12 @@ def split(table: pd.DataFrame, how: str = "group", test_size: float = 0.25,
     """(training rows, held-out rows) of a training table, split as ``train --split``
     splits it (``random``; ``group``: whole families held out). Both keep the table's
     metadata."""
-    from routers.training.splits import split_indices
-
     if how not in ("random", "group"):
         raise ValueError(f"split {how!r}: choose random or group (lofo is a per-fold loop: "
-                         "see routers.training.splits.split_indices)")
-    tr, te = split_indices(table.reset_index(drop=True), how, test_size, seed)[0]
-    parts = []
-    for rows in (tr, te):
-        part = table.iloc[rows].reset_index(drop=True)
-        part.attrs = dict(table.attrs)
-        parts.append(part)
-    return parts[0], parts[1]
+                         "see TrainingTable.folds)")
+    tt = TrainingTable.of(table)
+    tr, te = tt.folds(how, test_size, seed)[0]
+    return tt.rows(tr).frame, tt.rows(te).frame
 
 
 def fit(router, table: pd.DataFrame, **params):
@@ -64,8 +71,7 @@ def fit(router, table: pd.DataFrame, **params):
     threshold (or a :class:`~routers.certified.CertifiedRouter`) reads the per-mode
     ``safe__<mode>`` labels."""
     est = get_router(router, **params) if isinstance(router, str) else router
-    table = table.reset_index(drop=True)
-    return est.fit(table, table["label"].astype(str).to_numpy())
+    return TrainingTable.of(table).fit(est)
 
 
 def evaluate(routers: dict, test: pd.DataFrame, decisions: int = 2_000, compiled: bool = True,
@@ -75,20 +81,9 @@ def evaluate(routers: dict, test: pd.DataFrame, decisions: int = 2_000, compiled
     headline figures of ``modeswitch score`` (equal family weights; speedup, energy
     ratio and violation rate with 95 % bootstrap intervals; oracle capture; routing
     overhead measured here, side by side, and charged at its p50)."""
-    from oracle.training_table import table_meta
-    from routers.reference import OracleRouter
-    from routers.scoring import overhead as oh
-    from routers.scoring.offline import (
-        aggregate_scores,
-        offline_intervals,
-        requests_from_table,
-        score_offline,
-    )
-    from routers.scoring.report import headline_table
-    from routers.scoring.run import baselines
-
-    test = test.reset_index(drop=True)
-    everyone = {**baselines(table_meta(test)["modes"]), **routers}
+    tt = TrainingTable.of(test)
+    test = tt.frame
+    everyone = {**baselines(tt.modes), **routers}
     requests = requests_from_table(test)
     overhead = oh.measure(everyone, requests, decisions, pipeline_decisions, compiled)
     everyone["oracle"] = OracleRouter().fit(test)
@@ -103,20 +98,16 @@ def log_router(router, table: pd.DataFrame, name: str | None = None, mlruns: str
     training table as the run's dataset input, and the model (skops, as ``train``
     logs it), so :func:`export_router` and the MLflow UI treat it like a CLI run.
     Returns the run id."""
-    import mlflow
-
-    from oracle.training_table import frame_hash, table_meta
-    from routers.training.tracking import git_commit, log_table_input, setup
-    from routers.training.trainer import NOT_FEATURES, log_model
+    import mlflow  # heavy: only when logging
 
     setup(Path(mlruns), experiment)
-    meta = table_meta(table)
+    tt = TrainingTable.of(table)
     family = name or type(router).__name__
     with mlflow.start_run(run_name=family) as run:
         mlflow.set_tags({"router_family": family, "git_commit": git_commit(), "source": "python api",
-                         "profile_hash": meta["profile_hash"], "training_table_hash": frame_hash(table)})
+                         "profile_hash": tt.meta["profile_hash"], "training_table_hash": tt.hash})
         params = {k: v for k, v in router.get_params().items() if not hasattr(v, "get_params")}
         mlflow.log_params({f"param_{k}": v for k, v in params.items()})
         log_table_input(table, "training")
-        log_model(router, table[[c for c in table.columns if "__" not in c and c not in NOT_FEATURES]])
+        log_model(router, tt.features)
         return run.info.run_id

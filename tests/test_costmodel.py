@@ -184,7 +184,7 @@ def test_costmodel_cli_fit_validate_and_label(tmp_path):
 def test_profiled_requests_get_measured_labels_and_training_can_keep_only_them():
     from dataset.workloads import get_workload
     from oracle.training_table import build_training_table, profiled_requests, table_meta
-    from routers.training.trainer import select_labels
+    from routers.training.table import select_labels
 
     df = synthetic(n=8, trials=3)
     prof = profiled_requests(df)

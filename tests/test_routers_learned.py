@@ -195,3 +195,23 @@ def test_a_failed_training_run_is_marked_failed_with_its_reason(tmp_path, monkey
     exp = [e for e in client.search_experiments() if e.name.startswith("modeswitch-train")][0]
     [run] = [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" not in r.data.tags]
     assert run.info.status == "FAILED" and run.data.tags["failure_reason"] == "RuntimeError: disk full"
+
+
+def test_the_training_table_names_what_training_and_scoring_read(table):
+    from routers.training.table import TrainingTable
+
+    tt = TrainingTable.of(table)
+    modes = table_meta(table)["modes"]
+    assert tt.modes == modes and len(tt) == len(table)
+    assert list(tt.labels) == list(table["label"].astype(str))
+    assert list(tt.safe.columns) == modes and tt.safe.dtypes.eq(bool).all()
+    assert list(tt.costs("latency_ms").columns) == modes
+    assert "label" not in tt.feature_columns and not any("__" in c for c in tt.feature_columns)
+    assert {"prompt_tokens", "family"} <= set(tt.feature_columns)
+    (tr, te), = tt.folds("random")
+    part = tt.rows(te)
+    assert len(part) == len(te) and part.meta == tt.meta and part.hash != tt.hash
+    est = tt.fit(get_router("dt"), tr)
+    assert set(est.predict(part.frame)) <= set(modes)
+    again = tt.refit(est, tr)
+    assert again is not est and list(again.predict(part.frame)) == list(est.predict(part.frame))

@@ -273,11 +273,10 @@ class Study:
                 "labels": {str(k): int(v) for k, v in table["label"].value_counts().items()}}
 
     def _table(self):
-        import pandas as pd
+        """The study's training table (train.parquet), as training and scoring read it."""
+        from routers.training.table import TrainingTable  # heavy (scikit-learn): only when run
 
-        table = pd.read_parquet(self.out / "train.parquet")
-        table.attrs["source_path"] = str((self.out / "train.parquet").resolve())
-        return table
+        return TrainingTable.read(self.out / "train.parquet")
 
     def _step_train(self, split: str) -> dict:
         from routers.training.trainer import TrainConfig, train

@@ -18,11 +18,24 @@ import numpy as np
 import pandas as pd
 
 from dataset.errors import InputError
-from oracle.training_table import frame_hash, table_meta
+from engine.models.resolve import resolve_models
+from oracle.constraints import Constraints
+from oracle.training_table import frame_hash
 from routers.reference import FixedModeRouter, OracleRouter
 from routers.rule_baseline import RuleBaselineRouter
-from routers.scoring.offline import requests_from_table
+from routers.scoring import overhead as oh
+from routers.scoring import report
+from routers.scoring.coverage import coverage, risk_table, split_headlines
+from routers.scoring.live import run_live, score_live, stratified, summarise_live
+from routers.scoring.offline import (
+    aggregate_scores,
+    offline_intervals,
+    requests_from_table,
+    score_offline,
+)
 from routers.training.splits import split_indices
+from routers.training.table import TrainingTable
+from routers.training.tracking import use_tracking_uri
 
 #: live requests per family by default (the study's issue: at least six)
 LIVE_PER_FAMILY = 6
@@ -202,19 +215,16 @@ class HeldOutFamilyRouter:
         return self._for(request.family).route(request)
 
 
-def held_out_family_routers(table: pd.DataFrame, trained: list[TrainedRouter]) -> dict:
+def held_out_family_routers(table: TrainingTable, trained: list[TrainedRouter]) -> dict:
     """Per trained router, a :class:`HeldOutFamilyRouter` refitted on every
-    leave-one-family-out fold."""
-    from routers.training.trainer import refit
-
-    split, test_size, seed = _split_of(trained)
-    folds = split_indices(table, split, test_size, seed)
+    leave-one-family-out fold (as training fitted it: :meth:`TrainingTable.refit`)."""
+    folds = table.folds(*_split_of(trained))
     out = {}
     for t in trained:
         by_family = {}
         for tr, te in folds:
-            fam = str(table["family"].iloc[te[0]])
-            by_family[fam] = refit(t.estimator, table, tr, t.regret_weights, t.unsafe_penalty)
+            fam = str(table.frame["family"].iloc[te[0]])
+            by_family[fam] = table.refit(t.estimator, tr, t.regret_weights, t.unsafe_penalty)
         out[t.name] = HeldOutFamilyRouter(by_family)
     return out
 
@@ -226,112 +236,167 @@ def baselines(modes: list[str]) -> dict:
             "rule": RuleBaselineRouter(available_modes=modes, unavailable="reference").fit()}
 
 
-def score_routers(table: pd.DataFrame, cfg: ScoreConfig, out: Path, progress=None) -> dict:
-    """Run the whole scoring; returns the tables and figures (the report is written to ``out``)."""
-    from routers.scoring import overhead as oh
-    from routers.scoring import report
-    from routers.scoring.offline import aggregate_scores, score_offline
+@dataclass
+class Scoring:
+    """What the steps of :func:`score_routers` hand on: the table, the trained routers,
+    the held-out rows and requests, every router scored and, step by step, the figures."""
 
+    table: TrainingTable
+    trained: list[TrainedRouter]
+    test: pd.DataFrame
+    requests: list
+    #: the baselines and the trained routers, as loaded (what the overhead timer runs)
+    routers: dict
+    #: the routers scored offline: leave-one-family-out, each family's own fold
+    scored: dict = field(default_factory=dict)
+    functions: dict = field(default_factory=dict)
+    overhead: dict = field(default_factory=dict)
+    per_request: pd.DataFrame | None = None
+    marks: pd.DataFrame | None = None
+    ranges: object = None
+    per_family: pd.DataFrame | None = None
+    overall: pd.DataFrame | None = None
+
+    @property
+    def p50(self) -> dict:
+        return {k: v.p50_us for k, v in self.overhead.items()}
+
+
+@dataclass
+class LiveScores:
+    """The live check's results (all None when it did not run)."""
+
+    per: pd.DataFrame | None = None
+    summary: pd.DataFrame | None = None
+    family: pd.DataFrame | None = None
+    estimate: pd.DataFrame | None = None
+    figures: dict = field(default_factory=dict)
+
+
+def load_scoring(table, cfg: ScoreConfig, say) -> Scoring:
+    """The routers to score (from MLflow) beside the baselines, and the held-out rows of
+    their split."""
+    use_tracking_uri(cfg.tracking_uri)
+    table = TrainingTable.of(table, cfg.labels)
+    say("loading trained routers from MLflow")
+    trained = load_routers(table.frame, cfg.mlruns, cfg.run_ids)
+    test = table.rows(held_out_rows(table.frame, trained)).frame
+    routers = {**baselines(table.modes), **{t.name: t.estimator for t in trained}}
+    return Scoring(table, trained, test, requests_from_table(test), routers)
+
+
+def measure_overhead(s: Scoring, cfg: ScoreConfig, say) -> None:
+    """Each router's decision cost on the held-out requests (its compiled form by default)."""
+    say("measuring routing overhead")
+    s.functions = oh.decision_functions(s.routers, cfg.compiled)
+    s.overhead = oh.measure(s.routers, s.requests, cfg.decisions, cfg.pipeline_decisions, cfg.compiled,
+                            progress=say, functions=s.functions)
+
+
+def score_offline_step(s: Scoring, say) -> None:
+    """Every router's picks on the held-out rows against the oracle's, marked by whether
+    the row lies outside the training part's feature ranges."""
+    say("offline scoring")
+    s.scored = dict(s.routers)
+    split, test_size, seed = _split_of(s.trained)
+    if split == "lofo":
+        say("refitting every router on each leave-one-family-out fold")
+        s.scored.update(held_out_family_routers(s.table, s.trained))
+    s.scored["oracle"] = OracleRouter().fit(s.test)
+    per_request = score_offline(s.test, s.scored, s.p50)
+    folds = s.table.folds(split, test_size, seed)
+    s.marks, s.ranges = coverage(s.table.frame, folds if split == "lofo" else folds[:1])
+    s.per_request = per_request.merge(s.marks, on="request_id", how="left")
+    s.per_family, s.overall = aggregate_scores(s.per_request)
+
+
+def report_context(s: Scoring, cfg: ScoreConfig, out: Path) -> dict:
+    """What the report's header says: the table, the split, the runs scored."""
+    meta = s.table.meta
+    return {
+        "name": cfg.name or out.name, "training_table_hash": s.table.hash,
+        "profile_hash": meta["profile_hash"], "held_out_requests": len(s.test),
+        "families": ", ".join(sorted(s.test["family"].astype(str).unique())),
+        "split": s.trained[0].split, "constraints": json.dumps(meta["constraints"]),
+        "decision_path": "compiled" if cfg.compiled else "pipeline (--no-compile)",
+        "router_runs": ", ".join(f"{t.name}={t.run_id}" for t in s.trained),
+    }
+
+
+def live_decisions(s: Scoring, stream: list) -> dict:
+    """Each router's pick for each live request (leave-one-family-out: the family's own
+    fold; the oracle: the profile's pick)."""
+    decisions = {name: [str(fn(r)) for r in stream] for name, (fn, _, _) in s.functions.items()}
+    for name, router in s.scored.items():
+        if isinstance(router, HeldOutFamilyRouter):
+            decisions[name] = [str(router.route(r)) for r in stream]
+    decisions["oracle"] = [s.scored["oracle"].route(r) for r in stream]
+    return decisions
+
+
+def score_live_step(s: Scoring, cfg: ScoreConfig, context: dict, say) -> LiveScores:
+    """Run the routers' picks on the engines for a stratified stream of held-out requests."""
+    n_live = cfg.live_requests or cfg.live_per_family * len({r.family for r in s.requests})
+    stream = stratified(s.requests, n_live, cfg.seed)
+    decisions = live_decisions(s, stream)
+    target, draft, _ = resolve_models(cfg.model, cfg.draft_model, None, None, lambda *a: None)
+    threads, threads_from = live_threads(cfg, s.table.meta)
+    if not threads_from.startswith(("the profile's", "--live")):
+        say(f"live: engine threads {threads}: {threads_from}")
+    runs = run_live(stream, decisions, target, draft, cfg.device, progress=say, backend=cfg.backend,
+                    trials=cfg.live_trials, threads=threads, max_remeasure=cfg.live_max_remeasure)
+    per, estimate, figures = score_live(runs, stream, decisions, s.p50,
+                                        Constraints(**dict(s.table.meta["constraints"])), s.test)
+    context.update(live_requests=len(stream), live_trials=cfg.live_trials,
+                   live_threads=f"{threads}: {threads_from}", live_model=str(target))
+    return LiveScores(per, summarise_live(per), summarise_live(per, by_family=True), estimate, figures)
+
+
+def coverage_info(s: Scoring, head: pd.DataFrame, live: LiveScores, context: dict) -> dict:
+    """The report's coverage section: figures inside and outside the training ranges."""
+    live_parts = {}
+    if live.per is not None and "request_id" in live.per:
+        ext = set(s.marks.loc[s.marks["extrapolated"], "request_id"])
+        inside = live.per["request_id"].astype(str).isin(ext)
+        for name, part in (("inside", live.per[~inside]), ("extrapolated", live.per[inside])):
+            if len(part):
+                live_parts[name] = summarise_live(part)
+    risk = risk_table({t.name: s.scored.get(t.name, t.estimator) for t in s.trained}, head, live.summary,
+                      held_out=len(s.marks), live_requests=context.get("live_requests", 0))
+    return {"ranges": s.ranges, "headlines": split_headlines(s.per_request, s.overhead, s.marks),
+            "live": live_parts, "extrapolated": int(s.marks["extrapolated"].sum()),
+            "held_out": len(s.marks), "risk": risk}
+
+
+def write_outputs(s: Scoring, cfg: ScoreConfig, out: Path, live: LiveScores, context: dict, say):
+    """The report in ``out`` and its MLflow run; (headline table, the run's id)."""
+    say("writing the report")
+    intervals = offline_intervals(s.per_request)
+    head = report.headline_table(s.overall, s.overhead, intervals=intervals)
+    report.write_report(out, per_request=s.per_request, per_family=s.per_family, overall=s.overall,
+                        overhead=s.overhead, context=context, live_per=live.per,
+                        live_summary=live.summary, estimate=live.estimate, live_figures=live.figures,
+                        live_family=live.family, intervals=intervals,
+                        coverage=coverage_info(s, head, live, context))
+    run_id = report.log_to_mlflow(out, Path(cfg.mlruns), head, context,
+                                  {t.name: t.run_id for t in s.trained}, live.summary, table=s.table.frame)
+    return head, run_id
+
+
+def score_routers(table, cfg: ScoreConfig, out: Path, progress=None) -> dict:
+    """Run the whole scoring (``table``: a training table, frame or :class:`TrainingTable`);
+    returns the tables and figures (the report is written to ``out``)."""
     def say(msg):
         if progress:
             progress(msg)
 
-    from routers.training.tracking import use_tracking_uri
-    from routers.training.trainer import select_labels
-
-    use_tracking_uri(cfg.tracking_uri)
-    table = select_labels(table, cfg.labels)
-    meta = table_meta(table)
-    modes = meta["modes"]
-    say("loading trained routers from MLflow")
-    trained = load_routers(table, cfg.mlruns, cfg.run_ids)
-    test = table.iloc[held_out_rows(table, trained)].reset_index(drop=True)
-    test.attrs = table.attrs
-    routers = baselines(modes)
-    routers.update({t.name: t.estimator for t in trained})
-    requests = requests_from_table(test)
-    say("measuring routing overhead")
-    functions = oh.decision_functions(routers, cfg.compiled)
-    overhead = oh.measure(routers, requests, cfg.decisions, cfg.pipeline_decisions, cfg.compiled,
-                          progress=say, functions=functions)
-    say("offline scoring")
-    scored = dict(routers)
-    if trained[0].split == "lofo":
-        say("refitting every router on each leave-one-family-out fold")
-        scored.update(held_out_family_routers(table, trained))
-    with_oracle = {**scored, "oracle": OracleRouter().fit(test)}
-    per_request = score_offline(test, with_oracle, {k: v.p50_us for k, v in overhead.items()})
-    # which held-out requests lie outside the training part's feature ranges
-    from routers.scoring.coverage import coverage, risk_table, split_headlines
-
-    split, test_size, seed = _split_of(trained)
-    folds = split_indices(table, split, test_size, seed)
-    marks, ranges = coverage(table, folds if split == "lofo" else folds[:1])
-    per_request = per_request.merge(marks, on="request_id", how="left")
-    per_family, overall = aggregate_scores(per_request)
-    context = {
-        "name": cfg.name or out.name, "training_table_hash": frame_hash(table),
-        "profile_hash": meta["profile_hash"], "held_out_requests": len(test),
-        "families": ", ".join(sorted(test["family"].astype(str).unique())),
-        "split": trained[0].split, "constraints": json.dumps(meta["constraints"]),
-        "decision_path": "compiled" if cfg.compiled else "pipeline (--no-compile)",
-        "router_runs": ", ".join(f"{t.name}={t.run_id}" for t in trained),
-    }
-    live_per = live_summary = live_family = estimate = None
-    live_figures = {}
-    if cfg.live:
-        from engine.models.resolve import resolve_models
-        from oracle.constraints import Constraints
-        from routers.scoring.live import run_live, score_live, stratified, summarise_live
-
-        n_live = cfg.live_requests or cfg.live_per_family * len({r.family for r in requests})
-        stream = stratified(requests, n_live, cfg.seed)
-        decisions = {name: [str(fn(r)) for r in stream] for name, (fn, _, _) in functions.items()}
-        for name, router in scored.items():  # leave-one-family-out: each family's own fold
-            if isinstance(router, HeldOutFamilyRouter):
-                decisions[name] = [str(router.route(r)) for r in stream]
-        # the profile oracle's pick, run live
-        decisions["oracle"] = [with_oracle["oracle"].route(r) for r in stream]
-        target, draft, _ = resolve_models(cfg.model, cfg.draft_model, None, None, lambda *a: None)
-        threads, threads_from = live_threads(cfg, meta)
-        if not threads_from.startswith(("the profile's", "--live")):
-            say(f"live: engine threads {threads}: {threads_from}")
-        runs = run_live(stream, decisions, target, draft, cfg.device, progress=say, backend=cfg.backend,
-                        trials=cfg.live_trials, threads=threads, max_remeasure=cfg.live_max_remeasure)
-        live_per, estimate, live_figures = score_live(
-            runs, stream, decisions, {k: v.p50_us for k, v in overhead.items()},
-            Constraints(**{k: v for k, v in meta["constraints"].items()}), test)
-        live_summary = summarise_live(live_per)
-        live_family = summarise_live(live_per, by_family=True)
-        context["live_requests"] = len(stream)
-        context["live_trials"] = cfg.live_trials
-        context["live_threads"] = f"{threads}: {threads_from}"
-        context["live_model"] = str(target)
-    from routers.scoring.offline import offline_intervals
-
-    say("writing the report")
-    intervals = offline_intervals(per_request)
-    head = report.headline_table(overall, overhead, intervals=intervals)
-    parts = split_headlines(per_request, overhead, marks)
-    live_parts = {}
-    if live_per is not None and "request_id" in live_per:
-        ext = set(marks.loc[marks["extrapolated"], "request_id"])
-        for name, part in (("inside", live_per[~live_per["request_id"].astype(str).isin(ext)]),
-                           ("extrapolated", live_per[live_per["request_id"].astype(str).isin(ext)])):
-            if len(part):
-                live_parts[name] = summarise_live(part)
-    coverage_info = {"ranges": ranges, "headlines": parts, "live": live_parts,
-                     "extrapolated": int(marks["extrapolated"].sum()), "held_out": len(marks),
-                     "risk": risk_table({t.name: scored.get(t.name, t.estimator) for t in trained},
-                                        head, live_summary, held_out=len(marks),
-                                        live_requests=context.get("live_requests", 0))}
-    report.write_report(out, per_request=per_request, per_family=per_family, overall=overall,
-                        overhead=overhead, context=context, live_per=live_per,
-                        live_summary=live_summary, estimate=estimate, live_figures=live_figures,
-                        live_family=live_family, intervals=intervals, coverage=coverage_info)
-    run_id = report.log_to_mlflow(out, Path(cfg.mlruns), head, context,
-                                  {t.name: t.run_id for t in trained}, live_summary, table=table)
-    return {"headline": head, "overall": overall, "per_family": per_family, "overhead": overhead,
-            "live_summary": live_summary, "live_family": live_family, "live_per": live_per, "live_figures": live_figures,
-            "estimate": estimate,
-            "mlflow_run_id": run_id, "trained": trained}
+    s = load_scoring(table, cfg, say)
+    measure_overhead(s, cfg, say)
+    score_offline_step(s, say)
+    context = report_context(s, cfg, out)
+    live = score_live_step(s, cfg, context, say) if cfg.live else LiveScores()
+    head, run_id = write_outputs(s, cfg, out, live, context, say)
+    return {"headline": head, "overall": s.overall, "per_family": s.per_family, "overhead": s.overhead,
+            "live_summary": live.summary, "live_family": live.family, "live_per": live.per,
+            "live_figures": live.figures, "estimate": live.estimate, "mlflow_run_id": run_id,
+            "trained": s.trained}

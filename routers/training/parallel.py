@@ -27,7 +27,13 @@ processes write at once.
 
 from __future__ import annotations
 
+import hashlib
+import multiprocessing
 import os
+import socket
+import time
+
+from dataset.errors import InputError
 
 #: a running trial writes a heartbeat this often ...
 HEARTBEAT_INTERVAL_S = 30
@@ -43,9 +49,7 @@ def optuna_storage(url: str, shared: bool = True, attempts: int = 5):
     Processes starting together on an empty database race to create Optuna's tables
     (PostgreSQL then refuses the loser's ``CREATE TYPE``): the loser waits and
     connects to the tables the winner made."""
-    import time
-
-    from optuna.storages import RDBStorage
+    from optuna.storages import RDBStorage  # heavy (optuna, SQLAlchemy): only when tuning
     from sqlalchemy.exc import IntegrityError, ProgrammingError
 
     engine_kwargs = {"pool_pre_ping": True} if url.startswith("postgresql") else {}
@@ -60,7 +64,7 @@ def optuna_storage(url: str, shared: bool = True, attempts: int = 5):
 
 
 def finished_states():
-    from optuna.trial import TrialState
+    from optuna.trial import TrialState  # heavy: only when tuning
 
     return (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
@@ -71,23 +75,19 @@ def sampler_seed(seed: int, worker: int, shared: bool) -> int:
     host, process id and worker index, so no two processes propose the same trials."""
     if not shared:
         return seed
-    import hashlib
-    import socket
-
     key = f"{seed}:{socket.gethostname()}:{os.getpid()}:{worker}".encode()
     return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
 
 
-def tune_in_workers(workers: int, job: dict, parent_run_id: str | None) -> list:
-    """Start ``workers - 1`` processes running :func:`worker_main` on ``job``; returns
-    them started (the caller optimises in its own process meanwhile, then
-    :func:`join_workers`)."""
-    import multiprocessing
-
+def tune_in_workers(workers: int, target, job: dict, parent_run_id: str | None) -> list:
+    """Start ``workers - 1`` processes running ``target(job, worker index, parent_run_id)``
+    (the trainer's :func:`~routers.training.trainer.worker_main`: a module-level function,
+    as a spawned process imports it); returns them started (the caller optimises in its
+    own process meanwhile, then :func:`join_workers`)."""
     ctx = multiprocessing.get_context("spawn")
     procs = []
     for k in range(1, workers):
-        p = ctx.Process(target=worker_main, args=(job, k, parent_run_id), name=f"optuna-worker-{k}",
+        p = ctx.Process(target=target, args=(job, k, parent_run_id), name=f"optuna-worker-{k}",
                         daemon=True)
         p.start()
         procs.append(p)
@@ -104,33 +104,9 @@ def stop_workers(procs) -> None:
 
 
 def join_workers(procs) -> None:
-    from dataset.errors import InputError
-
     for p in procs:
         p.join()
     bad = [f"{p.name} (exit {p.exitcode})" for p in procs if p.exitcode != 0]
     if bad:
         raise InputError(f"tuning workers failed: {', '.join(bad)}; their finished trials are in the "
                          "study, rerun to complete it")
-
-
-def worker_main(job: dict, worker: int, parent_run_id: str | None) -> None:
-    """One extra tuning process: the same study, objective and stop rule as the main
-    one; its trials nested under ``parent_run_id`` in MLflow."""
-    from pathlib import Path
-
-    from routers.training import trainer
-    from routers.training.tracking import tracking_uri, use_tracking_uri
-
-    cfg = job["cfg"]
-    callbacks = []
-    if parent_run_id is not None:
-        import mlflow
-
-        use_tracking_uri(cfg.tracking_uri)
-        mlflow.set_tracking_uri(tracking_uri(Path(cfg.mlruns)))
-        mlflow.set_experiment(experiment_id=mlflow.MlflowClient().get_run(parent_run_id).info.experiment_id)
-        # MLflow's nesting is this tag (the callback passes no parent_run_id on)
-        callbacks.append(trainer.mlflow_callback(cfg, {"tags": {"mlflow.parentRunId": parent_run_id}}))
-    trainer.tune(job["family"], cfg, job["table"], job["y"], job["safe"], job["modes"],
-                 job["train_idx"], job["study_name"], callbacks, worker=worker)

@@ -23,15 +23,22 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from sklearn.base import clone
 
 from dataset.errors import InputError
-from oracle.training_table import frame_hash, table_meta
 from routers.certified import CertifiedRouter, has_risk_score
 from routers.registry import get_family, get_router, learned_families
 from routers.rule_baseline import RuleBaselineRouter
-from routers.training.costs import UNSAFE_PENALTY, objective_metrics, regret_weights
-from routers.training.splits import inner_folds, split_indices
+from routers.training import parallel
+from routers.training.costs import UNSAFE_PENALTY, objective_metrics
+from routers.training.splits import inner_folds
+from routers.training.table import TrainingTable
+from routers.training.tracking import (
+    git_commit,
+    log_table_input,
+    setup,
+    tracking_uri,
+    use_tracking_uri,
+)
 
 #: The study's learned-router setup (arXiv 2605.23057): random 75/25 split, seed 42,
 #: scaler + one-hot pipeline, fixed hyperparameters.
@@ -94,14 +101,7 @@ class TrainConfig:
         return self
 
 
-def _xy(table):
-    meta = table_meta(table)
-    modes = meta["modes"]
-    safe = pd.DataFrame({m: table[f"safe__{m}"].fillna(False).astype(bool).to_numpy() for m in modes})
-    return table, table["label"].astype(str).to_numpy(), safe, modes
-
-
-def _fit(family, params, cfg: TrainConfig, table, y, modes, idx, use_weights, certify=True):
+def _fit(family, params, cfg: TrainConfig, table: TrainingTable, idx, use_weights, certify=True):
     """One router fitted on rows ``idx``. ``certify``: with the config's target, a router
     with a risk score is wrapped in :class:`~routers.certified.CertifiedRouter`, its
     threshold certified on held-out rows of ``idx`` (the final and cross-fitted fits);
@@ -114,9 +114,7 @@ def _fit(family, params, cfg: TrainConfig, table, y, modes, idx, use_weights, ce
     est = get_router(family, feature_set=cfg.feature_set, **extra)
     if certify and cfg.target_violation_rate and has_risk_score(est):
         est = CertifiedRouter(est, target_violation_rate=cfg.target_violation_rate)
-    sub = table.iloc[idx]
-    w = regret_weights(sub, modes, cfg.unsafe_penalty) if use_weights else None
-    return est.fit(sub, y[idx], sample_weight=w)  # safety labels: the table's safe__<mode> columns
+    return table.fit(est, idx, use_weights, cfg.unsafe_penalty)
 
 
 def _accepts(family: str, param: str) -> bool:
@@ -124,29 +122,14 @@ def _accepts(family: str, param: str) -> bool:
     return param in inspect.signature(get_family(family).factory).parameters
 
 
-def refit(est, table: pd.DataFrame, rows, use_weights: bool = False,
-          unsafe_penalty: float = UNSAFE_PENALTY):
-    """A fresh clone of the fitted router ``est`` (same hyperparameters) fitted on
-    ``rows`` of the training table, as training fitted it: with the regret weights
-    if it was tuned with them (safety labels come from the table's columns). Scoring
-    uses it to refit a leave-one-family-out router per fold."""
-    table, y, _, modes = _xy(table)
-    rows = np.asarray(rows)
-    sub = table.iloc[rows]
-    w = regret_weights(sub, modes, unsafe_penalty) if use_weights else None
-    return clone(est).fit(sub, y[rows], sample_weight=w)
-
-
-def tune(family, cfg: TrainConfig, table, y, safe, modes, train_idx, study_name, callbacks=(),
+def tune(family, cfg: TrainConfig, table: TrainingTable, train_idx, study_name, callbacks=(),
          worker: int = 0, parent_run_id: str | None = None):
     """Optuna search over the family's space, until the study holds ``cfg.trials``
     finished trials (whoever ran them); returns the study. Worker 0 with
     ``cfg.workers > 1`` starts the other workers on the same study first
     (:mod:`routers.training.parallel`)."""
-    import optuna
+    import optuna  # heavy: only when tuning
     from optuna.study import MaxTrialsCallback
-
-    from routers.training import parallel
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if cfg.storage is None:
@@ -160,8 +143,8 @@ def tune(family, cfg: TrainConfig, table, y, safe, modes, train_idx, study_name,
         sampler=optuna.samplers.TPESampler(seed=parallel.sampler_seed(cfg.seed, worker, shared)),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0),
     )
-    train = table.iloc[train_idx]
-    folds = inner_folds(train, cfg.split, cfg.seed)
+    train = table.rows(train_idx)
+    folds = inner_folds(train.frame, cfg.split, cfg.seed)
     space = get_family(family).factory.search_space
     worker_id = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -172,9 +155,9 @@ def tune(family, cfg: TrainConfig, table, y, safe, modes, train_idx, study_name,
         use_w = trial.suggest_categorical("regret_weights", [False, True])
         scores = []
         for step, (tr, va) in enumerate(folds):
-            est = _fit(family, params, cfg, train, y[train_idx], modes, tr, use_w, certify=False)
-            scores.append(objective_metrics(train.iloc[va], est.predict(train.iloc[va]), modes,
-                                   cfg.unsafe_penalty)["objective"])
+            est = _fit(family, params, cfg, train, tr, use_w, certify=False)
+            valid = train.frame.iloc[va]
+            scores.append(objective_metrics(valid, est.predict(valid), train.modes, cfg.unsafe_penalty)["objective"])
             trial.report(float(np.mean(scores)), step)
             if trial.should_prune():
                 raise optuna.TrialPruned()
@@ -184,9 +167,8 @@ def tune(family, cfg: TrainConfig, table, y, safe, modes, train_idx, study_name,
     remaining = max(0, cfg.trials - len(study.get_trials(deepcopy=False, states=states)))
     procs = []
     if worker == 0 and cfg.workers > 1 and remaining:
-        job = {"cfg": cfg, "family": family, "table": table, "y": y, "safe": safe, "modes": modes,
-               "train_idx": train_idx, "study_name": study_name}
-        procs = parallel.tune_in_workers(cfg.workers, job, parent_run_id)
+        job = {"cfg": cfg, "family": family, "table": table, "train_idx": train_idx, "study_name": study_name}
+        procs = parallel.tune_in_workers(cfg.workers, worker_main, job, parent_run_id)
     try:
         study.optimize(objective, n_trials=remaining,
                        callbacks=[MaxTrialsCallback(cfg.trials, states=states), *callbacks])
@@ -197,8 +179,25 @@ def tune(family, cfg: TrainConfig, table, y, safe, modes, train_idx, study_name,
     return study
 
 
+def worker_main(job: dict, worker: int, parent_run_id: str | None) -> None:
+    """One extra tuning process (:func:`routers.training.parallel.tune_in_workers` starts
+    it): the same study, objective and stop rule as the main one; its trials nested
+    under ``parent_run_id`` in MLflow."""
+    cfg = job["cfg"]
+    callbacks = []
+    if parent_run_id is not None:
+        import mlflow  # heavy: only in a worker that logs
+
+        use_tracking_uri(cfg.tracking_uri)
+        mlflow.set_tracking_uri(tracking_uri(Path(cfg.mlruns)))
+        mlflow.set_experiment(experiment_id=mlflow.MlflowClient().get_run(parent_run_id).info.experiment_id)
+        # MLflow's nesting is this tag (the callback passes no parent_run_id on)
+        callbacks.append(mlflow_callback(cfg, {"tags": {"mlflow.parentRunId": parent_run_id}}))
+    tune(job["family"], cfg, job["table"], job["train_idx"], job["study_name"], callbacks, worker=worker)
+
+
 def _plots(out: Path, family, y_true, y_pred, est) -> list[Path]:
-    import matplotlib
+    import matplotlib  # heavy: only for the plots
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -229,7 +228,7 @@ def _plots(out: Path, family, y_true, y_pred, est) -> list[Path]:
 def trusted_types(est) -> list[str]:
     """Types in a router's skops serialisation. The object was just trained in this
     process by this code, so its own types are trusted for MLflow's skops format."""
-    import skops.io
+    import skops.io  # heavy: only when logging a model
 
     return skops.io.get_untrusted_types(data=skops.io.dumps(est))
 
@@ -247,27 +246,20 @@ def _progress_callback(progress, task, family):
 
 @dataclass
 class TrainingData:
-    """The training table as every family sees it, read once per :func:`train` call.
+    """The training table and its outer folds, read once per :func:`train` call.
 
     ``folds``: the outer (train, test) splits; every row is held out by exactly
     one of them, so cross-fitting predicts each held-out row with a model that
-    never saw it. ``thash`` names the MLflow experiment and the Optuna studies, so
-    reruns on the same table resume them.
+    never saw it. The table's hash names the MLflow experiment and the Optuna
+    studies, so reruns on the same table resume them.
     """
 
-    table: pd.DataFrame
-    y: np.ndarray
-    safe: pd.DataFrame
-    modes: list[str]
-    meta: dict
-    thash: str
+    table: TrainingTable
     folds: list
-    #: the request columns a logged model takes (its signature and input example)
-    feature_cols: list[str]
 
     @property
     def experiment(self) -> str:
-        return f"modeswitch-train-{self.thash}"
+        return f"modeswitch-train-{self.table.hash}"
 
 
 @dataclass
@@ -290,11 +282,9 @@ class HeldOut:
     rows: np.ndarray
 
 
-def train(table: pd.DataFrame, cfg: TrainConfig, progress=None) -> pd.DataFrame:
+def train(table: pd.DataFrame | TrainingTable, cfg: TrainConfig, progress=None) -> pd.DataFrame:
     """Tune, fit, score and log every requested router family; one result row each."""
-    import mlflow
-
-    from routers.training.tracking import setup, use_tracking_uri
+    import mlflow  # heavy: only when training
 
     cfg.apply_preset()
     data = _training_data(table, cfg)
@@ -320,48 +310,22 @@ def train(table: pd.DataFrame, cfg: TrainConfig, progress=None) -> pd.DataFrame:
     return pd.DataFrame(results)
 
 
-def select_labels(table: pd.DataFrame, labels: str = "all") -> pd.DataFrame:
-    """The rows to train and score on: all, or only those labelled from the request's
-    own measurements (``labels="measured"``). Training and scoring call it alike, so
-    both see the same table (and its hash)."""
-    if labels == "all":
-        return table.reset_index(drop=True)
-    if labels != "measured":
-        raise InputError(f"--labels {labels!r}: choose all or measured")
-    if "label_source" not in table or not (table["label_source"] == "measured").any():
-        raise InputError("--labels measured: the table has no measured labels (build it with "
-                         "`dataset build --profiled` from a profile with per-request rows)")
-    out = table[table["label_source"] == "measured"].reset_index(drop=True)
-    out.attrs = table.attrs
-    return out
-
-
-#: training-table columns that describe a label, not the request
-NOT_FEATURES = ("label", "label_source", "estimate_basis", "latency_basis", "reference_mode",
-                "condition", "request_id")
-
-
-def _training_data(table: pd.DataFrame, cfg: TrainConfig) -> TrainingData:
-    meta = table_meta(table)
-    table = select_labels(table, cfg.labels)
-    table, y, safe, modes = _xy(table)
-    folds = split_indices(table, cfg.split, cfg.test_size, cfg.seed)
+def _training_data(table, cfg: TrainConfig) -> TrainingData:
+    table = TrainingTable.of(table, cfg.labels)
+    folds = table.folds(cfg.split, cfg.test_size, cfg.seed)
     for tr, te in folds:
         if cfg.split != "random":
-            assert not set(table["family"].iloc[tr]) & set(table["family"].iloc[te])
-    feature_cols = [c for c in table.columns if "__" not in c and c not in NOT_FEATURES]
-    return TrainingData(table, y, safe, modes, meta, frame_hash(table), folds, feature_cols)
+            assert not set(table.frame["family"].iloc[tr]) & set(table.frame["family"].iloc[te])
+    return TrainingData(table, folds)
 
 
 def _train_family(family, cfg: TrainConfig, data: TrainingData, on_trial=None) -> dict:
     """One family inside its (open) MLflow parent run: tags, tuning, params, held-out
     metrics next to the rule baseline's, plots, the model. Returns its result columns."""
-    import mlflow
-
-    from routers.training.tracking import log_table_input
+    import mlflow  # heavy: only when training
 
     mlflow.set_tags(_tags(family, cfg, data))
-    log_table_input(data.table, "training")
+    log_table_input(data.table.frame, "training")
     tuned = _tune_or_preset(family, cfg, data, on_trial)
     mlflow.log_params({**{f"param_{k}": v for k, v in tuned.params.items()},
                        "regret_weights": tuned.use_weights, "trials": cfg.trials,
@@ -385,13 +349,11 @@ def _train_family(family, cfg: TrainConfig, data: TrainingData, on_trial=None) -
 def _tags(family, cfg: TrainConfig, data: TrainingData) -> dict:
     """What a run was trained on and how: enough to find it again and to tell
     whether two runs are comparable (same table, constraints and backends)."""
-    from routers.training.tracking import git_commit
-
-    meta = data.meta
+    meta = data.table.meta
     return {
         "router_family": family, "split": cfg.split, "feature_set": cfg.feature_set,
         "git_commit": git_commit(), "profile_hash": meta["profile_hash"],
-        "training_table_hash": data.thash, "constraints": json.dumps(meta["constraints"]),
+        "training_table_hash": data.table.hash, "constraints": json.dumps(meta["constraints"]),
         "preset": cfg.preset or "none", "unsafe_penalty": cfg.unsafe_penalty,
         "backends": ",".join(meta.get("backends", [])) or "unknown",
     }
@@ -402,14 +364,14 @@ def _tune_or_preset(family, cfg: TrainConfig, data: TrainingData, on_trial=None)
     run per trial, on the outer split's training part (with leave-one-family-out,
     whose folds each train on different rows, on every row; its inner folds still
     hold whole families out)."""
-    import mlflow
+    import mlflow  # heavy: only when training
 
     if cfg.preset:
         return Tuned(dict(PAPER_PRESET["params"].get(family, {})), False, None)
     cbs = [mlflow_callback(cfg, {"nested": True})] + ([on_trial] if on_trial is not None else [])
     study_name = f"{data.experiment}-{family}-{cfg.split}-{cfg.feature_set}-s{cfg.seed}"
     train_idx = data.folds[0][0] if cfg.split != "lofo" else np.arange(len(data.table))
-    study = tune(family, cfg, data.table, data.y, data.safe, data.modes, train_idx, study_name, cbs,
+    study = tune(family, cfg, data.table, train_idx, study_name, cbs,
                  parent_run_id=mlflow.active_run().info.run_id)
     params = dict(study.best_params)
     use_w = bool(params.pop("regret_weights", False))
@@ -420,9 +382,7 @@ def _tune_or_preset(family, cfg: TrainConfig, data: TrainingData, on_trial=None)
 def mlflow_callback(cfg: TrainConfig, mlflow_kwargs: dict):
     """optuna-integration's callback: one MLflow run per trial (``mlflow_kwargs``: nested
     under the open run, or tagged with its parent's id from a worker process)."""
-    from optuna_integration.mlflow import MLflowCallback
-
-    from routers.training.tracking import tracking_uri
+    from optuna_integration.mlflow import MLflowCallback  # heavy: only when tuning
 
     with warnings.catch_warnings():
         # optuna 4.9+ flags the callback for a future move; it is the
@@ -439,8 +399,8 @@ def _cross_fit(family, tuned: Tuned, cfg: TrainConfig, data: TrainingData) -> He
     rows = []
     model = None
     for tr, te in data.folds:
-        est = _fit(family, tuned.params, cfg, data.table, data.y, data.modes, tr, tuned.use_weights)
-        preds[te] = est.predict(data.table.iloc[te])
+        est = _fit(family, tuned.params, cfg, data.table, tr, tuned.use_weights)
+        preds[te] = est.predict(data.table.frame.iloc[te])
         rows.extend(te)
         model = model if model is not None else est
     return HeldOut(model, preds, np.array(sorted(rows)))
@@ -448,35 +408,36 @@ def _cross_fit(family, tuned: Tuned, cfg: TrainConfig, data: TrainingData) -> He
 
 def _held_out_metrics(held: HeldOut, cfg: TrainConfig, data: TrainingData) -> tuple[dict, dict]:
     """(router, rule baseline) objective metrics on the same held-out requests."""
-    test = data.table.iloc[held.rows]
-    metrics = objective_metrics(test, held.preds[held.rows], data.modes, cfg.unsafe_penalty)
-    rule = RuleBaselineRouter(available_modes=data.modes, unavailable="reference").fit()
-    return metrics, objective_metrics(test, rule.predict(test), data.modes, cfg.unsafe_penalty)
+    test, modes = data.table.frame.iloc[held.rows], data.table.modes
+    metrics = objective_metrics(test, held.preds[held.rows], modes, cfg.unsafe_penalty)
+    rule = RuleBaselineRouter(available_modes=modes, unavailable="reference").fit()
+    return metrics, objective_metrics(test, rule.predict(test), modes, cfg.unsafe_penalty)
 
 
 def _log_artifacts(family, held: HeldOut, data: TrainingData):
     """Confusion matrix and feature importance (``plots/``), and the label
     distribution of the whole table."""
-    import mlflow
+    import mlflow  # heavy: only when training
 
+    y = data.table.labels
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        for p in _plots(tmp, family, data.y[held.rows], held.preds[held.rows], held.model):
+        for p in _plots(tmp, family, y[held.rows], held.preds[held.rows], held.model):
             mlflow.log_artifact(str(p), artifact_path="plots")
-        dist = pd.Series(data.y).value_counts().rename_axis("label").rename("requests")
+        dist = pd.Series(y).value_counts().rename_axis("label").rename("requests")
         dist.to_csv(tmp / "label_distribution.csv")
         mlflow.log_artifact(str(tmp / "label_distribution.csv"))
 
 
 def _log_model(est, data: TrainingData) -> str:
-    return log_model(est, data.table[data.feature_cols])
+    return log_model(est, data.table.features)
 
 
 def log_model(est, features: pd.DataFrame) -> str:
     """Log the fitted router in the open run with its signature and an input example (the
     first rows of ``features``); returns its URI (also tagged on the run, so the scorer
     can find the model from the run)."""
-    import mlflow
+    import mlflow  # heavy: only when logging a model
     import mlflow.sklearn
     from mlflow.models import infer_signature
 
