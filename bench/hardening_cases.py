@@ -10,6 +10,13 @@ the server or CLI documents; then the totals the issue's "done when" asks for
 the server's peak RSS under load against its memory budget).
 
     .venv/bin/python bench/hardening_cases.py [--disconnects 50] [--memory-budget-mb 1536]
+        [--only-loading | --only-second-pass]
+
+The second pass (connection limits, a loop that never stalls, one writer per output,
+OS and data errors as one line, interrupted exports and runs) is ``--only-second-pass``.
+A read-only folder and a full disk are a read-only and a 256 KiB tmpfs where this user
+may mount one (root in a container), else a mode-0555 folder and the full-disk cases
+are skipped, saying so.
 
 Takes 3-5 minutes on 2 cores (most of it starting Python processes and the load).
 """
@@ -44,10 +51,16 @@ def row(group: str, case: str, got: str, ok: bool, traceback: bool = False, five
 
 
 # ------------------------------------------------------------------------ the CLI
+def _child_env() -> dict:
+    """This process's environment less $MLFLOW_TRACKING_URI, which ``mlflow.set_tracking_uri``
+    (the exports here) sets: a command must find its store through its own --mlruns."""
+    return {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+
+
 def cli(args: list[str], cwd: Path, env: dict | None = None, timeout: float = 300) -> tuple[int, str]:
     try:
         p = subprocess.run([sys.executable, "-m", "modeswitch", *args], cwd=cwd, capture_output=True, text=True,
-                           timeout=timeout, env={**os.environ, **(env or {})})
+                           timeout=timeout, env={**_child_env(), **(env or {})})
     except subprocess.TimeoutExpired as exc:  # e.g. a `serve` that started: not the refusal expected
         out = (exc.stdout or b"").decode(errors="replace") + (exc.stderr or b"").decode(errors="replace")
         return 124, out + f"\n(still running after {timeout:.0f} s: stopped)"
@@ -159,14 +172,18 @@ def cli_cases(tmp: Path, mlruns: Path, uri: str):
 
 
 def _half_written_runs(mlruns: Path) -> int:
-    import mlflow
+    """RUNNING runs in the SQLite store, read with sqlite3 itself (read-only): an MLflow
+    client opening a store another process is still creating races its schema set-up."""
+    import sqlite3
 
     db = mlruns / "mlflow.db"
     if not db.exists():
         return 0
-    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
-    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
-    return sum(r.info.status == "RUNNING" for r in runs)
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as con:
+            return con.execute("SELECT count(*) FROM runs WHERE status = 'RUNNING'").fetchone()[0]
+    except sqlite3.OperationalError:  # the schema not created yet
+        return 0
 
 
 # --------------------------------------------------------------------- the server
@@ -175,7 +192,7 @@ class Server:
         self.port = free_port()
         self.log = open(tmp / f"serve-{self.port}.log", "w")  # noqa: SIM115 - closed in stop
         self.proc = subprocess.Popen([sys.executable, "-m", "modeswitch", "serve", "--port", str(self.port), *args],
-                                     cwd=tmp, stdout=self.log, stderr=subprocess.STDOUT)
+                                     cwd=tmp, stdout=self.log, stderr=subprocess.STDOUT, env=_child_env())
         deadline = time.time() + 300
         while time.time() < deadline:
             try:
@@ -234,7 +251,8 @@ def server_cases(tmp: Path, key: str, disconnects: int, budget: float, mlruns: P
     keyfile = tmp / "key"
     keyfile.write_text(key + "\n")
     srv = Server(["--router", "rule", "--api-key-file", str(keyfile), "--memory-budget-mb", str(budget),
-                  "--max-in-flight", "256"], tmp)
+                  "--max-in-flight", "256", "--header-timeout-s", str(HEADER_TIMEOUT_S),
+                  "--body-timeout-s", str(BODY_TIMEOUT_S)], tmp)
     auth = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     try:
         def post(path, payload, raw: bytes | None = None, headers=None):
@@ -259,7 +277,7 @@ def server_cases(tmp: Path, key: str, disconnects: int, budget: float, mlruns: P
         case("max_tokens over the server's limit", "/v1/completions",
              {"model": "modeswitch", "prompt": "hello", "max_tokens": 4000}, 400, says="limit")
         case("prompt + max_tokens over the context", "/v1/completions",
-             {"model": "modeswitch", "prompt": "x " * 3800, "max_tokens": 1000}, 400, says="context")
+             {"model": "modeswitch", "prompt": "x " * 9000, "max_tokens": 1000}, 400, says="context")
         case("a lone surrogate in the prompt", "/v1/completions", None, 400,
              raw=b'{"model": "modeswitch", "prompt": "\\ud800", "max_tokens": 4}')
         for name, extra, want in (("n=2", {"n": 2}, 400), ("temperature=-1", {"temperature": -1}, 400),
@@ -312,6 +330,7 @@ def server_cases(tmp: Path, key: str, disconnects: int, budget: float, mlruns: P
         st, after, _ = post(chat, {"model": "modeswitch", "messages": msg, "max_tokens": 4})
         mode = json.loads(after).get("modeswitch", {}).get("mode", "?") if st == 200 else "-"
         row("server", "the next request after them", f"{st}, routed to {mode}", st == 200, five=st >= 500)
+        connection_cases(srv, key)
         # load: 200 concurrent requests while RSS is sampled
         peak, stop = [srv.rss_mb()], threading.Event()
 
@@ -358,6 +377,118 @@ def server_cases(tmp: Path, key: str, disconnects: int, budget: float, mlruns: P
     stored.write_bytes(bytes(data))
     cli_case("server", "serve a router whose stored bytes changed", ["serve", "--router", uri, "--mlruns",
                                                                      str(mlruns)], tmp, must_say="recorded at export")
+
+
+#: the bench server's timeouts (`serve --header-timeout-s / --body-timeout-s`; defaults 10 s
+#: and 30 s): shorter, so the cases that wait for them take seconds
+HEADER_TIMEOUT_S = 3.0
+BODY_TIMEOUT_S = 3.0
+#: `serve --max-connections-per-peer`'s default
+PEER_CAP = 256
+
+
+def _closed_after(s: socket.socket, limit: float) -> float | None:
+    """Seconds until the server closed ``s`` (EOF or reset), None if still open after ``limit``."""
+    t0 = time.perf_counter()
+    s.settimeout(limit)
+    try:
+        while s.recv(4096):
+            pass
+    except TimeoutError:
+        return None
+    except OSError:
+        pass
+    return time.perf_counter() - t0
+
+
+def connection_cases(srv: Server, key: str):
+    """Silent, trickling and stalled clients, and a request of 270,000 tiny messages."""
+    auth = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    chat = "/v1/chat/completions"
+    one = json.dumps({"model": "modeswitch", "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 2}).encode()
+    srv.request("POST", chat, one, auth)  # the mode's engine loaded: its first request pays for that
+    silent = []
+    for _ in range(300):  # from another loopback address than the real requests below
+        s = socket.socket()
+        s.bind(("127.0.0.2", 0))
+        s.connect(("127.0.0.1", srv.port))
+        silent.append(s)
+    opened = time.perf_counter()
+    time.sleep(0.3)
+    capped = 0
+    for s in silent:
+        s.setblocking(False)
+        try:
+            capped += s.recv(1) == b""
+        except BlockingIOError:
+            pass
+        except OSError:
+            capped += 1
+        s.setblocking(True)
+    took, statuses = [], []
+    for path, body in ((chat, one), ("/health", None), (chat, one)):
+        t0 = time.perf_counter()
+        statuses.append(srv.request("POST" if body else "GET", path, body, auth)[0])
+        took.append(time.perf_counter() - t0)
+    row("conn", "300 silent connections from one address, then real requests",
+        f"{statuses}, slowest {max(took) * 1000:.0f} ms; {capped} closed by the per-address cap ({PEER_CAP})",
+        statuses == [200, 200, 200] and max(took) < 2.0 and capped == 300 - PEER_CAP, five=any(x >= 500 for x in statuses))
+    t_left = _closed_after(silent[-1], HEADER_TIMEOUT_S + 5)
+    t_left = None if t_left is None else time.perf_counter() - opened
+    row("conn", f"a silent connection (--header-timeout-s {HEADER_TIMEOUT_S:g})",
+        f"closed {t_left:.1f} s after it opened" if t_left else "still open",
+        t_left is not None and t_left <= HEADER_TIMEOUT_S + 1)
+    for s in silent:
+        s.close()
+    # headers trickled one byte every 0.2 s: bytes do not extend the deadline
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    t0, closed = time.perf_counter(), False
+    for ch in (b"POST " + chat.encode() + b" HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200):
+        try:
+            s.send(bytes([ch]))
+        except OSError:
+            closed = True
+            break
+        if _closed_after(s, 0.2) is not None:
+            closed = True
+            break
+    took = time.perf_counter() - t0
+    s.close()
+    row("conn", "headers trickled a byte every 0.2 s", f"closed after {took:.1f} s" if closed else "still open",
+        closed and took <= HEADER_TIMEOUT_S + 1)
+    # a body announced as 5,000 bytes, 20 sent
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.sendall(f"POST {chat} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: "
+              "application/json\r\nContent-Length: 5000\r\n\r\n".encode() + b'{"messages": [{"role"')
+    t_body = _closed_after(s, BODY_TIMEOUT_S + 10)
+    s.close()
+    row("conn", f"a body announced as 5,000 bytes, 20 sent (--body-timeout-s {BODY_TIMEOUT_S:g})",
+        f"closed after {t_body:.1f} s" if t_body else "still open",
+        t_body is not None and t_body <= BODY_TIMEOUT_S + 1)
+    # many tiny messages: /health keeps answering while they are refused
+    for n in (100_000, 270_000):
+        body = json.dumps({"model": "modeswitch", "messages": [{"role": "user", "content": ""}] * n},
+                          separators=(",", ":")).encode()
+        got, health = {}, []
+
+        def big(body=body, got=got):
+            try:
+                got["status"], got["text"], _ = srv.request("POST", chat, body, auth)
+            except OSError as exc:  # refused by its length before the client finished sending
+                got["status"], got["text"] = 413, str(exc).encode()
+
+        th = threading.Thread(target=big)
+        th.start()
+        while th.is_alive():
+            t0 = time.perf_counter()
+            srv.get("/health")
+            health.append(time.perf_counter() - t0)
+        th.join()
+        worst = max(health) * 1000
+        row("loop", f"{n:,} empty messages while /health is polled",
+            f"{got['status']} ({got['text'][:60]!r}...); /health {len(health)} times, slowest {worst:.0f} ms",
+            got["status"] in (400, 413) and worst < 100, five=got["status"] >= 500)
 
 
 def _rewrite_registered(mlruns: Path, stored: Path, data: bytes) -> None:
@@ -415,6 +546,154 @@ def loading_cases(tmp: Path):
     row("loading", "a decision tree whose children form a cycle", f"{took * 1000:.0f} ms: {got}", ok and took < 1.0)
 
 
+# --------------------------------------------------------------- the second pass
+MOUNTS: list[Path] = []
+
+
+def _tmpfs(where: Path, options: str) -> bool:
+    """Mount a small tmpfs at ``where`` (only root may; False where it cannot)."""
+    where.mkdir()
+    if os.geteuid() != 0:
+        return False
+    ok = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
+                        capture_output=True).returncode == 0
+    if ok:
+        MOUNTS.append(where)
+    return ok
+
+
+def _unmount():
+    while MOUNTS:
+        subprocess.run(["umount", str(MOUNTS.pop())], capture_output=True)
+
+
+def second_pass_cases(tmp: Path, mlruns: Path, uri: str):
+    """One writer per output, OS and data errors as one line, options and TOML values
+    out of range, interrupted exports and runs."""
+    print("second pass: OS errors, data errors, options")
+    table = synthetic_table(FAMILIES, 30)
+    data = tmp / "sp-table.parquet"
+    table.to_parquet(data)
+    ro = tmp / "sp-readonly"
+    if _tmpfs(ro, "ro,size=64k"):
+        how = "a read-only tmpfs"
+    else:
+        ro.chmod(0o555)
+        how = "mode 0555"
+    if os.geteuid() == 0 and how == "mode 0555":
+        row("os", "read-only folder cases", "skipped: root writes through mode 0555 and cannot mount here", True)
+    else:
+        quick = ["--quick", "--modes", "fp16_baseline", "--workloads", "short_prompt_short_output"]
+        for case, args in (
+                ("requests -o", ["requests", "--workloads", "batch_pressure", "-n", "4", "-o", str(ro / "r.jsonl")]),
+                ("profile -o", ["profile", *quick, "-o", str(ro / "p.parquet")]),
+                ("train --mlruns", ["train", "--data", str(data), "--routers", "dt", "--trials", "1",
+                                    "--mlruns", str(ro / "m")]),
+                ("serve --mlruns", ["serve", "--router", uri, "--mlruns", str(ro / "m")])):
+            cli_case("os", f"{case} in a read-only folder ({how})", args, tmp, must_say=str(ro))
+    full = tmp / "sp-full"
+    if _tmpfs(full, "size=256k"):
+        cli_case("os", "requests -n 5000 on a full disk (a 256 KiB tmpfs)",
+                 ["requests", "-n", "5000", "-o", str(full / "r.jsonl")], tmp, must_say="no space left")
+        synthetic_profile_path = tmp / "sp-profile.parquet"
+        from tests.helpers import synthetic_profile
+
+        synthetic_profile().to_parquet(synthetic_profile_path)
+        cli_case("os", "dataset build on a full disk", ["dataset", "build", "-p", str(synthetic_profile_path),
+                                                         "-o", str(full / "t.parquet"), "--requests", "20000"],
+                 tmp, must_say="no space left")
+        left = sorted(p.name for p in full.iterdir())
+        row("os", "files left on the full disk after both", f"{len(left)} {left[:3]}", not left)
+    else:
+        row("os", "full disk cases", "skipped: no tmpfs can be mounted here", True)
+    cli_case("os", "serve --api-key-file naming a directory", ["serve", "--router", "rule", "--api-key-file", str(tmp)],
+             tmp, must_say="is a directory")
+    one = tmp / "sp-one-row.parquet"
+    table.head(1).to_parquet(one)
+    cli_case("data", "train --split random on a 1-row table", ["train", "--data", str(one), "--routers", "dt",
+                                                               "--trials", "1", "--split", "random", "--mlruns",
+                                                               str(tmp / "sp-m1")], tmp, must_say="1 row")
+    huge = tmp / "sp-huge.parquet"
+    from dataset.requests import requests_frame
+    from dataset.workloads import get_workload
+
+    reqs = requests_frame(get_workload("batch_pressure").sample(2, 0))
+    reqs["prompt_tokens"] = reqs["prompt_tokens"].astype(float)
+    reqs.loc[0, "prompt_tokens"] = 1e300
+    reqs.to_parquet(huge)
+    cli_case("data", "route a request with prompt_tokens 1e300", ["route", "--requests", str(huge)], tmp,
+             must_say="prompt_tokens")
+    [meta] = [p for p in mlruns.rglob("meta.json")][:1]
+    garbage = tmp / "sp-garbage-meta"
+    import shutil
+
+    shutil.copytree(meta.parent.parent, garbage)
+    (garbage / "artifacts" / "meta.json").write_text("{not json" + "\x00" * 8)
+    cli_case("data", "serve a stored router whose meta.json is garbage", ["serve", "--router", str(garbage),
+                                                                          "--mlruns", str(mlruns)],
+             tmp, must_say="meta.json")
+    print("second pass: options and study.toml values out of range")
+    for option, value in (("--memory-budget-mb", "-5"), ("--max-tokens-limit", "0"), ("--route-budget-us", "-1")):
+        cli_case("options", f"serve {option} {value}", ["serve", "--router", "rule", option, value], tmp,
+                 must_say=option, timeout=60)
+    for key, value in (("requests_per_family", "1e20"), ("length_scale", "inf")):
+        text = (REPO / "study.toml").read_text()
+        lines = [f"{key} = {value}" if ln.split("=")[0].strip() == key else ln for ln in text.splitlines()]
+        cfg = tmp / f"sp-study-{key}.toml"
+        cfg.write_text("\n".join(lines) + "\n")
+        cli_case("options", f"study.toml {key} = {value}", ["study", "run", "--config", str(cfg), "-o",
+                                                             str(tmp / "sp-study")], tmp, must_say=key)
+    print("second pass: one writer per output")
+    out = tmp / "sp-twice.parquet"
+    args = ["profile", "--quick", "--modes", "fp16_baseline", "--workloads", "short_prompt_short_output",
+            "-o", str(out)]
+    first = subprocess.Popen([sys.executable, "-m", "modeswitch", *args], cwd=tmp, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=_child_env())
+    lock = out.with_name(out.name + ".journal.jsonl.lock")
+    deadline = time.time() + 300
+    while not lock.exists() and first.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    code, text = cli(args, tmp)
+    first_out, _ = first.communicate(timeout=900)
+    journal = out.with_name(out.name + ".journal.jsonl")
+    keys = [(r["request_id"], r["mode"], r["trial"], r.get("attempt", 0)) for r in
+            (json.loads(ln) for ln in journal.read_text().splitlines()[1:]) if "kind" not in r] \
+        if journal.exists() else []
+    named = f"pid {first.pid}" in text
+    row("writer", "a second profile on the output of one running",
+        f"exit {code}, holder's pid named: {named}; first exit {first.returncode}; "
+        f"journal {len(keys)} rows, {len(keys) - len(set(keys))} duplicated",
+        code == 2 and named and first.returncode == 0 and bool(keys) and len(keys) == len(set(keys)),
+        traceback="Traceback" in text + first_out)
+    print("second pass: interrupted exports and runs")
+    nohash, nohash_uri = exported_router(tmp / "sp-nohash")
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{nohash.resolve() / 'mlflow.db'}")
+    client.delete_model_version_tag("modeswitch-router", "1", "router_sha256")
+    cli_case("export", "serve a registered version without hashes", ["serve", "--router", "models:/modeswitch-router/1",
+                                                                     "--mlruns", str(nohash)], tmp,
+             must_say="no recorded hashes")
+    killed_store = tmp / "sp-mlruns-killed"
+    big = tmp / "sp-big.parquet"
+    synthetic_table(FAMILIES, 200).to_parquet(big)
+    victim = subprocess.Popen([sys.executable, "-m", "modeswitch", "train", "--data", str(big), "--routers", "dt",
+                               "--trials", "200", "--mlruns", str(killed_store)], cwd=tmp,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_child_env())
+    deadline = time.time() + 300
+    while _half_written_runs(killed_store) == 0 and victim.poll() is None and time.time() < deadline:
+        time.sleep(0.5)
+    victim.kill()
+    victim.wait()
+    before = _half_written_runs(killed_store)
+    code, _ = cli(["train", "--data", str(data), "--routers", "dt", "--trials", "1", "--mlruns", str(killed_store)],
+                  tmp)
+    after = _half_written_runs(killed_store)
+    row("runs", "train killed -9 mid-run, then the next command on its store",
+        f"{before} RUNNING after the kill, {after} after the next command (exit {code})",
+        before > 0 and after == 0 and code == 0)
+
+
 def exported_router(tmp: Path) -> tuple[Path, str]:
     from routers import get_router
     from routers.export import export_router
@@ -432,18 +711,38 @@ def main():
     ap.add_argument("--memory-budget-mb", type=float, default=1536)
     ap.add_argument("--skip-cli", action="store_true")
     ap.add_argument("--only-loading", action="store_true", help="the stored-router cases alone")
+    ap.add_argument("--only-second-pass", action="store_true",
+                    help="the second pass alone: connection limits, the loop, writers, OS and data errors")
     args = ap.parse_args()
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="hardening-") as d:
         tmp = Path(d)
-        mlruns, uri = exported_router(tmp)
-        loading_cases(tmp)
-        if args.only_loading:
-            return _summary(t0)
-        server_cases(tmp, "k-" + os.urandom(8).hex(), args.disconnects, args.memory_budget_mb, mlruns, uri)
-        if not args.skip_cli:
-            cli_cases(tmp, mlruns, uri)
-        (tmp / "readonly").exists() and (tmp / "readonly").chmod(0o755)
+        try:
+            mlruns, uri = exported_router(tmp)
+            if args.only_second_pass:
+                key = "k-" + os.urandom(8).hex()
+                (tmp / "key").write_text(key + "\n")
+                srv = Server(["--router", "rule", "--api-key-file", str(tmp / "key"),
+                              "--header-timeout-s", str(HEADER_TIMEOUT_S), "--body-timeout-s", str(BODY_TIMEOUT_S)],
+                             tmp)
+                try:
+                    print("server: connections and the loop")
+                    connection_cases(srv, key)
+                finally:
+                    srv.stop()
+                second_pass_cases(tmp, mlruns, uri)
+                return _summary(t0)
+            loading_cases(tmp)
+            if args.only_loading:
+                return _summary(t0)
+            server_cases(tmp, "k-" + os.urandom(8).hex(), args.disconnects, args.memory_budget_mb, mlruns, uri)
+            if not args.skip_cli:
+                cli_cases(tmp, mlruns, uri)
+                second_pass_cases(tmp, mlruns, uri)
+        finally:
+            _unmount()
+            for ro in ("readonly", "sp-readonly"):
+                (tmp / ro).exists() and (tmp / ro).chmod(0o755)
     return _summary(t0)
 
 
