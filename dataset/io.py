@@ -142,7 +142,10 @@ class OutputLock:
             self._fd = None
 
     def __del__(self):  # a holder dropped without release (an in-process run that failed)
-        self.release()
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - at interpreter exit the kernel drops the lock anyway
+            pass
 
     def __enter__(self) -> OutputLock:
         return self.acquire()
