@@ -56,7 +56,7 @@ def train_cmd(
     safety_threshold: Annotated[float | None, typer.Option(help="Only predict modes whose P(safe) >= this.")] = None,
     fallback: Annotated[Fallback, typer.Option(help="What decides when no mode looks safe.")] = "rule",
     labels: Annotated[Labels, typer.Option(help="Train and score on all rows, or only on labels from the requests' own measurements.")] = "all",
-    target_violation_rate: Annotated[float, typer.Option(help="Routers with a certifiable threshold (cost-predicting): violation rate on new requests at most this, with 90 % confidence (Learn then Test on held-out training rows); 0: the tuned threshold.")] = 0.01,
+    target_violation_rate: Annotated[float, typer.Option(help="Every router with a risk score is certified (routers/certified.py): violation rate on new requests at most this, with 90 % confidence (Learn then Test on held-out training rows); 0: the tuned threshold.")] = 0.01,
     storage: Annotated[str | None, typer.Option(help="Optuna storage URL (default: optuna.db in --mlruns); postgresql://USER:PASS@HOST/DB lets several train processes, here or on other machines, tune one study.")] = None,
     workers: Annotated[int, typer.Option(min=1, help="Local processes tuning each family's study together.")] = 1,
     mlruns: Annotated[Path, typer.Option(help="MLflow/Optuna store folder.")] = Path("mlruns"),
