@@ -9,7 +9,8 @@ the server or CLI documents; then the totals the issue's "done when" asks for
 (tracebacks shown, 5xx answers, requests left in flight after the disconnects,
 the server's peak RSS under load against its memory budget).
 
-    .venv/bin/python bench/hardening_cases.py [--disconnects 50] [--memory-budget-mb 1536]
+    .venv/bin/python bench/hardening_cases.py [--model test-fixture|smollm2|PATH] [--disconnects 50]
+        [--memory-budget-mb 1536]
         [--only-loading | --only-second-pass]
 
 The second pass (connection limits, a loop that never stalls, one writer per output,
@@ -712,6 +713,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--disconnects", type=int, default=50)
     ap.add_argument("--memory-budget-mb", type=float, default=1536)
+    ap.add_argument("--model", default="test-fixture",
+                    help="the model every served and CLI case runs: 'test-fixture' (the tiny model's test "
+                         "recipe, built here in seconds: the cases are about the server and the CLI, and the "
+                         "memory budget is sized for it), 'smollm2', 'tiny' or a checkpoint folder")
     ap.add_argument("--skip-cli", action="store_true")
     ap.add_argument("--only-loading", action="store_true", help="the stored-router cases alone")
     ap.add_argument("--only-second-pass", action="store_true",
@@ -720,6 +725,12 @@ def main():
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="hardening-") as d:
         tmp = Path(d)
+        model = args.model
+        if model == "test-fixture":
+            from engine.models.tiny import TEST_RECIPE, build_models
+
+            model = str(build_models(tmp / "models", TEST_RECIPE, log=lambda *a: None).target)
+        os.environ["MODESWITCH_MODEL"] = model  # every child command's default --model
         try:
             mlruns, uri = exported_router(tmp)
             if args.only_second_pass:
