@@ -500,18 +500,18 @@ def _rewrite_registered(mlruns: Path, stored: Path, data: bytes) -> None:
     attacker who can write the store would (the hashes are integrity, not authentication)."""
     import mlflow
 
-    from routers.export import sha256_of
+    from dataset.io import sha256_file
     from routers.training.tracking import tracking_uri
 
-    old = sha256_of(stored)
+    old = sha256_file(stored)
     stored.write_bytes(data)
     meta = stored.parent / "meta.json"
-    meta.write_text(meta.read_text().replace(old, sha256_of(stored)))
+    meta.write_text(meta.read_text().replace(old, sha256_file(stored)))
     mlflow.set_tracking_uri(tracking_uri(mlruns))
     client = mlflow.MlflowClient()
     for mv in client.search_model_versions("name = 'modeswitch-router'"):
-        client.set_model_version_tag(mv.name, mv.version, "router_sha256", sha256_of(stored))
-        client.set_model_version_tag(mv.name, mv.version, "meta_sha256", sha256_of(meta))
+        client.set_model_version_tag(mv.name, mv.version, "router_sha256", sha256_file(stored))
+        client.set_model_version_tag(mv.name, mv.version, "meta_sha256", sha256_file(meta))
 
 
 def loading_cases(tmp: Path):

@@ -57,6 +57,40 @@ def atomic_path(path, overwrite: bool = False):
         raise
 
 
+@contextmanager
+def atomic_folder(path):
+    """Yield a temporary folder beside ``path``; on success it replaces ``path`` (a cache
+    entry rebuilt whole, e.g. a model checkpoint), on failure it is removed. Readers
+    never see a half-written folder: they find the old one, the new one, or none."""
+    import shutil
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with os_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    try:
+        yield tmp
+        with os_errors(path):
+            if path.exists():
+                shutil.rmtree(path)
+            tmp.rename(path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def sha256_file(path) -> str:
+    """The SHA-256 of a file, read in 1 MiB blocks."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 #: OS errors a user can fix (permissions, space, quota, a read-only or missing
 #: folder, a directory where a file belongs); any other OSError is left as it is
 USER_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EISDIR,

@@ -71,12 +71,10 @@ class PromptBuilder:
     def _enc(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def chat_ids(self, user: str, system: str | None = None) -> list[int]:
-        """A user turn (after a system turn when given), ready for the assistant's answer."""
-        if not self.chat:
-            return self._enc((system + "\n\n" if system else "") + user)
-        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
-        return list(self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+    def chat_ids(self, user: str) -> list[int]:
+        """A user turn in the chat template, ready for the assistant's answer."""
+        return list(self.tokenizer.apply_chat_template([{"role": "user", "content": user}],
+                                                       add_generation_prompt=True, tokenize=True,
                                                        return_dict=True)["input_ids"])
 
     def turns(self, system: bool) -> tuple[list[int], list[int], list[int]]:

@@ -42,7 +42,6 @@ stores you trust.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -54,6 +53,7 @@ import pandas as pd
 
 from dataset.errors import InputError
 from dataset.features import features_frame
+from dataset.io import sha256_file
 from dataset.requests import Request
 from routers.compiler.tree_checks import check_fitted_trees
 
@@ -164,13 +164,6 @@ def _vetted_types(types, where: str = "the router") -> list[str]:
     return sorted(types)
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
 
 def load_router_file(path: Path, expected_sha256: str | None, trust_pickle: bool = False,
                      recorded_types=None):
@@ -179,7 +172,7 @@ def load_router_file(path: Path, expected_sha256: str | None, trust_pickle: bool
     trees are trees; a pickle (joblib) file only with ``trust_pickle``."""
     path = Path(path)
     if expected_sha256 is not None or path.suffix == ".skops":
-        got = sha256_of(path)
+        got = sha256_file(path)
         if got != expected_sha256:
             raise InputError(f"{path}: its SHA-256 {got[:16]}... does not match the one recorded at export "
                              f"({(expected_sha256 or 'none')[:16]}...): the file was changed; refusing to load it")
@@ -232,9 +225,9 @@ def export_router(router, *, name: str = DEFAULT_NAME, mlruns: str = "mlruns", s
         sio.dump(router, rpath)
         meta["format"] = "skops"
         meta["trusted_types"] = _vetted_types(sio.get_untrusted_types(file=rpath))
-        meta["sha256"] = sha256_of(rpath)
+        meta["sha256"] = sha256_file(rpath)
         mpath.write_text(json.dumps(meta, indent=1))
-        meta_sha = sha256_of(mpath)
+        meta_sha = sha256_file(mpath)
         wrapper = RouterPyfunc()
         wrapper.router_, wrapper.meta_ = router, meta
         signature = infer_signature(example, [str(wrapper.predict(None, example)[0])])
@@ -339,7 +332,7 @@ def load_router(uri: str, mlruns: str = "mlruns", available_modes=None, compiled
     meta_path = local / "artifacts" / "meta.json"
     if not meta_path.exists():
         raise InputError(f"{uri} is not a router exported by `modeswitch export` (no artifacts/meta.json)")
-    if "meta_sha256" in recorded and sha256_of(meta_path) != recorded["meta_sha256"]:
+    if "meta_sha256" in recorded and sha256_file(meta_path) != recorded["meta_sha256"]:
         raise InputError(f"{uri}: meta.json differs from the one recorded at export: the artifacts were changed")
     meta = read_meta(meta_path, uri)
     name = {"skops": "router.skops"}.get(meta.get("format"), "router.joblib")

@@ -16,7 +16,8 @@ def smollm2():
 
 
 def test_the_conversion_is_an_ordinary_checkpoint_with_its_provenance(smollm2):
-    from engine.models.smollm2 import GGUF_NAME, PACKAGE, VERSION, gguf_file, sha256_file
+    from dataset.io import sha256_file
+    from engine.models.smollm2 import GGUF_NAME, PACKAGE, VERSION, gguf_file
 
     card = json.loads((smollm2.folder / "modeswitch_model.json").read_text())
     assert card["source"] == {"package": PACKAGE, "version": VERSION, "file": GGUF_NAME,

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import skops.io as sio
 
+from dataset.io import sha256_file
 from routers import get_router
 from routers.compiler.tree_checks import check_fitted_trees
-from routers.export import export_router, load_router, load_router_file, sha256_of
+from routers.export import export_router, load_router, load_router_file
 from tests.helpers import CODE_RUNNERS, crafted_skops, synthetic_table
 
 FAMILIES = ["short_prompt_short_output", "batch_pressure", "long_prompt_short_output"]
@@ -41,13 +42,13 @@ def test_a_code_running_payload_is_refused_by_name_and_never_runs(tmp_path, tabl
     path = tmp_path / "router.skops"
     path.write_bytes(crafted_skops(data, function, _marker_code(marker)))
     with pytest.raises(ValueError, match=f"outside the trusted list: {function.replace('.', '[.]')}"):
-        load_router_file(path, sha256_of(path))
+        load_router_file(path, sha256_file(path))
     assert not marker.exists()
     # listing it by its exact name does not help: it is not a class
     os.environ["MODESWITCH_TRUSTED_TYPES"] = function
     try:
         with pytest.raises(ValueError, match="which is not a class"):
-            load_router_file(path, sha256_of(path))
+            load_router_file(path, sha256_file(path))
     finally:
         del os.environ["MODESWITCH_TRUSTED_TYPES"]
     assert not marker.exists()
@@ -71,11 +72,11 @@ def test_a_payload_in_the_registry_with_matching_hashes_is_refused_through_every
     stored.write_bytes(crafted_skops(stored.read_bytes(), "numpy.testing._private.utils.runstring",
                                      _marker_code(marker)))
     [meta] = list(mlruns.rglob("artifacts/meta.json"))
-    meta.write_text(meta.read_text().replace(info["meta"]["sha256"], sha256_of(stored)))
+    meta.write_text(meta.read_text().replace(info["meta"]["sha256"], sha256_file(stored)))
     mlflow.set_tracking_uri(tracking_uri(mlruns))
     client = mlflow.MlflowClient()
-    client.set_model_version_tag(info["name"], info["version"], "router_sha256", sha256_of(stored))
-    client.set_model_version_tag(info["name"], info["version"], "meta_sha256", sha256_of(meta))
+    client.set_model_version_tag(info["name"], info["version"], "router_sha256", sha256_file(stored))
+    client.set_model_version_tag(info["name"], info["version"], "meta_sha256", sha256_file(meta))
     for uri in (info["uri"], f"models:/{info['name']}/latest", str(meta.parent.parent)):
         with pytest.raises(ValueError, match="numpy.testing._private.utils.runstring"):
             load_router(uri, str(mlruns))
@@ -86,7 +87,7 @@ def test_a_type_the_export_did_not_record_is_refused(tmp_path, table):
     path = tmp_path / "router.skops"
     sio.dump(_fit("lgbm", table, n_estimators=5), path)
     with pytest.raises(ValueError, match="did not record"):
-        load_router_file(path, sha256_of(path), recorded_types=["routers.families.lgbm.LightGBMRouter"])
+        load_router_file(path, sha256_file(path), recorded_types=["routers.families.lgbm.LightGBMRouter"])
 
 
 def _cyclic_tree_router(table):
@@ -107,7 +108,7 @@ def test_a_cyclic_tree_is_refused_on_load_and_by_the_compiler_within_a_second(tm
     sio.dump(est, path)
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match="outside 1..|child of two splits"):
-        load_router_file(path, sha256_of(path))
+        load_router_file(path, sha256_file(path))
     with pytest.raises(ValueError, match="outside 1..|child of two splits"):
         compile(est)
     assert time.perf_counter() - t0 < 1.0
@@ -153,7 +154,7 @@ def test_every_family_round_trips_through_the_exact_allow_list(tmp_path, table, 
     est = _fit(name, table, **params)
     path = tmp_path / "router.skops"
     sio.dump(est, path)
-    back = load_router_file(path, sha256_of(path), recorded_types=sio.get_untrusted_types(file=path))
+    back = load_router_file(path, sha256_file(path), recorded_types=sio.get_untrusted_types(file=path))
     X = table.drop(columns=["label"]).head(20)
     assert list(back.predict(X)) == list(est.predict(X))
     if name in ("dt", "rf", "lgbm", "cost_lgbm"):
@@ -165,4 +166,4 @@ def test_a_torn_or_garbage_skops_file_is_one_clear_error(tmp_path, table):
     sio.dump(_fit("dt", table), path)
     path.write_bytes(path.read_bytes()[:200])
     with pytest.raises(ValueError, match="not a readable skops file"):
-        load_router_file(path, sha256_of(path))
+        load_router_file(path, sha256_file(path))

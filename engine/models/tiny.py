@@ -21,12 +21,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from dataset.io import atomic_folder
 from engine.models.cache import default_cache_dir
 from engine.models.tiny_corpus import corpus_hash, stdlib_text
 
@@ -210,15 +210,10 @@ def build_models(cache_dir: Path | None = None, recipe: BuildRecipe = BuildRecip
         **ev,
         "build_seconds": round(time.perf_counter() - t0, 1),
     }
-    tmp = cache_dir.with_name(cache_dir.name + f".tmp{os.getpid()}")
-    for d, m in ((tmp / "target", target), (tmp / "draft", draft)):
-        m.generation_config.pad_token_id = tokenizer.pad_token_id
-        m.save_pretrained(d)
-        tokenizer.save_pretrained(d)
-    (tmp / CARD).write_text(json.dumps(card, indent=2))
-    if cache_dir.exists():
-        import shutil
-
-        shutil.rmtree(cache_dir)
-    tmp.rename(cache_dir)
+    with atomic_folder(cache_dir) as tmp:
+        for d, m in ((tmp / "target", target), (tmp / "draft", draft)):
+            m.generation_config.pad_token_id = tokenizer.pad_token_id
+            m.save_pretrained(d)
+            tokenizer.save_pretrained(d)
+        (tmp / CARD).write_text(json.dumps(card, indent=2))
     return BuiltModels(target_dir, draft_dir, card)
