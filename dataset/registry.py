@@ -12,10 +12,19 @@ modules (``discover``) on first lookup. The rules are the same everywhere:
 * an unknown name is a :class:`UnknownNameError` (a ``KeyError``) listing what is
   registered.
 
-Modules named in the environment variable ``MODESWITCH_PLUGINS`` (comma-separated,
-importable module names) are imported by every registry on first lookup too, so a
-researcher's own router, backend or workload in their own package is found by the
-CLI without editing this project.
+Plug-ins are loaded by every registry on first lookup too, so a researcher's own
+router, backend or workload in their own package is found by the CLI without editing
+this project. Two ways, both supported:
+
+* an installed package declares an entry point in the group ``modeswitch.plugins``
+  (the Python way, as vLLM, pytest and MLflow find theirs)::
+
+      [project.entry-points."modeswitch.plugins"]
+      knn = "mylab.knn_router"            # a module: importing it registers
+      lite = "mylab.backends:register"    # or a function, called once with no arguments
+
+* the environment variable ``MODESWITCH_PLUGINS`` names importable modules
+  (comma-separated), for a module that is not an installed package.
 
 This module lives in ``dataset/`` (the room that imports no other) so every room can
 use it.
@@ -26,12 +35,20 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import warnings
 from collections.abc import Callable
+from importlib.metadata import entry_points
+from types import ModuleType
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
 PLUGINS_ENV = "MODESWITCH_PLUGINS"
+#: the entry-point group installed plug-ins declare themselves in
+PLUGINS_GROUP = "modeswitch.plugins"
+
+#: entry points already loaded (name, value): a function plug-in is called once
+_loaded_entry_points: set[tuple[str, str]] = set()
 
 
 class UnknownNameError(KeyError):
@@ -46,10 +63,39 @@ class RegistrationError(ValueError):
 
 
 def import_plugins() -> None:
-    """Import the modules named in ``$MODESWITCH_PLUGINS`` (each once)."""
+    """Load the installed ``modeswitch.plugins`` entry points, then import the modules
+    named in ``$MODESWITCH_PLUGINS`` (each once)."""
+    load_entry_point_plugins()
     for name in os.environ.get(PLUGINS_ENV, "").split(","):
         if name.strip():
             importlib.import_module(name.strip())
+
+
+def load_entry_point_plugins() -> list[str]:
+    """Load every entry point of the ``modeswitch.plugins`` group not loaded yet; return
+    their names.
+
+    An entry point naming a module registers by being imported; one naming a callable
+    is called once with no arguments. A plug-in that fails to load is reported as a
+    warning naming it and skipped, as vLLM does: an installed package that is broken
+    must not stop every command of the CLI (a module named in ``$MODESWITCH_PLUGINS``,
+    asked for explicitly, still raises)."""
+    names = []
+    for ep in entry_points(group=PLUGINS_GROUP):
+        key = (ep.name, ep.value)
+        if key in _loaded_entry_points:
+            continue
+        _loaded_entry_points.add(key)
+        try:
+            obj = ep.load()
+            if callable(obj) and not isinstance(obj, ModuleType):
+                obj()
+        except Exception as exc:  # noqa: BLE001 -- any error in foreign code: skip it, say so
+            warnings.warn(f"modeswitch plug-in {ep.name!r} ({ep.value}) failed to load and is "
+                          f"skipped: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+            continue
+        names.append(ep.name)
+    return names
 
 
 def discover_package(package: str, skip: tuple[str, ...] = ()) -> Callable[[], None]:

@@ -19,8 +19,11 @@ def _import_graph() -> dict[Path, set[Path]]:
     by_module = {_module_of(p): p for p in files}
 
     def resolve(name: str):
-        """The file a dotted name imports: the module itself, else its package."""
-        for cand in (name, name.removeprefix("modeswitch.")):
+        """The file a dotted name imports: the module itself, else its package. An
+        installed name (``modeswitch.engine.x``) is the folder's (``engine.x``): tried
+        first, so it does not stop at ``modeswitch/__init__.py``."""
+        bare = name.removeprefix("modeswitch.")
+        for cand in ((bare, name) if bare.split(".")[0] in PACKAGES else (name,)):
             while cand:
                 if cand in by_module:
                     return by_module[cand]
@@ -41,7 +44,8 @@ def _import_graph() -> dict[Path, set[Path]]:
                     up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                     base = ".".join([*up, base] if base else up)
                 # "from pkg import sub" imports the submodule sub; "from pkg import name" pkg
-                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in by_module else base for a in node.names]
+                names = [f"{base}.{a.name}" if {f"{base}.{a.name}", f"{base}.{a.name}".removeprefix("modeswitch.")}
+                         & by_module.keys() else base for a in node.names]
             else:
                 continue
             targets |= {t for t in map(resolve, names) if t is not None and t != path}
