@@ -5,7 +5,7 @@ field at fault before it is routed or counted as served. Parameters are checked
 as OpenAI checks them (``max_tokens`` an integer >= 1, ``temperature`` in [0, 2],
 ``top_p`` in (0, 1], ``n`` must be 1 here, roles OpenAI knows); ``temperature``,
 ``top_p``, ``seed``, ``stop``, ``user`` and the penalties are accepted and ignored:
-every mode decodes greedily, as the profiler measured it (README "Serving"). Any
+every mode decodes greedily, as the profiler measured it (docs/serving.md). Any
 other field is ignored, as OpenAI's own server ignores fields it does not know.
 Text must be valid Unicode (a lone surrogate such as ``"\\ud800"`` is refused).
 """

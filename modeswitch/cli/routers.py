@@ -45,7 +45,7 @@ def _read_table(path: Path):
 @app.command("train", cls=deferred_help("routers.training.trainer:TrainConfig"))
 @friendly_errors
 def train_cmd(
-    data: Annotated[Path, typer.Option(help="Training table from `modeswitch dataset build`, or your own per-mode cost table (CSV/parquet; columns in README 'Bring your own labels').")],
+    data: Annotated[Path, typer.Option(help="Training table from `modeswitch dataset build`, or your own per-mode cost table (CSV/parquet; columns in docs/training.md 'Bring your own labels').")],
     routers: Annotated[str | None, typer.Option(help="Router families, comma-separated [{routers}].")] = None,
     feature_set: Annotated[FeatureSet, typer.Option(help="A (request shape) or B (A + family/suite).")] = "A",
     split: Annotated[Split, typer.Option(help="random, group (by family) or lofo (leave one family out).")] = "group",
