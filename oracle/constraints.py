@@ -40,6 +40,13 @@ class Constraints:
     noise rule of :mod:`oracle.noise_aware` to units measured in two or more trials
     (a mode replaces a safer one only beyond noise; the energy limit is met by the
     upper end of the interval), with intervals at ``confidence_level``.
+
+    ``quality_scope`` is where the two quality limits (ROUGE-L vs the reference
+    output, accuracy drop) are judged: ``family`` (default, the study's rule) on the
+    mean over the measured units of the request's family or benchmark suite;
+    ``request`` on the request's own figures (stricter). ``lossless_at_floor``
+    leaves lossless modes' divergence uncharged: it is the reference's own
+    self-consistency floor (see :mod:`oracle.family_rule`).
     """
 
     max_energy_ratio: NonNeg = 1.00
@@ -52,6 +59,8 @@ class Constraints:
     missing_quality: Literal["unsafe", "pass"] = "unsafe"
     noise_aware: bool = True
     confidence_level: Annotated[float, Field(gt=0, lt=1)] = 0.95
+    quality_scope: Literal["family", "request"] = "family"
+    lossless_at_floor: bool = True
 
     def to_dict(self) -> dict:
         return asdict(self)

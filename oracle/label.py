@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from oracle import family_rule
 from oracle.cells import Cells, OracleError, summarise
 from oracle.constraints import Constraints
 from oracle.estimate import estimate
@@ -44,10 +45,16 @@ def _fmt_missing(unit, mode, metrics):
 
 
 def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constraints,
-           trials: pd.DataFrame | None = None):
+           trials: pd.DataFrame | None = None, groups: pd.Series | None = None,
+           family_table: pd.DataFrame | None = None):
     """Label every unit in ``metrics`` (indexed by unit, mode). With ``trials`` (the
     clean per-trial rows, :attr:`Cells.trials`) and ``constraints.noise_aware``, the
     noise rule of :mod:`oracle.noise_aware` decides between modes within noise.
+
+    ``groups`` (unit -> quality group) and ``family_table``
+    (:func:`oracle.family_rule.family_quality`, from measured units) make the quality
+    limits judge each (mode, group)'s means under ``quality_scope="family"``; without
+    them every unit is judged on its own figures.
 
     Returns ``(labels, candidates, skipped)``: one row per labelled unit; one row
     per (unit, mode) with ratios, violations and the verdict; and the units
@@ -63,6 +70,8 @@ def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constrai
 
     r = ref.reindex(cand["unit"])  # each candidate's reference row, positionally aligned
     _add_ratios(cand, r)
+    if groups is not None and family_table is not None:
+        family_rule.attach(cand, family_table, groups)
     noisy = trials is not None and c.noise_aware and not trials.empty
     if noisy:
         from oracle import noise_aware
@@ -195,13 +204,17 @@ def _add_verdicts(cand, c: Constraints):
     energy = cand["energy_ratio"]
     if "energy_ratio_high" in cand:
         energy = cand["energy_ratio_high"].where(cand["energy_ratio_high"].notna(), energy)
+    rouge, acc = family_rule.judged_figures(cand, c.quality_scope)
+    floor = family_rule.at_floor(cand, c.lossless_at_floor)
+    cand["judged_rouge_l"], cand["judged_accuracy_delta_pp"] = rouge, acc
+    # the per-request view, named for what it is: not a violation under the family rule
+    cand["diverges"] = (cand["rouge_l_vs_baseline"] < c.min_rouge_vs_baseline - EPS) & ~cand["is_reference"]
+    cand["at_floor"] = floor & ~cand["is_reference"]
     viol = {
         "energy": energy > c.max_energy_ratio + EPS,
         "memory": cand["memory_ratio"] > c.max_memory_ratio + EPS,
-        "quality_accuracy": cand["accuracy_delta_pp"] < -c.max_accuracy_drop_pp - EPS,
-        "quality_rouge_vs_baseline": (
-            cand["rouge_l_vs_baseline"] < c.min_rouge_vs_baseline - EPS
-        ) & ~cand["is_reference"],
+        "quality_accuracy": (acc < -c.max_accuracy_drop_pp - EPS) & ~floor,
+        "quality_rouge_vs_baseline": (rouge < c.min_rouge_vs_baseline - EPS) & ~cand["is_reference"] & ~floor,
         "quality_rouge_vs_reference": (
             cand["rouge_vs_reference_delta"] < -c.max_rouge_vs_reference_drop - EPS
         ),
@@ -293,13 +306,15 @@ def _reason(row, c: Constraints) -> str:
     if row["violates_memory"]:
         parts.append(f"peak memory {row['memory_ratio']:.4f}x > {c.max_memory_ratio:.2f}x "
                      f"(over by {row['memory_ratio'] - c.max_memory_ratio:.4f})")
+    scope = _scope_words(row, c)
     if row["violates_quality_accuracy"]:
-        parts.append(f"accuracy {row['accuracy_delta_pp']:+.2f} pp < -{c.max_accuracy_drop_pp} pp "
-                     f"(short by {-c.max_accuracy_drop_pp - row['accuracy_delta_pp']:.2f})")
+        acc = row["judged_accuracy_delta_pp"]
+        parts.append(f"accuracy{scope} {acc:+.2f} pp < -{c.max_accuracy_drop_pp} pp "
+                     f"(short by {-c.max_accuracy_drop_pp - acc:.2f})")
     if row["violates_quality_rouge_vs_baseline"]:
-        parts.append(f"ROUGE-L vs reference output {row['rouge_l_vs_baseline']:.3f} < "
-                     f"{c.min_rouge_vs_baseline:.2f} "
-                     f"(short by {c.min_rouge_vs_baseline - row['rouge_l_vs_baseline']:.3f})")
+        rouge = row["judged_rouge_l"]
+        parts.append(f"ROUGE-L vs reference output{scope} {rouge:.3f} < "
+                     f"{c.min_rouge_vs_baseline:.2f} (short by {c.min_rouge_vs_baseline - rouge:.3f})")
     if row["violates_quality_missing"]:
         parts.append(f"quality: {row['quality_missing']} (missing-quality rule: unsafe)")
     if row["violates_quality_rouge_vs_reference"]:
@@ -308,9 +323,22 @@ def _reason(row, c: Constraints) -> str:
                      f"(short by {-c.max_rouge_vs_reference_drop - row['rouge_vs_reference_delta']:.3f})")
     if parts:
         return "rejected: " + "; ".join(parts)
+    note = ""
+    if row.get("diverges") and row.get("at_floor"):
+        note = " (its output diverges here; a lossless mode's divergence is the reference's floor)"
+    elif row.get("diverges"):
+        note = " (its output diverges here, but its family's mean meets the rule)"
     if row["chosen"]:
-        return "chosen: fastest mode that meets every constraint"
-    return "safe, but not the fastest"
+        return "chosen: fastest mode that meets every constraint" + note
+    return "safe, but not the fastest" + note
+
+
+def _scope_words(row, c: Constraints) -> str:
+    """How the judged quality figure was pooled, for the reason text."""
+    n = row.get("group_units")
+    if c.quality_scope == "family" and n is not None and n == n:
+        return f" (mean over {int(n)} measured of {row['quality_group']})"
+    return ""
 
 
 def _with_units(labels, cells: Cells):
@@ -326,9 +354,19 @@ def label_profile(profile: pd.DataFrame, constraints: Constraints | None = None,
     """Label every measured unit of a profile. Returns (labels, candidates, skipped)."""
     constraints = constraints or Constraints()
     cells = summarise(profile, source)
+    groups, table = _family_inputs(cells)
     labels, cand, skipped = decide(cells.metrics, cells.units["reference_mode"], constraints,
-                                   trials=cells.trials)
+                                   trials=cells.trials, groups=groups, family_table=table)
     return _with_units(labels, cells), cand, skipped
+
+
+def _family_inputs(cells: Cells, requests: pd.DataFrame | None = None):
+    """(unit -> quality group, the per-(group, mode) table from the measured units)."""
+    measured = family_rule.group_of(cells.units)
+    table = family_rule.family_quality(cells.metrics, measured, cells.units["reference_mode"])
+    if requests is None:
+        return measured, table
+    return family_rule.group_of(requests.set_index("id")), table
 
 
 def label_requests(profile: pd.DataFrame, requests: pd.DataFrame,
@@ -340,7 +378,9 @@ def label_requests(profile: pd.DataFrame, requests: pd.DataFrame,
     constraints = constraints or Constraints()
     cells = summarise(profile, source)
     est, basis = estimate(cells, requests, costmodel=costmodel)
-    labels, cand, skipped = decide(est, basis["reference_mode"], constraints, trials=cells.trials)
+    groups, table = _family_inputs(cells, requests)
+    labels, cand, skipped = decide(est, basis["reference_mode"], constraints, trials=cells.trials,
+                                   groups=groups, family_table=table)
     req = requests.set_index("id")
     cols = [c for c in ("workload", "family", "benchmark_suite", "prompt_tokens",
                         "expected_output_tokens", "shared_prefix_tokens",

@@ -70,7 +70,9 @@ def build_training_table(profile: pd.DataFrame, requests: list[Request],
     cand = cand.copy()
     cand["violates_quality"] = cand[[c for c in cand.columns if c.startswith("violates_quality_")]].any(axis=1)
     wide = {}
-    for col in PER_MODE + ("safe", "violates_quality", "violates_energy", "violates_memory"):
+    # ``diverges``: the request's own output below the ROUGE-L threshold (the per-request
+    # view, reported as a rate; the quality verdict is ``violates_quality``)
+    for col in PER_MODE + ("safe", "violates_quality", "violates_energy", "violates_memory", "diverges"):
         piv = cand.pivot(index="unit", columns="mode", values=col)
         for mode in piv.columns:
             wide[f"{col}__{mode}"] = piv[mode]

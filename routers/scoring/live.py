@@ -13,8 +13,15 @@ group), like the profiler's batch units; a request with a shared prefix is prime
 first with a sibling sharing that prefix (untimed), like the profiler.
 
 Per router and request: live latency (+ its measured routing overhead), energy per
-token vs the reference's, ROUGE-L of the output vs the reference output, and the
-quality / energy violations those imply under the table's constraints. Memory is
+token vs the reference's, ROUGE-L of the output vs the reference output, benchmark
+accuracy where the request has a gold answer, and the quality / energy violations
+those imply under the table's constraints. Quality is judged as the oracle judges it
+(:mod:`oracle.family_rule`): under the study's rule (``quality_scope="family"``) a
+router's picks of one mode in one family violate it together when their mean ROUGE-L
+is below the threshold or their mean accuracy drops by more than the limit
+(``violates_quality``); the per-request view is ``diverges`` (this request's own
+ROUGE-L below the threshold), reported as the divergence rate, never as a violation.
+A lossless mode's divergence is the reference's floor (``lossless_at_floor``). Memory is
 not scored live (one process holds every engine at once, so a per-mode peak is
 not observable); the offline table has it.
 
@@ -95,6 +102,7 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
     sweep, each trial with no attempt clean by :class:`engine.noise.ContentionRule`
     is measured again, in stream order, up to ``max_remeasure`` more times, as the
     profiler does."""
+    from dataset.benchmarks import score_answer
     from engine.backends.base import EngineSettings
     from engine.backends.registry import get_backend
     from engine.energy import make_meter
@@ -134,6 +142,8 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
                          f"trial {t + 1}/{trials}{again}")
             gens, energy, c = _measure(engines[m], group, prime, ignore_eos, meter, clock)
             tokens = sum(g.output_tokens for g in gens)
+            acc = [score_answer(g.text, r.reference, r.evaluation_mode) for g, (r, _) in zip(gens, group)]
+            acc = [a for a in acc if a is not None]
             return {
                 "request_id": req.id, "family": req.family, "mode": m, "trial": t, "attempt": attempt,
                 "latency_ms": max(g.latency_ms for g in gens),
@@ -141,6 +151,7 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
                 "output_tokens": tokens, "energy_j": energy.joules,
                 "energy_per_token_j": energy.joules / tokens if tokens else np.nan,
                 "energy_source": energy.source, "cpu_share": c.share, "other_load": c.other_load,
+                "accuracy": float(np.mean(acc)) if acc else np.nan,
                 "text": "\n".join(g.text for g in gens),
             }
 
@@ -209,9 +220,12 @@ def _collapse(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
         r["trial"] = 0
     if "attempt" in r:  # a trial re-measured: its last (clean, where one is) attempt stands for it
         r = r.sort_values("attempt", kind="stable").drop_duplicates(["request_id", "mode", "trial"], keep="last")
+    if "accuracy" not in r:
+        r["accuracy"] = np.nan
     med = r.groupby(["request_id", "mode"]).agg(
         latency_ms=("latency_ms", "median"), energy_per_token_j=("energy_per_token_j", "median"),
-        rouge_l_vs_baseline=("rouge_l_vs_baseline", "median"), trials=("trial", "size"))
+        rouge_l_vs_baseline=("rouge_l_vs_baseline", "median"), accuracy=("accuracy", "median"),
+        trials=("trial", "size"))
     per_trial = {k: g.set_index("trial")[["latency_ms", "energy_per_token_j"]]
                  for k, g in r.groupby(["request_id", "mode"])}
     return med, per_trial
@@ -251,12 +265,9 @@ def score_live(runs: pd.DataFrame, stream: list[Request], decisions: dict[str, l
             common = a.index.intersection(b.index)
             ci = paired_ratio(a.loc[common, "energy_per_token_j"], b.loc[common, "energy_per_token_j"])
             e_lo, e_hi = (ci.low, ci.high) if len(common) >= 2 else (e_ratio, e_ratio)
-            v_q = bool(rouge < constraints.min_rouge_vs_baseline - 1e-9)
             v_e = bool(e_ratio > limit + 1e-9)
             noise_e = v_e and e_lo <= limit + 1e-9
             trow = trows.loc[req.id].to_dict() if trows is not None and req.id in trows.index else None
-            cause_q = _cause(v_q, False, trow, pick)
-            cause_e = _cause(v_e, noise_e, trow, pick)
             rows.append({
                 "router": name, "request_id": req.id, "family": req.family, "pick": pick,
                 "overhead_us": oh, "latency_ms": got["latency_ms"], "trials": int(got["trials"]),
@@ -264,14 +275,13 @@ def score_live(runs: pd.DataFrame, stream: list[Request], decisions: dict[str, l
                 "reference_latency_ms": ref["latency_ms"],
                 "speedup": ref["latency_ms"] / (got["latency_ms"] + oh / 1000),
                 "energy_ratio": e_ratio, "energy_ratio_low": e_lo, "energy_ratio_high": e_hi,
-                "rouge_delta": rouge - 1.0,
-                "violates_quality": v_q, "violates_energy": v_e,
-                "violates_any": v_q or v_e,
-                # beyond noise: what a rerun would show again
-                "violates_any_beyond_noise": v_q or (v_e and not noise_e),
-                "cause": cause_q or cause_e,
+                "rouge_l_vs_baseline": rouge, "rouge_delta": rouge - 1.0,
+                "accuracy_delta_pp": (got["accuracy"] - ref["accuracy"]) * 100,
+                "is_reference_pick": pick == reference,
+                "violates_energy": v_e, "energy_within_noise": noise_e,
+                "cause_energy": _cause(v_e, noise_e, trow, pick), "_trow": trow,
             })
-    per = pd.DataFrame(rows)
+    per = _judge_quality(pd.DataFrame(rows), constraints)
     est = None
     if table is not None:
         t = table.set_index("request_id")
@@ -293,6 +303,37 @@ def score_live(runs: pd.DataFrame, stream: list[Request], decisions: dict[str, l
     return per, est, summary
 
 
+def _judge_quality(per: pd.DataFrame, constraints) -> pd.DataFrame:
+    """The quality verdicts, as the oracle gives them (:mod:`oracle.family_rule`): per
+    request ``diverges`` (its own ROUGE-L below the threshold); ``violates_quality`` under
+    the table's ``quality_scope``: ``family`` judges each router's picks of one mode in one
+    family on their mean ROUGE-L and mean accuracy change, ``request`` each on its own.
+    A lossless pick's divergence is the floor where ``lossless_at_floor``. Then the
+    combined flags and each violation's cause."""
+    from oracle.family_rule import lossless
+
+    if per.empty:
+        return per
+    c, eps = constraints, 1e-9
+    scope = getattr(c, "quality_scope", "request")
+    floor = per["pick"].map(lossless) if getattr(c, "lossless_at_floor", False) else False
+    per["diverges"] = (per["rouge_l_vs_baseline"] < c.min_rouge_vs_baseline - eps) & ~per["is_reference_pick"]
+    per["at_floor"] = floor & ~per["is_reference_pick"]
+    rouge, acc = per["rouge_l_vs_baseline"], per["accuracy_delta_pp"]
+    if scope == "family":
+        g = per.groupby(["router", "family", "pick"], dropna=False)
+        rouge, acc = g["rouge_l_vs_baseline"].transform("mean"), g["accuracy_delta_pp"].transform("mean")
+    per["judged_rouge_l"], per["judged_accuracy_delta_pp"] = rouge, acc
+    bad = (rouge < c.min_rouge_vs_baseline - eps) | (acc.fillna(0.0) < -c.max_accuracy_drop_pp - eps)
+    per["violates_quality"] = bad & ~per["is_reference_pick"] & ~per["at_floor"]
+    per["violates_any"] = per["violates_quality"] | per["violates_energy"]
+    # beyond noise: what a rerun would show again
+    per["violates_any_beyond_noise"] = per["violates_quality"] | (per["violates_energy"] & ~per["energy_within_noise"])
+    per["cause"] = [_cause(bool(q), False, t, p) or e for q, t, p, e in
+                    zip(per["violates_quality"], per["_trow"], per["pick"], per["cause_energy"])]
+    return per.drop(columns=["_trow", "cause_energy", "energy_within_noise"])
+
+
 def _family_parts(g: pd.DataFrame) -> Parts:
     """A family's live figures as (numerator, denominator) columns
     (:mod:`routers.scoring.intervals`): the point estimate and its interval alike."""
@@ -300,6 +341,7 @@ def _family_parts(g: pd.DataFrame) -> Parts:
         "speedup": ratio_parts(g["reference_latency_ms"], g["effective_latency_ms"]),
         "energy_ratio": mean_parts(g["energy_ratio"]), "rouge_delta": mean_parts(g["rouge_delta"]),
         "violation_rate_quality": mean_parts(g["violates_quality"]),
+        "divergence_rate": mean_parts(g["diverges"]),
         "violation_rate_energy": mean_parts(g["violates_energy"]),
         "violation_rate_any": mean_parts(g["violates_any"]),
         "violation_rate_beyond_noise": mean_parts(g["violates_any_beyond_noise"]),

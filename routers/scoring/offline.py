@@ -15,7 +15,9 @@ measured routing overhead (p50, from :mod:`routers.scoring.overhead`):
   likewise for energy; ``mean_regret`` = mean(pick latency + overhead) / oracle
   latency - 1;
 * violations of each constraint type (quality, energy, memory; a pick the table
-  has no numbers for counts as ``unmeasured``), as counts and rates; fallbacks
+  has no numbers for counts as ``unmeasured``), as counts and rates; quality as the
+  oracle judged it (the study's rule per mode and family by default), with the
+  per-request ``divergence_rate`` beside it under its own name; fallbacks
   (routers with a safety guard that found no safe mode).
 
 An unmeasured pick is never free: it is a violation *and* it is charged the
@@ -132,6 +134,9 @@ def score_requests(table: pd.DataFrame, picks, fell=None, overhead_us: float = 0
         v = _pick(table, f"violates_{kind}", picks, dtype=object)
         df[f"violates_{kind}"] = np.where(measured, v, False).astype(bool)
     df["violates_unmeasured"] = ~measured
+    # the per-request view beside the rule's verdict (tables built before it lack the column)
+    div = _pick(table, "diverges", picks, dtype=object)
+    df["diverges"] = np.where(measured, pd.Series(div).fillna(False).astype(bool), False)
     df["violates_any"] = df[[f"violates_{k}" for k in VIOLATION_TYPES]].any(axis=1)
     return df
 
@@ -177,6 +182,7 @@ def _aggregate(g: pd.DataFrame) -> dict:
         "energy_capture": e_saved / e_best if e_best > 1e-12 else np.nan,
         "mean_regret": g["regret"].mean(),
         "fallback_rate": g["fallback"].mean(),
+        "divergence_rate": float(g["diverges"].mean()) if "diverges" in g else np.nan,
         "overhead_us": g["overhead_us"].iloc[0] if len(g) else np.nan,
     }
     for kind in VIOLATION_TYPES + ("any",):

@@ -179,6 +179,20 @@ def _confusion_plot(router, picks):
     return fig
 
 
+def _quality_legend(live_summary) -> list[str]:
+    """What the live quality columns mean: the study's rule and the per-request view
+    are different figures and are named apart."""
+    if "divergence_rate" not in live_summary:
+        return []
+    return ["- `violation_rate_quality`: the study's quality rule, judged per router, mode and "
+            "family (mean ROUGE-L of the picks' outputs against the reference's, and their mean "
+            "accuracy change, against the table's limits; `quality_scope` in the constraints above); "
+            "a lossless pick's divergence is the reference's floor, not a violation "
+            "(`lossless_at_floor`)",
+            "- `divergence_rate`: the share of picks whose own output's ROUGE-L against the "
+            "reference's is below the threshold: the per-request view, not a violation"]
+
+
 def _live_plot(live):
     """Live speedup and energy ratio per router with their 95 % bootstrap intervals."""
     fig, ax = _fig()
@@ -260,7 +274,7 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
            _md_table(pd.DataFrame([o.as_dict() for o in overhead.values()]).set_index("router")), ""]
     if live_summary is not None:
         md += ["## Live (real engine runs on a held-out stream; equal family weights)", "",
-               _md_table(live_summary.set_index("router")), ""]
+               _md_table(live_summary.set_index("router")), "", *_quality_legend(live_summary), ""]
         if live_figures:
             md += [f"- {k}: {v}" for k, v in live_figures.items()] + [""]
     if coverage is not None:
