@@ -69,8 +69,9 @@ class ProfileWorker:
         import ray
 
         from engine.energy import make_meter
+        from engine.hardware import hardware_string
         from engine.noise import ThreadChoice
-        from engine.profiler import hardware_string, model_id, software_string
+        from engine.profiler import model_id, software_string
 
         spec = ProfileSpec(**spec)
         self.profiler = p = Profiler(spec, Path(model_path), Path(draft_path) if draft_path else None,

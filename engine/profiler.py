@@ -47,6 +47,7 @@ from dataset.io import OutputLock, os_errors, write_text
 from dataset.profile_schema import validate_profile
 from dataset.requests import Request
 from dataset.workloads import get_workload
+from engine.hardware import hardware_string
 
 if TYPE_CHECKING:  # the engine side loads lazily: building units needs none of it
     from engine.energy import EnergyReading
@@ -269,22 +270,6 @@ def _json_default(o):
 
 def _nan(x):
     return None if x is None or (isinstance(x, float) and np.isnan(x)) else x
-
-
-def hardware_string(device: str) -> str:
-    if device.startswith("cuda"):
-        import torch
-
-        return torch.cuda.get_device_name(0)
-    model = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model} ({os.cpu_count()} cores)"
 
 
 def software_string() -> str:
