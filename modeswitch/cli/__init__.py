@@ -1,19 +1,33 @@
 """``modeswitch``: one CLI for every step of the pipeline.
 
-The commands live in one module per part of the pipeline: :mod:`.data` (registries,
-requests, profiles, labels, training tables), :mod:`.engine` (the model,
-profiling, serving) and :mod:`.routers` (train, score, export); :mod:`.common`
-holds the ``app`` they register on and what they share. Heavy libraries are
-imported inside each command, so ``modeswitch --help`` is quick. Errors in user
-input print one clear line (file, row, field) and exit 2; other errors keep their
-traceback, and ``--debug`` shows it for input errors too.
+One module per command or command group, as vLLM's ``entrypoints/cli/``:
+:mod:`.registries` (``modes``, ``workloads``, ``requests``), :mod:`.profiles`
+(``import-profiles``, ``validate``), :mod:`.label`, :mod:`.route`, :mod:`.dataset`
+(``dataset build``), :mod:`.costmodel` (``costmodel validate|fit``), :mod:`.engine` (the
+model, profiling, serving), :mod:`.routers` (train, score, export) and :mod:`.study`;
+:mod:`.common` holds the ``app`` they register on and what they share,
+:mod:`.oracle_options` the constraint and cost-model options of ``label`` and
+``dataset build``. Heavy libraries are imported inside each command, so ``modeswitch
+--help`` is quick. Errors in user input print one clear line (file, row, field) and
+exit 2; other errors keep their traceback, and ``--debug`` shows it for input errors
+too.
 
 ``modeswitch.cli:main`` is the console script; ``python -m modeswitch`` runs it too.
 """
 
 from __future__ import annotations
 
-from modeswitch.cli import data, engine, routers, study  # noqa: F401  (registers the commands)
+from modeswitch.cli import (  # noqa: F401  (importing a module registers its commands)
+    costmodel,
+    dataset,
+    engine,
+    label,
+    profiles,
+    registries,
+    route,
+    routers,
+    study,
+)
 from modeswitch.cli.common import app
 
 #: ``modeswitch --help`` lists commands in pipeline order, whichever module holds them

@@ -1,0 +1,86 @@
+"""``dataset build``: the training table (requests drawn from workloads and
+benchmarks, their features, oracle labels and every mode's estimated costs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from modeswitch.cli.common import (
+    Incomplete,
+    MissingQuality,
+    _split,
+    app,
+    deferred_help,
+    friendly_errors,
+    reading,
+)
+from modeswitch.cli.oracle_options import CONSTRAINTS, constraints, costmodel_for
+from modeswitch.display import console
+
+dataset_app = typer.Typer(help="Training tables: requests, features, oracle labels, per-mode costs.",
+                          no_args_is_help=True)
+app.add_typer(dataset_app, name="dataset")
+
+
+@dataset_app.command("build", cls=deferred_help(CONSTRAINTS))
+@friendly_errors
+def dataset_build_cmd(
+    profiles: Annotated[list[str], typer.Option("--profiles", "-p", help="Profile parquet file(s).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Training table parquet to write.")],
+    requests: Annotated[int, typer.Option(help="Requests to draw in all (split evenly over workloads).")] = 2000,
+    workloads: Annotated[list[str] | None, typer.Option(help="Workloads to draw from (default: the profile's families that are registered).")] = None,
+    benchmarks: Annotated[list[str] | None, typer.Option(help="Benchmark JSONL files to add prompts from.")] = None,
+    benchmark_requests: Annotated[int, typer.Option(help="Prompts per benchmark file.")] = 50,
+    profiled: Annotated[bool, typer.Option(help="Also add the profile's own measured requests, labelled from their own trials ('measured').")] = True,
+    seed: Annotated[int, typer.Option(help="Population seed.")] = 0,
+    config: Annotated[Path | None, typer.Option(help="TOML constraint thresholds.")] = None,
+    incomplete: Annotated[Incomplete | None, typer.Option(help="What a missing reference row or metric does: error (stop) or skip [{on_incomplete}].")] = None,
+    missing_quality: Annotated[MissingQuality | None, typer.Option(help="A mode with no quality evidence: unsafe (the study's rule) or pass (unchecked) [{missing_quality}].")] = None,
+    noise_aware: Annotated[bool | None, typer.Option("--noise-aware/--no-noise-aware", help="Measured units with 2+ trials: a mode replaces a safer one only beyond noise, limits met by the interval [{noise_aware}].")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing output file.")] = False,
+    costmodel: Annotated[str, typer.Option(help="Cost model for estimated requests: a file from `modeswitch costmodel fit`, 'auto' (fit and validate on the profile now) or 'none' (interpolation only). Used per (mode, metric) only where it validated better.")] = "auto",
+):
+    """Draw requests, compute features, label them with the oracle, attach per-mode costs."""
+    import dataclasses
+
+    from dataset.benchmarks import read_benchmark
+    from dataset.errors import InputError
+    from dataset.io import write_parquet
+    from dataset.profile_schema import read_profiles
+    from dataset.workloads import get_workload, list_workloads
+    from oracle.training_table import build_training_table
+
+    c = constraints(config, on_incomplete=incomplete, missing_quality=missing_quality,
+                     noise_aware=noise_aware)
+    paths = _split(profiles)
+    with reading(", ".join(paths)):
+        profile = read_profiles(paths)
+    registered = {w.name for w in list_workloads()}
+    names = _split(workloads) or [f for f in profile["family"].unique() if f in registered]
+    if not names:
+        raise InputError("no registered workload families in the profile; pass --workloads")
+    per = max(1, requests // len(names))
+    # drawn ids are namespaced: a profile's own requests come from the same generators
+    reqs = [dataclasses.replace(r, id=f"draw-{r.id}") for i, n in enumerate(names)
+            for r in get_workload(n).sample(per, seed=seed * 100 + i)]
+    for f in _split(benchmarks):
+        reqs += read_benchmark(f, benchmark_requests, seed=seed)
+    if profiled:
+        from oracle.training_table import profiled_requests
+
+        drawn = {r.id for r in reqs}
+        reqs += [r for r in profiled_requests(profile) if r.id not in drawn
+                 and (not _split(workloads) or r.family in names)]
+    cm = costmodel_for(costmodel, profile, ", ".join(paths))
+    table = build_training_table(profile, reqs, c, source=", ".join(paths), costmodel=cm)
+    write_parquet(table, output, overwrite=overwrite)
+    counts = table["label"].value_counts()
+    console.print(f"wrote {len(table)} requests x {table.shape[1]} columns to {output}")
+    console.print("labels: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    console.print("label source: " + ", ".join(
+        f"{k} {v}" for k, v in table["label_source"].value_counts().items()))
+    console.print("label latency from: " + ", ".join(
+        f"{k} {v}" for k, v in table["latency_basis"].value_counts().items()))
