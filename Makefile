@@ -49,7 +49,7 @@ demo: $(STAMP)
 	$(BIN)/modeswitch profile --quick --length-scale 0.25 -o $(RUN_DIR)/profiles.parquet
 	$(BIN)/modeswitch label --profiles $(RUN_DIR)/profiles.parquet -o $(RUN_DIR)/labels.parquet
 	$(BIN)/modeswitch dataset build --profiles $(RUN_DIR)/profiles.parquet --requests 700 \
-		-o $(RUN_DIR)/train.parquet
+		--length-scale 0.25 -o $(RUN_DIR)/train.parquet
 	$(BIN)/modeswitch train --data $(RUN_DIR)/train.parquet --trials 5 --split random
 	$(BIN)/modeswitch score --data $(RUN_DIR)/train.parquet --live --live-requests 7 --live-trials 2 \
 		--decisions 20000 -o $(RUN_DIR)/score

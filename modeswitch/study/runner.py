@@ -324,7 +324,9 @@ class Study:
         res = score_routers(table, cfg, out, progress=self.log if self.console is None else None)
         return {"report": str(out), "mlflow_run_id": res["mlflow_run_id"],
                 "live_requests": None if res["live_per"] is None else int(res["live_per"]["request_id"].nunique()),
-                "live_estimate_mape_pct": res["live_figures"].get("estimate_mape_pct")}
+                "live_estimate_mape_pct": res["live_figures"].get("estimate_mape_pct"),
+                **{f"live_{k}": v for k, v in res["live_figures"].items()
+                   if k.startswith(("estimate_mape_pct_", "estimate_median_signed_pct_", "estimate_pairs_"))}}
 
     def _step_report(self) -> dict:
         from modeswitch.study.report import write_study_report

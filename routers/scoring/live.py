@@ -67,14 +67,20 @@ from routers.scoring.intervals import (
 )
 
 
-def stratified(requests: list[Request], n: int, seed: int = 0) -> list[Request]:
-    """Up to ``n`` requests, round-robin across families so every family appears."""
+def stratified(requests: list[Request], n: int, seed: int = 0,
+               prefer: set[str] | None = None) -> list[Request]:
+    """Up to ``n`` requests, round-robin across families so every family appears; within
+    a family the ``prefer``red ids come first (the held-out requests the profile measured:
+    there the table's latency is a measurement of the same request, so comparing it with
+    the live run tests the measuring conditions, not the estimator)."""
     rng = np.random.default_rng(seed)
+    prefer = prefer or set()
     by_fam: dict[str, list[Request]] = {}
     for r in requests:
         by_fam.setdefault(r.family or "none", []).append(r)
-    for v in by_fam.values():
+    for fam, v in by_fam.items():
         rng.shuffle(v)
+        by_fam[fam] = [r for r in v if r.id in prefer] + [r for r in v if r.id not in prefer]
     out, i = [], 0
     while len(out) < n and any(i < len(v) for v in by_fam.values()):
         for fam in sorted(by_fam):
@@ -290,9 +296,13 @@ def score_live(runs: pd.DataFrame, stream: list[Request], decisions: dict[str, l
         e["estimated_latency_ms"] = [
             t.at[r, f"latency_ms__{m}"] if f"latency_ms__{m}" in t.columns and r in t.index else np.nan
             for r, m in zip(e["request_id"], e["mode"])]
-        e["abs_pct_error"] = (e["estimated_latency_ms"] - e["latency_ms"]).abs() / e["latency_ms"] * 100
+        e["label_source"] = e["request_id"].map(t["label_source"]) if "label_source" in t else "unknown"
+        e["signed_pct_error"] = (e["estimated_latency_ms"] - e["latency_ms"]) / e["latency_ms"] * 100
+        e["abs_pct_error"] = e["signed_pct_error"].abs()
         est = e
     summary = {"estimate_mape_pct": float(est["abs_pct_error"].mean()) if est is not None else np.nan}
+    if est is not None:
+        summary.update(estimate_error_by_source(est))
     if "contended" in runs and "attempt" in runs:
         first = runs[runs["attempt"] == 0]
         n = first.groupby(["request_id", "mode", "trial"]).ngroups
@@ -332,6 +342,21 @@ def _judge_quality(per: pd.DataFrame, constraints) -> pd.DataFrame:
     per["cause"] = [_cause(bool(q), False, t, p) or e for q, t, p, e in
                     zip(per["violates_quality"], per["_trow"], per["pick"], per["cause_energy"])]
     return per.drop(columns=["_trow", "cause_energy", "energy_within_noise"])
+
+
+def estimate_error_by_source(est: pd.DataFrame) -> dict:
+    """The table's latency against live medians, apart for requests the profile measured
+    (the same request measured twice: what differs is the measuring conditions) and
+    requests whose latency the table estimated (what differs is also the estimator);
+    mean absolute and median signed % error, and how many (request, mode) pairs."""
+    out = {}
+    for source in ("measured", "estimated"):
+        part = est[(est["label_source"] == source) & est["abs_pct_error"].notna()]
+        out[f"estimate_mape_pct_{source}"] = float(part["abs_pct_error"].mean()) if len(part) else np.nan
+        out[f"estimate_median_signed_pct_{source}"] = (float(part["signed_pct_error"].median())
+                                                       if len(part) else np.nan)
+        out[f"estimate_pairs_{source}"] = int(len(part))
+    return out
 
 
 def _family_parts(g: pd.DataFrame) -> Parts:

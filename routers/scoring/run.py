@@ -337,7 +337,9 @@ def live_decisions(s: Scoring, stream: list) -> dict:
 def score_live_step(s: Scoring, cfg: ScoreConfig, context: dict, say) -> LiveScores:
     """Run the routers' picks on the engines for a stratified stream of held-out requests."""
     n_live = cfg.live_requests or cfg.live_per_family * len({r.family for r in s.requests})
-    stream = stratified(s.requests, n_live, cfg.seed)
+    measured = set(s.test.loc[s.test["label_source"] == "measured", "request_id"].astype(str)) \
+        if "label_source" in s.test else set()
+    stream = stratified(s.requests, n_live, cfg.seed, prefer=measured)
     decisions = live_decisions(s, stream)
     target, draft, _ = resolve_models(cfg.model, cfg.draft_model, None, None, lambda *a: None)
     threads, threads_from = live_threads(cfg, s.table.meta)
