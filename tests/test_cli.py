@@ -113,14 +113,14 @@ def test_debug_prints_a_python_traceback_in_a_real_process():
 
 
 def test_an_unexpected_exception_is_not_an_input_error(monkeypatch):
-    import dataset.workloads
+    from modeswitch.cli import registries  # the module the `workloads` command lives in
 
     for exc in (RuntimeError("boom"), ValueError("a bug, not the user's input"),
                 KeyError("a bug too")):
         def broken(exc=exc):
             raise exc
 
-        monkeypatch.setattr(dataset.workloads, "list_workloads", broken)
+        monkeypatch.setattr(registries, "list_workloads", broken)
         res = runner.invoke(app, ["workloads"])
         assert res.exception is exc and res.exit_code == 1
         assert "error:" not in res.output

@@ -30,6 +30,9 @@ import typer
 from rich.markup import escape
 from typer.core import TyperCommand
 
+from dataset.errors import InputError, InputFileError
+from dataset.io import USER_ERRNOS
+from dataset.registry import RegistrationError, UnknownNameError
 from modeswitch.display import err_console
 
 DEBUG_ENV = "MODESWITCH_DEBUG"
@@ -65,9 +68,7 @@ def debug_enabled() -> bool:
 # ------------------------------------------------------------------ errors
 def input_errors() -> tuple[type[BaseException], ...]:
     """The exception types that mean "the user's input is wrong" (imported when needed)."""
-    from dataset.errors import InputError, InputFileError
-    from dataset.registry import RegistrationError, UnknownNameError
-    from oracle.cells import OracleError
+    from oracle.cells import OracleError  # the oracle pulls pandas: only once an error is raised
 
     return (InputError, InputFileError, OracleError, UnknownNameError, RegistrationError,
             FileExistsError, FileNotFoundError)
@@ -98,8 +99,6 @@ def os_error_line(exc: BaseException) -> str | None:
     """One line for an OS error the user can fix (a read-only folder, a full disk, a
     directory where a file belongs, no permission: ``dataset.io.USER_ERRNOS``), naming
     the path; None for any other exception, which keeps its traceback."""
-    from dataset.io import USER_ERRNOS
-
     if not isinstance(exc, OSError) or exc.errno not in USER_ERRNOS:
         return None
     where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
@@ -111,8 +110,6 @@ def reading(path):
     """Around the one call that parses a user's file: a ``ValueError`` from the parser
     (tomllib, pandas, pyarrow: bad TOML, JSON, CSV or parquet) is about that file, so
     it becomes an input error naming it. Input errors pass unchanged."""
-    from dataset.errors import InputFileError
-
     try:
         yield
     except ValueError as exc:
@@ -143,7 +140,7 @@ Labels = Literal["all", "measured"]
 
 def backend_names() -> list[str]:
     """The registered engine backends (importing the registry only when asked)."""
-    from engine.backends.registry import backend_names as names
+    from engine.backends.registry import backend_names as names  # numpy: only when help is shown
 
     return names()
 
@@ -212,8 +209,7 @@ RayCpus = Annotated[int | None, typer.Option(min=1, help="With --ray on CPU: CPU
 
 def ray_options(ray: bool, address, workers, cpus_per_worker):
     """The :class:`engine.distributed.RayOptions` of a command's Ray options (None: serial)."""
-    from dataset.errors import InputError
-    from engine.distributed import RayOptions
+    from engine.distributed import RayOptions  # the profiler, numpy: only for a command that runs
 
     if not ray:
         if address is not None or workers is not None or cpus_per_worker is not None:

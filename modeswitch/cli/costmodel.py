@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from dataset.io import atomic_path
 from modeswitch.cli.common import (
     _split,
     app,
@@ -33,7 +34,7 @@ def _validation_view(table):
         out[f"{name} cm"] = g["mape_costmodel"]
         out[f"{name} interp"] = g["mape_interpolation"]
         out[f"{name} cm<=10%"] = g["within10_costmodel"]
-    import pandas as pd
+    import pandas as pd  # the table is pandas already; the module is not imported at --help
 
     view = pd.DataFrame(out)
     order = [c for m in ("latency", "TTFT", "energy/tok", "memory")
@@ -69,7 +70,7 @@ def costmodel_validate_cmd(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the validation table (CSV) here; per-request predictions beside it.")] = None,
 ):
     """K-fold error of the cost model per metric and mode, next to the interpolation."""
-    from dataset.io import atomic_path
+    # pandas, pandera, the cost model: imported when the command runs, so `modeswitch --help` stays quick
     from dataset.profile_schema import read_profiles
     from oracle.costmodel import validate
 
@@ -101,6 +102,7 @@ def costmodel_fit_cmd(
     track: Annotated[bool, typer.Option(help="Log the fit, its validation and the file to MLflow (experiment 'costmodel').")] = True,
 ):
     """Fit the per-mode cost model on every measured request, with its validation table."""
+    # pandas, pandera, the cost model: imported when the command runs, so `modeswitch --help` stays quick
     from dataset.profile_schema import read_profiles
     from oracle.costmodel import fit_validated
     from oracle.training_table import frame_hash
@@ -119,7 +121,7 @@ def costmodel_fit_cmd(
     console.print(f"wrote {output} ({len(cm.groups)} (mode, condition, metric) models: "
                   + ", ".join(f"{k} {v}" for k, v in forms.items()) + ")")
     if track:
-        import mlflow
+        import mlflow  # MLflow only when the fit is tracked
 
         from routers.training.tracking import setup
 

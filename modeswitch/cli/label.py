@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from dataset.io import write_parquet
+from dataset.requests import read_requests, requests_frame
 from modeswitch.cli.common import (
     Incomplete,
     MissingQuality,
@@ -42,11 +44,11 @@ def label_cmd(
     costmodel: Annotated[str, typer.Option(help="Cost model for estimated requests: a file from `modeswitch costmodel fit`, 'auto' (fit and validate on the profile now) or 'none' (interpolation only). Used per (mode, metric) only where it validated better.")] = "auto",
 ):
     """Label each unit (or request) with the fastest mode that meets every constraint."""
-    from dataset.io import write_parquet
+    # pandas, pandera, the oracle: imported when the command runs, so `modeswitch --help` stays quick
     from dataset.profile_schema import read_profiles
-    from dataset.requests import read_requests, requests_frame
     from oracle import label_profile, label_requests
     from oracle.explain import print_explanations, print_labels
+    from oracle.quality_floor import self_consistency_floor
 
     c = constraints(
         config, max_energy_ratio=max_energy_ratio, max_memory_ratio=max_memory_ratio,
@@ -75,8 +77,6 @@ def label_cmd(
     if explain:
         print_explanations(labels, cand, c, out=console)
     print_labels(labels, skipped, c, out=console)
-    from oracle.quality_floor import self_consistency_floor
-
     floor = self_consistency_floor(profile)
     if not floor.empty:
         console.print(frame_table(floor, title="self-consistency floor: the reference against itself in its "

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import ValidationError
+
+from dataset.errors import InputError
 from modeswitch.cli.common import reading
 from modeswitch.display import console
 
@@ -22,9 +25,7 @@ _FLAG_OF = {"on_incomplete": "--incomplete"}
 def constraints(config: Path | None, **flags):
     """Constraints from the TOML ``config`` (or the defaults), then the non-None flags;
     a flag value the constraints refuse is an input error naming the flag."""
-    from pydantic import ValidationError
-
-    from dataset.errors import InputError
+    # pandas, scipy: imported when the command runs, so `modeswitch --help` stays quick
     from oracle import Constraints
 
     if config:
@@ -48,6 +49,7 @@ def first_error(exc) -> tuple[str, str]:
 
 def costmodel_for(choice: str, profile, source):
     """The cost model ``--costmodel`` names: a saved one, one fitted now, or none."""
+    # pandas, LightGBM: imported when the command runs, so `modeswitch --help` stays quick
     from oracle.costmodel import CostModel, enough_requests, fit_validated
 
     if choice == "none":

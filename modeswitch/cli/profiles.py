@@ -25,6 +25,7 @@ def import_profiles_cmd(
     overwrite: Annotated[bool, typer.Option(help="Replace an existing output file.")] = False,
 ):
     """Convert external measurements (e.g. the study's A100 CSVs) into a profile table."""
+    # pandas and pandera: imported when the command runs, so `modeswitch --help` stays quick
     from dataset.importers import import_files
     from dataset.profile_schema import write_profile
 
@@ -44,6 +45,7 @@ def validate_cmd(
     files: Annotated[list[Path], typer.Argument(help="Profile files (.parquet or .csv).")],
 ):
     """Validate profile files against the schema; report every problem with row and column."""
+    # pandas, pandera: imported when the command runs, so `modeswitch --help` stays quick
     from dataset.profile_schema import read_profile
 
     for f in files:

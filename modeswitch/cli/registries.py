@@ -4,11 +4,18 @@ No engine needed."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
+from dataset.errors import InputError
+from dataset.io import write_parquet, write_text
+from dataset.requests import requests_frame
+from dataset.workloads import get_workload, list_workloads
+from engine.modes import get_mode, list_modes
 from modeswitch.cli.common import (
     _split,
     app,
@@ -26,13 +33,7 @@ def modes_cmd(
         "--set", help="With --show: override a setting, key=value (e.g. speculative.num_speculative_tokens=3).")] = None,
 ):
     """List the registered inference modes (or show one, with overrides)."""
-    import json
-
-    import pandas as pd
-    from pydantic import ValidationError
-
-    from dataset.errors import InputError
-    from engine.modes import get_mode, list_modes
+    import pandas as pd  # imported when the command runs, so `modeswitch --help` stays quick
 
     if show:
         mode = get_mode(show)
@@ -65,9 +66,7 @@ def modes_cmd(
 @friendly_errors
 def workloads_cmd():
     """List the registered workloads (request populations)."""
-    import pandas as pd
-
-    from dataset.workloads import list_workloads
+    import pandas as pd  # imported when the command runs, so `modeswitch --help` stays quick
 
     df = pd.DataFrame([{
         "workload": w.name, "condition": w.condition, "prompt": w.prompt_tokens,
@@ -89,10 +88,6 @@ def requests_cmd(
     overwrite: Annotated[bool, typer.Option(help="Replace an existing output file.")] = False,
 ):
     """Draw a request population from registered workloads (shape spread included)."""
-    from dataset.io import write_parquet, write_text
-    from dataset.requests import requests_frame
-    from dataset.workloads import get_workload, list_workloads
-
     names = _split(workloads) or [w.name for w in list_workloads()]
     reqs = [r for i, name in enumerate(names) for r in get_workload(name).sample(n, seed + i)]
     df = requests_frame(reqs)

@@ -3,11 +3,14 @@ and print the decisions, with reasons on ``--explain``."""
 
 from __future__ import annotations
 
+import collections
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from dataset.features import features_frame
+from dataset.requests import read_requests
 from modeswitch.cli.common import (
     _split,
     app,
@@ -26,12 +29,9 @@ def route_cmd(
     explain: Annotated[bool, typer.Option(help="Print the rule or reason behind each decision.")] = False,
 ):
     """Route requests with a router and print the chosen mode per request."""
-    import collections
-
+    # pandas, scikit-learn: imported when the command runs, so `modeswitch --help` stays quick
     import pandas as pd
 
-    from dataset.features import features_frame
-    from dataset.requests import read_requests
     from routers import get_router
 
     with reading(requests):
