@@ -14,6 +14,7 @@ Format (as in the study's samples): one JSON object per line with ``id``,
 from __future__ import annotations
 
 import json
+import random
 import re
 from pathlib import Path
 
@@ -28,8 +29,6 @@ _NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 def read_benchmark(path, n: int | None = None, seed: int = 0) -> list[Request]:
     """Up to ``n`` prompts (a seeded sample) as Requests; prompt_tokens is a rough
     count until an engine tokenises the prompt."""
-    import random
-
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"benchmark file {path} does not exist")

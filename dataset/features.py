@@ -63,7 +63,7 @@ def features_frame(requests, feature_set: str = "B", with_context: bool = True):
     ``workload`` so that the rule baseline, which keys on them, can read the same
     frame the learned routers read.
     """
-    import pandas as pd
+    import pandas as pd  # only for frames: one request's features (serving) need no pandas
 
     cols = list(FEATURE_SETS[feature_set])
     rows = [request_features(r, feature_set) for r in requests]

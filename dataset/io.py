@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -62,8 +64,6 @@ def atomic_folder(path):
     """Yield a temporary folder beside ``path``; on success it replaces ``path`` (a cache
     entry rebuilt whole, e.g. a model checkpoint), on failure it is removed. Readers
     never see a half-written folder: they find the old one, the new one, or none."""
-    import shutil
-
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with os_errors(path):
@@ -82,8 +82,6 @@ def atomic_folder(path):
 
 def sha256_file(path) -> str:
     """The SHA-256 of a file, read in 1 MiB blocks."""
-    import hashlib
-
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):

@@ -44,7 +44,7 @@ def count(name: str, value, minimum: int = 1) -> None:
 
 def requests_fit(name: str, requests: int) -> None:
     """A population of ``requests`` requests fits in this machine's memory."""
-    import psutil
+    import psutil  # only when a population's size is checked
 
     total = psutil.virtual_memory().total
     if requests * REQUEST_BYTES > total:

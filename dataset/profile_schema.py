@@ -23,6 +23,7 @@ import pandas as pd
 import pandera.pandas as pa
 
 from dataset.errors import InputFileError, read_table
+from dataset.io import write_parquet
 
 ENERGY_SOURCES = ("nvml_counter", "nvml_power_poll", "estimate", "published", "none")
 
@@ -303,7 +304,5 @@ def read_profiles(paths) -> pd.DataFrame:
 def write_profile(df: pd.DataFrame, path, overwrite: bool = False, source=None) -> Path:
     """Validate, then write atomically; an existing file is kept unless ``overwrite``.
     Errors name ``source`` (where the rows came from), else the table bound for ``path``."""
-    from dataset.io import write_parquet
-
     df = validate_profile(df, path=source or f"the table to write to {path}")
     return write_parquet(df, path, overwrite=overwrite)

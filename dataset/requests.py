@@ -118,7 +118,7 @@ def validate_request(data: dict) -> Request:
 def _clean(value):
     """Turn pandas' missing markers into None so optional fields stay missing."""
     try:
-        import pandas as pd
+        import pandas as pd  # pandas only when a table is read or built: a Request alone (the serving path) needs none
 
         if value is None or (not isinstance(value, (list, tuple, str)) and pd.isna(value)):
             return None
@@ -159,7 +159,7 @@ def requests_from_records(records, path=None) -> list[Request]:
 
 def read_requests(path) -> list[Request]:
     """Read requests from JSONL, CSV or parquet, validating every row."""
-    import pandas as pd
+    import pandas as pd  # pandas only when a table is read or built: a Request alone (the serving path) needs none
 
     path = Path(path)
     if not path.exists():
@@ -178,6 +178,6 @@ def read_requests(path) -> list[Request]:
 
 def requests_frame(requests):
     """A DataFrame with one row per request and one column per Request field."""
-    import pandas as pd
+    import pandas as pd  # pandas only when a table is read or built: a Request alone (the serving path) needs none
 
     return pd.DataFrame([r.to_dict() for r in requests], columns=list(REQUEST_FIELDS))

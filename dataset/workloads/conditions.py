@@ -154,7 +154,7 @@ def draw_units(spec: WorkloadSpec, n: int, conditions: ConditionDraw, seed: int 
     """``n`` requests of ``spec`` (lengths as :meth:`WorkloadSpec.sample`), each under
     its own drawn condition; ``with_companions`` also draws the requests that arrive
     with it (what a profile measures as one group)."""
-    import numpy as np
+    import numpy as np  # only when requests are drawn: listing workloads (the CLI) needs none
 
     rng = np.random.default_rng([seed, 7919])
     base = spec.sample(n, seed=seed, stratified=stratified)

@@ -69,11 +69,11 @@ class WorkloadSpec:
         thousands of random draws (what routers are trained and scored on) mostly
         fall in, instead of clustering near the nominal shape.
         """
-        import numpy as np
+        import numpy as np  # only when requests are drawn: listing workloads (the CLI) needs none
 
         rng = np.random.default_rng(seed)
         if stratified and self.spread and n > 1:
-            from scipy.stats import norm
+            from scipy.stats import norm  # scipy for the stratified draw only
 
             q = (1 - COVERAGE) / 2 + COVERAGE * np.arange(n) / (n - 1)
             z = norm.ppf(q) * self.spread
