@@ -83,7 +83,7 @@ def main():
     from engine.quality import rouge_l
 
     torch.set_num_threads(1)
-    folder, _, card = resolve_models(args.model, log=print)
+    folder, _, card = resolve_models(args.model, log=print, modes=())
     tok = AutoTokenizer.from_pretrained(folder)
     base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     builder = PromptBuilder(tok)

@@ -58,7 +58,7 @@ def main():
     from routers.reference import FixedModeRouter
     from tests.helpers import start
 
-    target, _, _ = resolve_models(args.model, None, None, None, print)
+    target, _, _ = resolve_models(args.model, None, None, None, print, modes=())
     servers = {}
     for name, shared in (("one batch", True), ("one at a time", False)):
         cfg = ServerConfig(model_path=str(target), batch_across_requests=shared)

@@ -203,7 +203,7 @@ def main():
 
     from engine.models.resolve import resolve_models
 
-    target, _, _ = resolve_models(args.model, None, None, None, print)
+    target, _, _ = resolve_models(args.model, None, None, None, print, modes=())
     levels = [int(x) for x in args.levels.split(",")]
     logs = Path(args.log_dir or tempfile.mkdtemp(prefix="serve-vs-engine-"))
     logs.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,7 @@ def main():
     from engine.models.resolve import resolve_models
     from engine.serving.generate import _decode_stream, _Detokenizer
 
-    target, _, _ = resolve_models(args.model, None, None, None, print)
+    target, _, _ = resolve_models(args.model, None, None, None, print, modes=())
     tok = AutoTokenizer.from_pretrained(str(target))
     if _decode_stream(tok) is None:
         raise SystemExit(f"{target}: its tokenizer has no Rust incremental decoder here; only the window path runs")

