@@ -489,11 +489,13 @@ class Profiler:
     def settings(self):
         """What every engine of this run is built with (memory pressure: none; a
         ballast-applying backend gets its own per pressure level, see :meth:`_load`)."""
-        from engine.backends.base import EngineSettings
+        from engine.backends.base import EngineSettings, context_for
 
+        # caches sized for the longest request measured, not for the model's limit
+        requests = [r for u in build_units(self.spec) for r in u.requests + u.prime]
         return EngineSettings(str(self.model_path), str(self.draft_path) if self.draft_path else None,
                               self.spec.device, threads=self.spec.threads,
-                              checkpoints=dict(self.spec.checkpoints))
+                              checkpoints=dict(self.spec.checkpoints), max_context=context_for(requests))
 
     @property
     def _trials(self) -> range:

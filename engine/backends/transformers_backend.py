@@ -97,13 +97,14 @@ class TransformersEngine:
     backend = NAME
 
     def __init__(self, mode: ModeConfig | str, model_path, draft_path=None, device: str = "cpu",
-                 prefix_cache_mb: int = 256, threads: int | None = None):
+                 prefix_cache_mb: int = 256, threads: int | None = None, max_context: int | None = None):
         self.mode = get_mode(mode) if isinstance(mode, str) else mode
         self.model_path = Path(model_path)
         self.draft_path = Path(draft_path) if draft_path else None
         self.device = device
         self.prefix_cache_mb = prefix_cache_mb
         self.threads = threads
+        self.max_context = max_context
         self.model = self.draft = self.tokenizer = self.prefix_store = self._cb = None
         self.info: dict = {}
         self._weights_mb = None
@@ -142,8 +143,7 @@ class TransformersEngine:
 
         page = 256
         seqs = self.mode.max_num_seqs or 16
-        ctx = min(int(getattr(self.model.config, "max_position_embeddings", 4096) or 4096),
-                  self.CB_MAX_CONTEXT)
+        ctx = self._context()
         # transformers shares KV blocks between requests with a common prefix by default:
         # prefix caching inside continuous batching. That is a mode of its own here, so
         # a batching mode shares blocks only if it is also a prefix-caching mode (measured
@@ -152,6 +152,13 @@ class TransformersEngine:
         return ContinuousBatchingConfig(page_size=page, num_blocks=-(-seqs * ctx // page) + seqs,
                                         max_batch_tokens=self.CB_MAX_BATCH_TOKENS,
                                         allow_block_sharing=bool(self.mode.prefix_caching))
+
+    def _context(self) -> int:
+        """The longest sequence the caches are sized for: the model's limit, the caller's
+        budget (``max_context``: a profile's or a live check's longest request) or
+        ``CB_MAX_CONTEXT``, whichever is smallest."""
+        limit = int(getattr(self.model.config, "max_position_embeddings", 4096) or 4096)
+        return min(limit, int(self.max_context or self.CB_MAX_CONTEXT), self.CB_MAX_CONTEXT)
 
     def load(self) -> TransformersEngine:
         import torch
@@ -238,7 +245,7 @@ class TransformersEngine:
         head_dim = int(getattr(conf, "head_dim", None) or (conf.hidden_size // max(heads, 1)))
         elem = 4 if str(getattr(self, "dtype", "float32")).endswith("float32") else 2
         per_token = 2 * layers * kv_heads * head_dim * elem  # keys and values
-        ctx = min(int(getattr(conf, "max_position_embeddings", 4096) or 4096), self.CB_MAX_CONTEXT)
+        ctx = self._context()
         if self._cb is not None:
             cfg = self._cb_config()
             tokens = cfg.num_blocks * cfg.page_size
@@ -509,5 +516,6 @@ def _set_torch_threads(n: int) -> None:
 
 register_backend(Backend(NAME, "Hugging Face transformers on PyTorch (any CPU; CUDA)",
                          capabilities=lambda s: capabilities(s.device),
-                         engine=lambda mode, s: TransformersEngine(mode, s.model_path, s.draft_path, s.device, threads=s.threads),
+                         engine=lambda mode, s: TransformersEngine(mode, s.model_path, s.draft_path, s.device,
+                                                                  threads=s.threads, max_context=s.max_context),
                          set_threads=_set_torch_threads))

@@ -109,7 +109,7 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
     is measured again, in stream order, up to ``max_remeasure`` more times, as the
     profiler does."""
     from dataset.benchmarks import score_answer
-    from engine.backends.base import EngineSettings
+    from engine.backends.base import EngineSettings, context_for
     from engine.backends.registry import get_backend
     from engine.energy import make_meter
     from engine.prompts import PromptBuilder
@@ -122,7 +122,7 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
         raise InputError("the live stream repeats request ids: " + ", ".join(sorted({i for i in ids if ids.count(i) > 1})))
     be = get_backend(backend)
     settings = EngineSettings(str(model_path), str(draft_path) if draft_path else None, device,
-                              threads=int(threads) if threads else None)
+                              threads=int(threads) if threads else None, max_context=context_for(stream))
     reference = reference or reference_mode().name
     needed = [reference] + sorted({m for picks in decisions.values() for m in picks} - {reference})
     _, _, skipped = be.plan(settings, needed)
