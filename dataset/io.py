@@ -119,6 +119,12 @@ def write_parquet(df, path, overwrite: bool = False) -> Path:
     return Path(path)
 
 
+def write_csv(df, path, overwrite: bool = False) -> Path:
+    with atomic_path(path, overwrite=overwrite) as tmp:
+        df.to_csv(tmp, index=False)
+    return Path(path)
+
+
 def write_text(text: str, path, overwrite: bool = False) -> Path:
     with atomic_path(path, overwrite=overwrite) as tmp:
         tmp.write_text(text)

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
-from dataset.io import write_parquet
+from dataset.io import write_csv, write_parquet
 from dataset.requests import read_requests, requests_frame
 from modeswitch.cli.common import (
     Incomplete,
@@ -40,6 +40,7 @@ def label_cmd(
     incomplete: Annotated[Incomplete | None, typer.Option(help="What a missing reference row or metric does: error (stop) or skip [{on_incomplete}].")] = None,
     missing_quality: Annotated[MissingQuality | None, typer.Option(help="A mode with no quality evidence: unsafe (the study's rule) or pass (unchecked) [{missing_quality}].")] = None,
     noise_aware: Annotated[bool | None, typer.Option("--noise-aware/--no-noise-aware", help="Measured units with 2+ trials: a mode replaces a safer one only beyond noise, limits met by the interval [{noise_aware}].")] = None,
+    quality_scope: Annotated[Literal["family", "request"] | None, typer.Option(help="Judge the quality limits on each (mode, family)'s mean, as the study does, or on every request's own figures [{quality_scope}].")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace existing output files.")] = False,
     costmodel: Annotated[str, typer.Option(help="Cost model for estimated requests: a file from `modeswitch costmodel fit`, 'auto' (fit and validate on the profile now) or 'none' (interpolation only). Used per (mode, metric) only where it validated better.")] = "auto",
 ):
@@ -48,6 +49,7 @@ def label_cmd(
     from dataset.profile_schema import read_profiles
     from oracle import label_profile, label_requests
     from oracle.explain import print_explanations, print_labels
+    from oracle.mode_table import format_mode_table, mode_table
     from oracle.quality_floor import self_consistency_floor
 
     c = constraints(
@@ -55,7 +57,7 @@ def label_cmd(
         max_accuracy_drop_pp=max_accuracy_drop_pp, min_rouge_vs_baseline=min_rouge_vs_baseline,
         max_rouge_vs_reference_drop=max_rouge_vs_reference_drop,
         latency_tie_rel=latency_tie_rel, on_incomplete=incomplete, missing_quality=missing_quality,
-        noise_aware=noise_aware,
+        noise_aware=noise_aware, quality_scope=quality_scope,
     )
     paths = _split(profiles)
     source = ", ".join(paths)
@@ -68,18 +70,27 @@ def label_cmd(
         labels, cand, skipped = label_requests(profile, reqs, c, source=source, costmodel=cm)
     else:
         labels, cand, skipped = label_profile(profile, c, source=source)
+    modes = mode_table(profile, c, source=source)
     if output is not None:
         cand_path = output.with_name(output.stem + ".candidates.parquet")
-        if cand_path.exists() and not overwrite:
-            raise FileExistsError(f"{cand_path} already exists; pass --overwrite to replace it")
+        modes_path = output.with_name(output.stem + ".modes.csv")
+        for p in (cand_path, modes_path):
+            if p.exists() and not overwrite:
+                raise FileExistsError(f"{p} already exists; pass --overwrite to replace it")
         write_parquet(labels.reset_index(), output, overwrite=overwrite)
         write_parquet(cand, cand_path, overwrite=overwrite)
+        write_csv(modes, modes_path, overwrite=overwrite)
     if explain:
         print_explanations(labels, cand, c, out=console)
     print_labels(labels, skipped, c, out=console)
+    console.print(frame_table(format_mode_table(modes), index=False, title=(
+        "every mode against the reference: median latency ratio, ROUGE-L of its output against the "
+        "reference's, benchmark accuracy (95 % bootstrap intervals over requests); families passing "
+        "the quality rule")))
     floor = self_consistency_floor(profile)
     if not floor.empty:
         console.print(frame_table(floor, title="self-consistency floor: the reference against itself in its "
                                                "lossless modes (reported, not charged to a mode)", index=False))
     if output is not None:
-        console.print(f"wrote {len(labels)} labels to {output} and the per-mode verdicts to {cand_path}")
+        console.print(f"wrote {len(labels)} labels to {output}, the per-mode verdicts to {cand_path} "
+                      f"and the mode table to {modes_path}")
