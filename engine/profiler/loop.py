@@ -1,313 +1,38 @@
-"""The profiler: measure every (request, mode, trial) and write the profile table.
-
-Resumable by construction: every finished measurement is appended to a journal
-(``<output>.journal.jsonl``, one JSON line, flushed and fsynced) before the next
-one starts. A rerun with the same settings skips what the journal holds, so an
-interrupt loses nothing already measured; the parquet output is rebuilt from the
-journal at the end (validated against the profile schema).
-
-Modes run one at a time (load, warm up, measure, unload), the reference mode
-first, so every other mode's output can be scored against the reference's
-output for the same request (ROUGE-L); with ``interleave`` every engine stays
-loaded and each unit runs in every mode back to back.
-
-Measurement hygiene (:mod:`engine.noise`): every (unit, mode) is measured in
-``trials`` trials, trial-major (trial 0 of every unit, then trial 1, ...), so a
-unit's trials are spread over the run instead of back to back. Each trial
-records its wall and CPU time; the contention rule flags trials whose CPU share
-dropped or whose wall time is far above the unit's other trials, and those are
-re-measured (a new ``attempt`` of the same trial) up to ``max_remeasure`` times;
-a flag that persists stays in the profile. Where the backend's thread pool is
-settable and ``threads`` is not given, the thread count is chosen by a
-measurement first (:func:`engine.noise.calibrate_threads`) and journalled, so a
-resumed run keeps it.
-"""
+"""The measuring loop: :class:`Profiler` runs the plan's units in every mode (mode by
+mode, or interleaved), chooses the thread count, re-measures contended trials, and
+rebuilds the profile from the journal (see :mod:`engine.profiler`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
-import platform
 import socket
-import uuid
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pandas as pd
 
-from dataset.benchmarks import read_benchmark, score_answer
-from dataset.errors import InputError, InputFileError
-from dataset.io import OutputLock, os_errors, write_text
 from dataset.profile_schema import validate_profile
-from dataset.requests import Request
-from dataset.workloads import get_workload
 from engine.hardware import hardware_string
-
-if TYPE_CHECKING:  # the engine side loads lazily: building units needs none of it
-    from engine.energy import EnergyReading
-    from engine.noise import ThreadChoice
-
-DEFAULT_WORKLOADS = (
-    "short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",
-    "long_prompt_long_output", "shared_prefix_chat", "memory_pressure_long_context",
-    "batch_pressure",
+from engine.profiler.journal import Journal
+from engine.profiler.plan import ProfileSpec, Unit, build_units
+from engine.profiler.rows import (
+    Measurement,
+    RowProvenance,
+    _noise_columns,
+    _provenance_columns,
+    _quality_columns,
+    _resource_columns,
+    _shape_columns,
+    _timing_columns,
+    model_id,
+    software_string,
 )
 
-
-@dataclass
-class ProfileSpec:
-    """What to measure. Everything here (but ``quick``'s expansion) enters the
-    journal's identity, so a rerun with other settings cannot mix rows."""
-
-    model: str
-    draft_model: str | None = None
-    backend: str = "transformers"
-    device: str = "cpu"
-    modes: list[str] | None = None
-    workloads: list[str] = field(default_factory=lambda: list(DEFAULT_WORKLOADS))
-    requests: int = 3
-    #: interleaved trials per (unit, mode); the oracle reads their median
-    trials: int = 3
-    #: how often a contended trial is measured again before its flag is kept
-    max_remeasure: int = 2
-    seed: int = 0
-    benchmarks: list[str] = field(default_factory=list)
-    benchmark_requests: int = 2
-    batch_size: int | None = None
-    watts_per_core: float = 4.0
-    #: torch threads; None: chosen by a measurement at the start of the run
-    threads: int | None = None
-    #: keep every mode's engine loaded and measure each unit in all modes back to
-    #: back (fair ratios on a noisy machine; needs memory for all engines at once)
-    interleave: bool = False
-    #: vLLM backend: pre-quantized checkpoints of the quantized modes (int8, gptq_4bit, awq_4bit)
-    checkpoints: dict = field(default_factory=dict)
-    #: per-request conditions (:class:`dataset.workloads.conditions.ConditionDraw` as a
-    #: dict); None: every family's own fixed condition
-    conditions: dict | None = None
-    #: every family's prompt, output and prefix lengths times this
-    length_scale: float = 1.0
-
-    def __post_init__(self):
-        """Refuse counts and scales no run could use before anything is measured."""
-        from dataset.limits import count, finite, requests_fit
-
-        count("requests", self.requests)
-        count("trials", self.trials)
-        count("max_remeasure", self.max_remeasure, minimum=0)
-        count("benchmark_requests", self.benchmark_requests, minimum=0)
-        for name in ("batch_size", "threads"):
-            if getattr(self, name) is not None:
-                count(name, getattr(self, name))
-        finite("length_scale", self.length_scale, positive=True)
-        finite("watts_per_core", self.watts_per_core, minimum=0)
-        requests_fit("requests", self.requests * max(1, len(self.workloads)))
-
-    def identity(self) -> str:
-        d = asdict(self)
-        # fields added later enter the identity only when set, so journals written
-        # before they existed still resume
-        for key, default in (("conditions", None), ("length_scale", 1.0)):
-            if d[key] == default:
-                del d[key]
-        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-@dataclass
-class Unit:
-    """What one profile row measures: one request, or a group arriving together."""
-
-    id: str
-    family: str
-    requests: list[Request]
-    #: untimed requests run first: the study times the follow-up to a request that
-    #: shares its prefix ("prime, then follow"), so prefix caches are warm
-    prime: list[Request] = field(default_factory=list)
-
-
-def build_units(spec: ProfileSpec) -> list[Unit]:
-    from dataset.workloads.conditions import scaled
-
-    units = []
-    for i, name in enumerate(spec.workloads):
-        w = scaled(get_workload(name), spec.length_scale)
-        if spec.conditions is not None:
-            units += _drawn_units(spec, w, i)
-        elif w.concurrent_requests > 1:
-            n_conc = spec.batch_size or w.concurrent_requests
-            for u in range(spec.requests):
-                reqs = w.sample(n_conc, seed=spec.seed * 1000 + i * 100 + u)
-                reqs = [dataclasses.replace(r, id=f"{name}-{spec.seed}-{u:03d}-{k}",
-                                            concurrent_requests=n_conc) for k, r in enumerate(reqs)]
-                units.append(Unit(f"{name}-{spec.seed}-{u:03d}", name, reqs))
-        else:
-            # stratified: the units span the family's spread (see WorkloadSpec.sample)
-            reqs = w.sample(spec.requests, seed=spec.seed * 1000 + i, stratified=True)
-            primer = [dataclasses.replace(w.sample(1, seed=spec.seed * 1000 + i + 500)[0],
-                                          id=f"{name}-{spec.seed}-prime")] \
-                if w.shared_prefix_tokens else []
-            for r in reqs:
-                units.append(Unit(r.id, name, [r], prime=primer))
-    for path in spec.benchmarks:
-        for r in read_benchmark(path, spec.benchmark_requests, seed=spec.seed):
-            units.append(Unit(r.id, r.family, [r]))
-    return units
-
-
-def _drawn_units(spec: ProfileSpec, w, i: int) -> list[Unit]:
-    """Units of family ``w`` under per-request drawn conditions: lengths stratified over
-    the family's spread, each unit its own concurrency (a group of that many requests),
-    shared prefix (primed first by an untimed request with the same prefix) and
-    memory pressure."""
-    from dataset.workloads.conditions import ConditionDraw, draw_units
-
-    draw = ConditionDraw.from_dict(spec.conditions)
-    units = []
-    for du in draw_units(w, spec.requests, draw, seed=spec.seed * 1000 + i, stratified=True):
-        r = du.request
-        prime = []
-        if r.shared_prefix_tokens:
-            prime = [dataclasses.replace(
-                r, id=f"{r.id}-prime", prompt_tokens=r.shared_prefix_tokens + 8,
-                expected_output_tokens=1, concurrent_requests=1)]
-        units.append(Unit(r.id, w.name, du.group, prime=prime))
-    return units
-
-
-class Journal:
-    """Append-only JSONL of finished rows; the first line identifies the run.
-
-    Lines with a ``kind`` key are facts about the run, not rows (the thread
-    calibration): ``meta[kind]`` holds the last one of each kind.
-
-    One writer at a time: the journal is locked (:class:`dataset.io.OutputLock`) from
-    before it is read until :meth:`close`, so a second run on the same output is refused
-    with the first one's pid instead of appending duplicate rows beside it.
-    """
-
-    def __init__(self, path: Path, spec: ProfileSpec):
-        self.path = path
-        self.lock = OutputLock(path).acquire()
-        self.rows: list[dict] = []
-        self.meta: dict[str, dict] = {}
-        text = path.read_text() if path.exists() else ""
-        lines = text.splitlines()
-        header = None
-        if lines:
-            try:
-                header = json.loads(lines[0])
-            except json.JSONDecodeError:
-                if any(line.strip() for line in lines[1:]):
-                    raise InputFileError(path, None, None, "line 1 (the run's header) is corrupt; rows follow "
-                                         "it, so the file is not a torn start: move it aside") from None
-        if path.exists() and header is None:  # killed before or while writing its header: nothing to keep
-            path.unlink()
-        if header is not None:
-            if header.get("identity") != spec.identity():
-                raise InputError(
-                    f"{path} holds a profile run with other settings "
-                    f"({header.get('spec')}); choose another output path to start a new run"
-                )
-            self.run_id = header["run_id"]
-            for i, line in enumerate(lines[1:], start=2):
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError:
-                    if i != len(lines):
-                        raise InputFileError(path, None, None, f"line {i} is corrupt") from None
-                    # an interrupted last write: dropped, it will be measured again
-                    continue
-                if "kind" in obj:
-                    self.meta[obj["kind"]] = obj
-                else:
-                    self.rows.append(obj)
-            if not text.endswith("\n"):
-                self._rewrite(header)
-        else:
-            self.run_id = uuid.uuid4().hex[:12]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._append({"identity": spec.identity(), "run_id": self.run_id, "spec": asdict(spec)})
-
-    def close(self) -> None:
-        """Let the next run have the output."""
-        self.lock.release()
-
-    def _rewrite(self, header: dict):
-        lines = [header, *self.meta.values(), *self.rows]
-        write_text("\n".join(json.dumps(r) for r in lines) + "\n", self.path, overwrite=True)
-
-    def _append(self, obj: dict):
-        with os_errors(self.path), open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(obj, default=_json_default) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-
-    def keys(self) -> set[tuple]:
-        """(request id, mode, trial, attempt) of every journalled row."""
-        return {(r["request_id"], r["mode"], r["trial"], r.get("attempt", 0)) for r in self.rows}
-
-    def add_meta(self, kind: str, data: dict):
-        obj = {"kind": kind, **data}
-        self._append(obj)
-        self.meta[kind] = obj
-
-    def add(self, row: dict):
-        self._append(row)
-        self.rows.append(json.loads(json.dumps(row, default=_json_default)))
-
-
-def _json_default(o):
-    if isinstance(o, (np.floating, np.integer)):
-        return o.item()
-    raise TypeError(type(o))
-
-
-def _nan(x):
-    return None if x is None or (isinstance(x, float) and np.isnan(x)) else x
-
-
-def software_string() -> str:
-    import torch
-    import transformers
-
-    return json.dumps({"python": platform.python_version(), "torch": torch.__version__,
-                       "transformers": transformers.__version__})
-
-
-def model_id(path: Path) -> str:
-    """Folder name plus a short hash of the config and weights files' sizes and heads."""
-    h = hashlib.sha256()
-    for f in sorted(Path(path).glob("*")):
-        if f.suffix in (".json", ".safetensors", ".bin"):
-            h.update(f.name.encode())
-            with open(f, "rb") as fh:
-                h.update(fh.read(1 << 20))
-            h.update(str(f.stat().st_size).encode())
-    return f"{Path(path).name}@{h.hexdigest()[:12]}"
-
-
-@dataclass(frozen=True)
-class RowProvenance:
-    """Where every row of one run comes from. The same for all its rows, so it is
-    worked out once per run (hashing the weights and querying the hardware is not free)."""
-
-    backend: str
-    reference_mode: str
-    model: str
-    hardware: str
-    software: str
-    run_id: str
-    #: who measured: ``host:pid`` of a serial run, ``ray:<node ip>:<actor id>`` of a Ray worker
-    worker: str = ""
-    #: the device the engine ran on (``cpu``, ``cuda:<index>``)
-    device: str = ""
-
+if TYPE_CHECKING:  # the engine side loads lazily: building units needs none of it
+    from engine.noise import ThreadChoice
 
 @dataclass
 class ProfileRun:
@@ -335,111 +60,6 @@ class ProfileRun:
     @property
     def reference(self) -> str:
         return self.provenance.reference_mode
-
-
-@dataclass
-class Measurement:
-    """One timed engine call: what a profile row is made from."""
-
-    unit: Unit
-    mode: str
-    trial: int
-    #: the unit's (request, prompt ids) pairs as the engine ran them
-    group: list
-    gens: list
-    energy: EnergyReading
-    peak_mb: float
-    #: the engine's own account of how it ran (precision, graph capture, ballast)
-    info: dict
-    #: wall and CPU seconds of the engine call (:class:`engine.noise.TrialClock`)
-    clock: object = None
-    #: 0 for a trial's first measurement, then one per re-measurement of a contended one
-    attempt: int = 0
-
-    @property
-    def requests(self) -> list[Request]:
-        return [r for r, _ in self.group]
-
-    @property
-    def text(self) -> str:
-        return "\n".join(g.text for g in self.gens)
-
-
-def _shape_columns(m: Measurement) -> dict:
-    """Which unit, mode and trial the row is, and the unit's request shape (a group's
-    token counts are means over its requests, its concurrency their number)."""
-    reqs = m.requests
-    r0 = reqs[0]
-    return {
-        "workload": m.unit.family, "family": m.unit.family, "request_id": m.unit.id, "mode": m.mode,
-        "trial": m.trial, "attempt": m.attempt, "is_aggregate": False, "n_trials": None,
-        "prompt_tokens": float(np.mean([r.prompt_tokens for r in reqs])),
-        "expected_output_tokens": float(np.mean([r.expected_output_tokens for r in reqs])),
-        "shared_prefix_tokens": float(r0.shared_prefix_tokens),
-        "concurrent_requests": float(len(reqs)),
-        "memory_pressure": float(r0.memory_pressure),
-        "benchmark_suite": r0.benchmark_suite, "evaluation_mode": r0.evaluation_mode,
-    }
-
-
-def _timing_columns(gens) -> dict:
-    """A group finishes when its last request does, so latency is the maximum; tokens
-    are summed over the group and time-between-tokens pooled over it."""
-    latency = max(g.latency_ms for g in gens)
-    out_tokens = sum(g.output_tokens for g in gens)
-    tbt = np.concatenate([g.tbt_ms for g in gens]) if gens else np.array([])
-    return {
-        "latency_ms": latency,
-        "ttft_ms": _nan(float(np.nanmean([g.ttft_ms for g in gens]))),
-        "tbt_ms_mean": _nan(float(tbt.mean())) if len(tbt) else None,
-        "tbt_ms_p95": _nan(float(np.percentile(tbt, 95))) if len(tbt) else None,
-        "tokens_per_s": out_tokens / (latency / 1000) if latency > 0 else None,
-        "output_tokens": float(out_tokens),
-    }
-
-
-def _resource_columns(m: Measurement) -> dict:
-    out_tokens = sum(g.output_tokens for g in m.gens)
-    return {
-        "energy_j": m.energy.joules,
-        "energy_per_token_j": m.energy.joules / out_tokens if out_tokens else None,
-        "energy_source": m.energy.source, "peak_memory_mb": m.peak_mb,
-    }
-
-
-def _noise_columns(m: Measurement, threads) -> dict:
-    """The trial's CPU time and share, from which the contention flag is worked out
-    over the unit's trials when the profile is written (see :mod:`engine.noise`)."""
-    c = m.clock
-    return {
-        "cpu_time_ms": None if c is None else c.cpu_s * 1000,
-        "cpu_share": None if c is None else _nan(c.share),
-        "other_load": None if c is None else _nan(c.other_load),
-        "threads": None if threads is None else threads.threads,
-    }
-
-
-def _quality_columns(m: Measurement) -> dict:
-    """Benchmark accuracy where the requests have gold answers. The ROUGE-L columns
-    are filled in later: against the reference output, once it is known."""
-    acc = [score_answer(g.text, r.reference, r.evaluation_mode) for g, r in zip(m.gens, m.requests)]
-    acc = [a for a in acc if a is not None]
-    return {
-        "accuracy": float(np.mean(acc)) if acc else None,
-        "rouge_l_vs_reference": None, "rouge_l_vs_baseline": None,
-    }
-
-
-def _provenance_columns(prov: RowProvenance, m: Measurement, notes: list[str]) -> dict:
-    return {
-        "reference_mode": prov.reference_mode, "precision": m.info.get("precision"),
-        "graph_capture": bool(m.info.get("graph_capture", False)), "backend": prov.backend,
-        "model": prov.model,
-        "hardware": prov.hardware, "software": prov.software, "run_id": prov.run_id,
-        "worker": prov.worker or None, "device": prov.device or None,
-        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "source": "; ".join(notes), "output_text": m.text,
-    }
 
 
 class _Bar:

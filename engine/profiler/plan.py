@@ -1,0 +1,140 @@
+"""What a profile measures: the :class:`ProfileSpec` (everything in it but ``quick``'s
+expansion is the run's identity) and the units it expands to (one request, or a group
+arriving together; per-request drawn conditions; benchmark prompts)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+from dataset.benchmarks import read_benchmark
+from dataset.requests import Request
+from dataset.workloads import get_workload
+
+DEFAULT_WORKLOADS = (
+    "short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",
+    "long_prompt_long_output", "shared_prefix_chat", "memory_pressure_long_context",
+    "batch_pressure",
+)
+
+
+@dataclass
+class ProfileSpec:
+    """What to measure. Everything here (but ``quick``'s expansion) enters the
+    journal's identity, so a rerun with other settings cannot mix rows."""
+
+    model: str
+    draft_model: str | None = None
+    backend: str = "transformers"
+    device: str = "cpu"
+    modes: list[str] | None = None
+    workloads: list[str] = field(default_factory=lambda: list(DEFAULT_WORKLOADS))
+    requests: int = 3
+    #: interleaved trials per (unit, mode); the oracle reads their median
+    trials: int = 3
+    #: how often a contended trial is measured again before its flag is kept
+    max_remeasure: int = 2
+    seed: int = 0
+    benchmarks: list[str] = field(default_factory=list)
+    benchmark_requests: int = 2
+    batch_size: int | None = None
+    watts_per_core: float = 4.0
+    #: torch threads; None: chosen by a measurement at the start of the run
+    threads: int | None = None
+    #: keep every mode's engine loaded and measure each unit in all modes back to
+    #: back (fair ratios on a noisy machine; needs memory for all engines at once)
+    interleave: bool = False
+    #: vLLM backend: pre-quantized checkpoints of the quantized modes (int8, gptq_4bit, awq_4bit)
+    checkpoints: dict = field(default_factory=dict)
+    #: per-request conditions (:class:`dataset.workloads.conditions.ConditionDraw` as a
+    #: dict); None: every family's own fixed condition
+    conditions: dict | None = None
+    #: every family's prompt, output and prefix lengths times this
+    length_scale: float = 1.0
+
+    def __post_init__(self):
+        """Refuse counts and scales no run could use before anything is measured."""
+        from dataset.limits import count, finite, requests_fit
+
+        count("requests", self.requests)
+        count("trials", self.trials)
+        count("max_remeasure", self.max_remeasure, minimum=0)
+        count("benchmark_requests", self.benchmark_requests, minimum=0)
+        for name in ("batch_size", "threads"):
+            if getattr(self, name) is not None:
+                count(name, getattr(self, name))
+        finite("length_scale", self.length_scale, positive=True)
+        finite("watts_per_core", self.watts_per_core, minimum=0)
+        requests_fit("requests", self.requests * max(1, len(self.workloads)))
+
+    def identity(self) -> str:
+        d = asdict(self)
+        # fields added later enter the identity only when set, so journals written
+        # before they existed still resume
+        for key, default in (("conditions", None), ("length_scale", 1.0)):
+            if d[key] == default:
+                del d[key]
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Unit:
+    """What one profile row measures: one request, or a group arriving together."""
+
+    id: str
+    family: str
+    requests: list[Request]
+    #: untimed requests run first: the study times the follow-up to a request that
+    #: shares its prefix ("prime, then follow"), so prefix caches are warm
+    prime: list[Request] = field(default_factory=list)
+
+
+def build_units(spec: ProfileSpec) -> list[Unit]:
+    from dataset.workloads.conditions import scaled
+
+    units = []
+    for i, name in enumerate(spec.workloads):
+        w = scaled(get_workload(name), spec.length_scale)
+        if spec.conditions is not None:
+            units += _drawn_units(spec, w, i)
+        elif w.concurrent_requests > 1:
+            n_conc = spec.batch_size or w.concurrent_requests
+            for u in range(spec.requests):
+                reqs = w.sample(n_conc, seed=spec.seed * 1000 + i * 100 + u)
+                reqs = [dataclasses.replace(r, id=f"{name}-{spec.seed}-{u:03d}-{k}",
+                                            concurrent_requests=n_conc) for k, r in enumerate(reqs)]
+                units.append(Unit(f"{name}-{spec.seed}-{u:03d}", name, reqs))
+        else:
+            # stratified: the units span the family's spread (see WorkloadSpec.sample)
+            reqs = w.sample(spec.requests, seed=spec.seed * 1000 + i, stratified=True)
+            primer = [dataclasses.replace(w.sample(1, seed=spec.seed * 1000 + i + 500)[0],
+                                          id=f"{name}-{spec.seed}-prime")] \
+                if w.shared_prefix_tokens else []
+            for r in reqs:
+                units.append(Unit(r.id, name, [r], prime=primer))
+    for path in spec.benchmarks:
+        for r in read_benchmark(path, spec.benchmark_requests, seed=spec.seed):
+            units.append(Unit(r.id, r.family, [r]))
+    return units
+
+
+def _drawn_units(spec: ProfileSpec, w, i: int) -> list[Unit]:
+    """Units of family ``w`` under per-request drawn conditions: lengths stratified over
+    the family's spread, each unit its own concurrency (a group of that many requests),
+    shared prefix (primed first by an untimed request with the same prefix) and
+    memory pressure."""
+    from dataset.workloads.conditions import ConditionDraw, draw_units
+
+    draw = ConditionDraw.from_dict(spec.conditions)
+    units = []
+    for du in draw_units(w, spec.requests, draw, seed=spec.seed * 1000 + i, stratified=True):
+        r = du.request
+        prime = []
+        if r.shared_prefix_tokens:
+            prime = [dataclasses.replace(
+                r, id=f"{r.id}-prime", prompt_tokens=r.shared_prefix_tokens + 8,
+                expected_output_tokens=1, concurrent_requests=1)]
+        units.append(Unit(r.id, w.name, du.group, prime=prime))
+    return units
