@@ -78,6 +78,11 @@ def test_the_tiny_study_runs_every_step_and_writes_one_report(tiny_study):
     readme = (run / "README.md").read_text()
     assert "## Opening table" in readme and "## Findings" in readme and "## Step timings" in readme
     assert "training table:" in readme and "measured" in readme
+    # what each mode does on this model, before any router; the model and machine named
+    assert "## Modes on this model" in readme and "hardware: " in readme and "cores" in readme
+    modes = pd.read_csv(run / "modes.csv").set_index("mode")
+    assert set(modes.index) == {"fp16_baseline", "continuous_batching"}
+    assert modes.loc["fp16_baseline", "latency_ratio"] == 1.0
     # the profile's conditions vary inside a family (the study's flaw, fixed)
     prof = pd.read_parquet(run / "profile.parquet")
     assert prof.groupby("family")["concurrent_requests"].nunique().max() > 1 or \
@@ -110,6 +115,13 @@ def test_a_rerun_resumes_and_other_settings_are_refused(tiny_study):
     assert res.output.count("done before") == 12 and "starting" not in res.output
     res = CliRunner().invoke(app, ["study", "run", "--config", str(cfg), "--redo", "report"])
     assert res.exit_code == 0 and "[report] finished in" in res.output and res.output.count("done before") == 11
+    # another study's figures beside this one's (here the study beside itself)
+    res = CliRunner().invoke(app, ["study", "run", "--config", str(cfg), "--redo", "report",
+                                   "--beside", str(tmp / "run")])
+    assert res.exit_code == 0, res.output
+    readme = (tmp / "run" / "README.md").read_text()
+    assert "## Beside another study" in readme and "latency ratio (other)" in readme
+    assert "live_speedup (other)" in readme
     res = CliRunner().invoke(app, ["study", "run", "--config", str(cfg), "--redo", "nope"])
     assert res.exit_code == 2 and "no such step" in res.output
     other = tmp / "other.toml"

@@ -32,6 +32,7 @@ def study_run_cmd(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Study folder (overrides [study] output).")] = None,
     only: Annotated[list[str] | None, typer.Option(help="Run only these steps (e.g. profile, train, score:random); the others must be done.")] = None,
     redo: Annotated[list[str] | None, typer.Option(help="Run these finished steps again (e.g. report after a change to it); a score report is moved aside, not overwritten.")] = None,
+    beside: Annotated[Path | None, typer.Option(help="Another study's folder: the report sets its per-mode, offline and live figures beside this one's (e.g. the stdlib model's study beside the real model's).")] = None,
     ray: RayFlag = False,
     ray_address: RayAddress = None,
     ray_workers: RayWorkers = None,
@@ -44,7 +45,8 @@ def study_run_cmd(
         cfg = StudyConfig.from_toml(config)
     if output is not None:
         cfg = cfg.replace(output=str(output))
-    study = Study(cfg, console=console, ray=ray_options(ray, ray_address, ray_workers, ray_cpus_per_worker))
+    study = Study(cfg, console=console, ray=ray_options(ray, ray_address, ray_workers, ray_cpus_per_worker),
+                  beside=beside)
     console.print(f"study {cfg.name} in {study.out} (settings {cfg.identity()}); steps: "
                   + ", ".join(study.steps()))
     for step in _split(redo):

@@ -10,21 +10,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from modeswitch.study.markdown import md_table as _md
+from modeswitch.study.modes_section import beside_section, modes_section
 from modeswitch.study.table import figures, findings, generalisation_table, opening_table
 
 #: the issue's targets, checked in the report against the measured figures
 TARGET_ORACLE_LIVE_VIOLATIONS = 0.05
 TARGET_LIVE_ESTIMATE_ERROR_PCT = 15.0
-
-
-def _md(df: pd.DataFrame) -> str:
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(map(str, cols)) + " |", "|" + "---|" * len(cols)]
-    for row in df.itertuples(index=False):
-        lines.append("| " + " | ".join("-" if (isinstance(v, float) and not math.isfinite(v))
-                                       else (f"{v:.3g}" if isinstance(v, float) else str(v))
-                                       for v in row) + " |")
-    return "\n".join(lines)
 
 
 def _write(path: Path, text: str):
@@ -96,6 +88,10 @@ def write_study_report(study) -> dict:
                           for k, v in study.state["steps"].items()])
     _csv(out / "step_timings.csv", steps)
 
+    model = study.outputs("model")
+    modes_md, modes = modes_section(study._profile(), cfg.constraint_set(), out,
+                                    model.get("target"), model.get("draft"))
+    beside = beside_section(modes, fig, Path(study.beside)) if getattr(study, "beside", None) else []
     ds, cm, prof = study.outputs("dataset"), study.outputs("costmodel"), study.outputs("profile")
     lat = pd.Series(cm["latency_mape"])
     md = [f"# Study {cfg.name}", "",
@@ -107,6 +103,7 @@ def write_study_report(study) -> dict:
           "## Opening table", "", _md(table), "",
           "## Findings (computed from the table)", "", *[f"- {x}" for x in findings(fig, reports)], "",
           "## Against the issue's live targets", "", *targets(study, fig), "",
+          *modes_md, *beside,
           "## Inside the training data's ranges, and certified targets", "",
           "Held-out requests whose every feature lies inside the range its training part "
           "spans (the others are extrapolated: see each split report's "
@@ -157,6 +154,6 @@ def _log(study, fig: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFrame) -> 
                             for s, x in zip(steps["step"], steps["seconds"])})
         mlflow.log_table(data=table, artifact_file="opening_table.json")
         for name in ("README.md", "opening_table.csv", "generalisation_table.csv", "figures.csv",
-                     "step_timings.csv"):
+                     "step_timings.csv", "modes.csv", "floor.csv"):
             mlflow.log_artifact(str(study.out / name))
         return run.info.run_id

@@ -46,8 +46,11 @@ class Study:
     """One study folder: its config, its state, its steps."""
 
     def __init__(self, cfg: StudyConfig, console=None, log: Callable[[str], None] | None = None,
-                 ray=None):
+                 ray=None, beside=None):
         self.cfg = cfg
+        #: another study's folder the report sets its figures beside (not a study setting:
+        #: it changes what the report shows, not what is measured)
+        self.beside = beside
         #: :class:`engine.distributed.RayOptions`: profile over Ray (None: in this process);
         #: how the cells are spread is not a study setting, so it is not in ``cfg``
         self.ray = ray
