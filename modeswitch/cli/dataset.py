@@ -3,11 +3,18 @@ benchmarks, their features, oracle labels and every mode's estimated costs)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from dataset.benchmarks import read_benchmark
+from dataset.errors import InputError
+from dataset.io import write_parquet
+from dataset.limits import finite
+from dataset.workloads import get_workload, list_workloads
+from dataset.workloads.conditions import scaled
 from modeswitch.cli.common import (
     Incomplete,
     MissingQuality,
@@ -36,6 +43,7 @@ def dataset_build_cmd(
     benchmark_requests: Annotated[int, typer.Option(help="Prompts per benchmark file.")] = 50,
     profiled: Annotated[bool, typer.Option(help="Also add the profile's own measured requests, labelled from their own trials ('measured').")] = True,
     seed: Annotated[int, typer.Option(help="Population seed.")] = 0,
+    length_scale: Annotated[float, typer.Option(help="Every family's prompt, output and prefix lengths times this: give the profile's own (`profile --length-scale`), or drawn requests fall outside the measured range and their costs are extrapolated.")] = 1.0,
     config: Annotated[Path | None, typer.Option(help="TOML constraint thresholds.")] = None,
     incomplete: Annotated[Incomplete | None, typer.Option(help="What a missing reference row or metric does: error (stop) or skip [{on_incomplete}].")] = None,
     missing_quality: Annotated[MissingQuality | None, typer.Option(help="A mode with no quality evidence: unsafe (the study's rule) or pass (unchecked) [{missing_quality}].")] = None,
@@ -44,14 +52,9 @@ def dataset_build_cmd(
     costmodel: Annotated[str, typer.Option(help="Cost model for estimated requests: a file from `modeswitch costmodel fit`, 'auto' (fit and validate on the profile now) or 'none' (interpolation only). Used per (mode, metric) only where it validated better.")] = "auto",
 ):
     """Draw requests, compute features, label them with the oracle, attach per-mode costs."""
-    import dataclasses
-
-    from dataset.benchmarks import read_benchmark
-    from dataset.errors import InputError
-    from dataset.io import write_parquet
+    # pandas, pandera, the oracle: imported when the command runs, so `modeswitch --help` stays quick
     from dataset.profile_schema import read_profiles
-    from dataset.workloads import get_workload, list_workloads
-    from oracle.training_table import build_training_table
+    from oracle.training_table import build_training_table, profiled_requests
 
     c = constraints(config, on_incomplete=incomplete, missing_quality=missing_quality,
                      noise_aware=noise_aware)
@@ -62,15 +65,14 @@ def dataset_build_cmd(
     names = _split(workloads) or [f for f in profile["family"].unique() if f in registered]
     if not names:
         raise InputError("no registered workload families in the profile; pass --workloads")
+    finite("length_scale", length_scale, positive=True)
     per = max(1, requests // len(names))
     # drawn ids are namespaced: a profile's own requests come from the same generators
     reqs = [dataclasses.replace(r, id=f"draw-{r.id}") for i, n in enumerate(names)
-            for r in get_workload(n).sample(per, seed=seed * 100 + i)]
+            for r in scaled(get_workload(n), length_scale).sample(per, seed=seed * 100 + i)]
     for f in _split(benchmarks):
         reqs += read_benchmark(f, benchmark_requests, seed=seed)
     if profiled:
-        from oracle.training_table import profiled_requests
-
         drawn = {r.id for r in reqs}
         reqs += [r for r in profiled_requests(profile) if r.id not in drawn
                  and (not _split(workloads) or r.family in names)]
@@ -84,3 +86,7 @@ def dataset_build_cmd(
         f"{k} {v}" for k, v in table["label_source"].value_counts().items()))
     console.print("label latency from: " + ", ".join(
         f"{k} {v}" for k, v in table["latency_basis"].value_counts().items()))
+    outside = table["estimate_basis"].astype(str).str.contains("outside measured range").sum()
+    if outside:
+        console.print(f"[yellow]{outside} of {len(table)} requests lie outside the profile's measured "
+                      "range; their costs are extrapolated (does --length-scale match the profile's?)[/]")

@@ -164,7 +164,10 @@ def score_cmd(
     if res["live_summary"] is not None:
         console.print(f"live: {res['live_per']['request_id'].nunique()} requests x {cfg.live_trials} trials; "
                       "profile-estimate latency error "
-                      f"(mean absolute %): {fmt(res['live_figures']['estimate_mape_pct'], 1)}")
+                      f"(mean absolute %): {fmt(res['live_figures']['estimate_mape_pct'], 1)}"
+                      + "".join(f"; {src} {fmt(res['live_figures'].get(f'estimate_mape_pct_{src}'), 1)} "
+                                f"({res['live_figures'].get(f'estimate_pairs_{src}', 0)} pairs)"
+                                for src in ("measured", "estimated")))
     console.print(f"report: {out}/README.md; MLflow scoring run {res['mlflow_run_id']} (`make ui`)")
 
 
