@@ -136,13 +136,19 @@ def test_a_cyclic_lightgbm_booster_is_refused_before_anything_walks_it(table):
     est = _fit("lgbm", table, n_estimators=5)
     booster = est.pipeline_.named_steps["clf"].booster_
     assert check_fitted_trees(est) >= 1
-    text = booster.model_to_string()
-    head, sep, rest = text.partition("left_child=")
-    first, _, tail = rest.partition("\n")
-    kids = first.split()
-    assert kids[1] == "-1"
-    kids[1] = "00"  # node 1's left child back to the root; same length (the header holds tree sizes)
-    bad = lightgbm.Booster(model_str=head + sep + " ".join(kids) + "\n" + tail)
+    lines = booster.model_to_string().split("\n")
+    # the first split node (past the root) whose left child is leaf 0 ("-1") points back to
+    # the root instead ("00": same length, as the header holds the tree sizes)
+    for i, line in enumerate(lines):
+        kids = line.partition("left_child=")[2].split() if line.startswith("left_child=") else []
+        j = next((k for k in range(1, len(kids)) if kids[k] == "-1"), None)
+        if j is not None:
+            kids[j] = "00"
+            lines[i] = "left_child=" + " ".join(kids)
+            break
+    else:
+        pytest.fail("no tree with a leaf-0 left child past the root to rewire")
+    bad = lightgbm.Booster(model_str="\n".join(lines))
     est.pipeline_.named_steps["clf"]._Booster = bad
     with pytest.raises(ValueError, match="child of two splits|outside"):
         check_fitted_trees(est)
