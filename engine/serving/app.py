@@ -321,7 +321,8 @@ async def completions(state: State, http: HttpRequest, body: Annotated[Completio
     _check_model(state, body)
     check_capacity(state)
     chars = sum(map(len, body.prompt)) if isinstance(body.prompt, list) else len(body.prompt)
-    ids = await _tokenized(state, chars, completion_ids, state.tokenizer, body, state.context_tokens)
+    ids = await _tokenized(state, chars, completion_ids, state.tokenizer, body, state.context_tokens,
+                           state.config.raw_completions)
     return await serve(state, "completions", ids, body.max_tokens, stream=body.stream, chat=False, http=http)
 
 

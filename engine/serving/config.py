@@ -59,6 +59,11 @@ class ServerConfig:
     #: connections one address may hold; beyond it the address's oldest connection
     #: without a request in progress is closed
     max_connections_per_peer: int = 256
+    #: ``/v1/completions`` sends the prompt as written; by default an instruct model (one
+    #: with a chat template) gets it as one user turn in its template, as every other
+    #: path here (profiler, live scoring, chat) sends it: what the router's features
+    #: and the profile describe
+    raw_completions: bool = False
 
     def __post_init__(self):
         """Refuse a limit no server could run with before anything starts (a negative

@@ -32,15 +32,24 @@ def _bounded(text_chars: int, context: int | None) -> None:
                                  f"{context} tokens")
 
 
-def completion_ids(tok, body: CompletionBody, context: int | None = None) -> list[int]:
-    """The prompt's ids (empty for an empty prompt: ``serve`` answers that 400)."""
+def completion_ids(tok, body: CompletionBody, context: int | None = None, raw: bool = False) -> list[int]:
+    """The prompt's ids (empty for an empty prompt: ``serve`` answers that 400). A model
+    with a chat template reads the prompt as one user turn in it, unless ``raw``
+    (``--raw-completions``): an instruct model given bare text continues it instead of
+    answering, and the profile measured it templated."""
     prompt = body.prompt
     if isinstance(prompt, list):
         if len(prompt) != 1:
             raise HTTPException(400, "prompt: this server takes one prompt per request")
         prompt = prompt[0]
-    _bounded(len(prompt), context)
-    return tok(prompt, add_special_tokens=True)["input_ids"] if prompt else []
+    _bounded(len(prompt) + (0 if raw else CHARS_PER_TOKEN_BOUND), context)
+    if not prompt:
+        return []
+    if tok.chat_template and not raw:
+        out = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                      tokenize=True, return_dict=True)
+        return list(out["input_ids"])
+    return tok(prompt, add_special_tokens=True)["input_ids"]
 
 
 def chat_chars(messages: list[Message]) -> int:
