@@ -118,3 +118,12 @@ def test_smollm2_gets_its_draft_only_when_a_mode_needs_one(tiny_models, tmp_path
     assert built == [tiny_models.target] * 2
     given = resolve_models("smollm2", str(tiny_models.draft))[1]  # --draft-model wins, nothing built
     assert given == tiny_models.draft and len(built) == 2
+
+
+def test_another_recipe_is_another_cache_entry_and_the_hidden_state_term_trains(tiny_models, drafted):
+    from dataclasses import replace
+
+    recipe = replace(TEST_RECIPE, hidden_weight=0.5, steps=5)
+    other = build_draft(tiny_models.target, recipe, log=lambda *a: None)
+    assert other.folder != drafted.folder and other.folder.parent == drafted.folder.parent
+    assert other.card["recipe"]["hidden_weight"] == 0.5 and other.card["train"]["steps"] == 5
