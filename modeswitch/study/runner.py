@@ -161,12 +161,14 @@ class Study:
     def _models(self):
         from engine.models.resolve import resolve_models
 
-        return resolve_models(self.cfg.model, self.cfg.draft_model, None, None, lambda *a: None)
+        return resolve_models(self.cfg.model, self.cfg.draft_model, None, None, lambda *a: None,
+                              modes=self.cfg.modes)
 
     def _step_model(self) -> dict:
         from engine.models.resolve import resolve_models
 
-        target, draft, card = resolve_models(self.cfg.model, self.cfg.draft_model, None, None, self.log)
+        target, draft, card = resolve_models(self.cfg.model, self.cfg.draft_model, None, None, self.log,
+                                             modes=self.cfg.modes)
         return {"target": str(target), "draft": str(draft) if draft else None,
                 "params": (card or {}).get("target_params")}
 
