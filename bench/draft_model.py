@@ -163,6 +163,12 @@ def main():
         n_flag = int(sum(np.sum(f) for f in flags[m]))
         print(f"{m:<30}{ratio:>14.2f}{ms_tok * 1000:>15.1f}{tps:>13.2f}{same:>11.0%}"
               f"{f'{args.trials * len(reqs)} ({n_flag})':>20}")
+    allv = [v for m in MODES for i in range(len(reqs)) for v in shares[m][i]]
+    allo = [v for m in MODES for i in range(len(reqs)) for v in other[m][i]]
+    print(f"(contended: ContentionRule, CPU share < {rule.min_share_ratio} of 1 thread, other load > "
+          f"{rule.max_other_load} cores, or wall > {rule.max_wall_ratio}x the median; median CPU share "
+          f"{statistics.median(allv):.2f}, median other load {statistics.median(allo):.2f} cores; medians "
+          f"use clean trials, all trials where none is clean)")
     spec, qspec = statistics.median(med["speculative_decoding"]), statistics.median(med["quantized_draft_speculative"])
     print(f"speculative_decoding / quantized_draft_speculative (median latencies): {spec / qspec:.2f}")
     print(f"draft acceptance rate on these answers (teacher-forced, per position): {acc_here:.2f}; "
