@@ -127,3 +127,15 @@ def test_another_recipe_is_another_cache_entry_and_the_hidden_state_term_trains(
     other = build_draft(tiny_models.target, recipe, log=lambda *a: None)
     assert other.folder != drafted.folder and other.folder.parent == drafted.folder.parent
     assert other.card["recipe"]["hidden_weight"] == 0.5 and other.card["train"]["steps"] == 5
+
+
+def test_the_build_is_deterministic(tiny_models, drafted):
+    from dataset.io import sha256_file
+
+    weights = sha256_file(drafted.folder / "model.safetensors")
+    written = (drafted.folder / CARD).stat().st_mtime_ns
+    again = build_draft(tiny_models.target, TEST_RECIPE, force=True, log=lambda *a: None)
+    assert (again.folder / CARD).stat().st_mtime_ns != written  # rebuilt, not reused
+    assert again.folder == drafted.folder and sha256_file(again.folder / "model.safetensors") == weights
+    assert again.card["held_out_acceptance_rate"] == drafted.card["held_out_acceptance_rate"]
+    assert again.card["final_loss"] == drafted.card["final_loss"]
