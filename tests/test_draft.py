@@ -139,3 +139,17 @@ def test_the_build_is_deterministic(tiny_models, drafted):
     assert again.folder == drafted.folder and sha256_file(again.folder / "model.safetensors") == weights
     assert again.card["held_out_acceptance_rate"] == drafted.card["held_out_acceptance_rate"]
     assert again.card["final_loss"] == drafted.card["final_loss"]
+
+
+def test_the_cache_key_follows_what_made_the_target_not_how_long_it_took(tmp_path):
+    from engine.models.draft import DraftRecipe, draft_folder
+
+    def folder(card):
+        (tmp_path / "m").mkdir(exist_ok=True)
+        (tmp_path / "m" / CARD).write_text(json.dumps(card))
+        return draft_folder(tmp_path / "m", DraftRecipe(), "prompts")
+
+    first = folder({"source": "a", "build_seconds": 20.1})
+    assert folder({"source": "a", "build_seconds": 31.0}) == first  # re-converted: same draft
+    assert folder({"source": "b", "build_seconds": 20.1}) != first
+    assert draft_folder(tmp_path / "m", DraftRecipe(lr=1e-3), "prompts") != first

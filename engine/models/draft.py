@@ -103,7 +103,10 @@ def draft_folder(target: Path, recipe: DraftRecipe, prompts_key: str) -> Path:
     """Where the draft of ``target`` made by ``recipe`` from those prompts is cached."""
     target = Path(target)
     card = target / CARD
-    blob = "|".join([recipe.key(), prompts_key, card.read_text() if card.exists() else target.name])
+    # what made the target, not how long it took (a re-conversion keeps its draft)
+    made = {k: v for k, v in json.loads(card.read_text()).items() if not k.endswith("_seconds")} \
+        if card.exists() else target.name
+    blob = "|".join([recipe.key(), prompts_key, json.dumps(made, sort_keys=True)])
     return target.parent / f"{target.name}-draft-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
