@@ -239,7 +239,7 @@ SET_ALL = {
                "--served-name", "n", "--max-tokens-limit", "64", "--route-budget-us", "1.5",
                "--memory-budget-mb", "2.5", "--one-at-a-time", "--max-body-bytes", "1000",
                "--max-in-flight", "3", "--context-tokens", "512", "--header-timeout-s", "2.5",
-               "--body-timeout-s", "3.5", "--max-connections-per-peer", "7"]],
+               "--body-timeout-s", "3.5", "--max-connections-per-peer", "7", "--raw-completions"]],
     "profile": [["profile", "--backend", "vllm", "--device", "cuda", "--modes", "fp16_baseline",
                  "--workloads", "batch_pressure", "--requests", "2", "--trials", "2", "--max-remeasure", "1", "--seed", "1",
                  "--benchmarks", "b.jsonl", "--benchmark-requests", "3", "--batch-size", "4",
