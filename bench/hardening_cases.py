@@ -499,9 +499,8 @@ def _rewrite_registered(mlruns: Path, stored: Path, data: bytes) -> None:
     """Replace a registered router's file and rewrite every recorded hash to match, as an
     attacker who can write the store would (the hashes are integrity, not authentication)."""
     import mlflow
-
-    from dataset.io import sha256_file
-    from routers.training.tracking import tracking_uri
+    from modeswitch.dataset.io import sha256_file
+    from modeswitch.routers.training.tracking import tracking_uri
 
     old = sha256_file(stored)
     stored.write_bytes(data)
@@ -538,7 +537,7 @@ def loading_cases(tmp: Path):
     tr = est.pipeline_.named_steps["clf"].tree_
     tr.children_left[int(max(i for i in range(tr.node_count) if tr.children_left[i] >= 0))] = 0
     _rewrite_registered(mlruns, stored, sio.dumps(est))
-    from routers.export import load_router
+    from modeswitch.routers.export import load_router
 
     t0 = time.perf_counter()
     try:
@@ -618,8 +617,8 @@ def second_pass_cases(tmp: Path, mlruns: Path, uri: str):
                                                                "--trials", "1", "--split", "random", "--mlruns",
                                                                str(tmp / "sp-m1")], tmp, must_say="1 row")
     huge = tmp / "sp-huge.parquet"
-    from dataset.requests import requests_frame
-    from dataset.workloads import get_workload
+    from modeswitch.dataset.requests import requests_frame
+    from modeswitch.dataset.workloads import get_workload
 
     reqs = requests_frame(get_workload("batch_pressure").sample(2, 0))
     reqs["prompt_tokens"] = reqs["prompt_tokens"].astype(float)
@@ -699,8 +698,8 @@ def second_pass_cases(tmp: Path, mlruns: Path, uri: str):
 
 
 def exported_router(tmp: Path) -> tuple[Path, str]:
-    from routers import get_router
-    from routers.export import export_router
+    from modeswitch.routers import get_router
+    from modeswitch.routers.export import export_router
 
     table = synthetic_table(FAMILIES, 30)
     est = get_router("dt").fit(table, table["label"].astype(str))
@@ -727,7 +726,7 @@ def main():
         tmp = Path(d)
         model = args.model
         if model == "test-fixture":
-            from engine.models.tiny import TEST_RECIPE, build_models
+            from modeswitch.engine.models.tiny import TEST_RECIPE, build_models
 
             model = str(build_models(tmp / "models", TEST_RECIPE, log=lambda *a: None).target)
         os.environ["MODESWITCH_MODEL"] = model  # every child command's default --model

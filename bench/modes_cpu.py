@@ -32,11 +32,10 @@ def main():
     ap.add_argument("--keep", default=None, help="also keep the profile parquet here")
     args = ap.parse_args()
 
+    from modeswitch.engine.models.resolve import resolve_models
+    from modeswitch.engine.modes import reference_mode
+    from modeswitch.engine.profiler import DEFAULT_WORKLOADS, Profiler, ProfileSpec
     from rich.console import Console
-
-    from engine.models.resolve import resolve_models
-    from engine.modes import reference_mode
-    from engine.profiler import DEFAULT_WORKLOADS, Profiler, ProfileSpec
 
     console = Console(width=200)
     target, draft, card = resolve_models(args.model, args.draft_model, log=console.print)

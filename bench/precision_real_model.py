@@ -40,8 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def variants(base):
     import torch
-
-    from engine.backends import quantize as q
+    from modeswitch.engine.backends import quantize as q
 
     def quantized(fn, *args, **kw):
         m = copy.deepcopy(base)
@@ -75,12 +74,11 @@ def main():
     args = ap.parse_args()
 
     import torch
+    from modeswitch.dataset.workloads import get_workload
+    from modeswitch.engine.models.resolve import resolve_models
+    from modeswitch.engine.prompts import PromptBuilder
+    from modeswitch.engine.quality import rouge_l
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from dataset.workloads import get_workload
-    from engine.models.resolve import resolve_models
-    from engine.prompts import PromptBuilder
-    from engine.quality import rouge_l
 
     torch.set_num_threads(1)
     folder, _, card = resolve_models(args.model, log=print, modes=())

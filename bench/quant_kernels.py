@@ -41,7 +41,7 @@ def int4_fp32_activations(m, x):
 
 
 def main():
-    from engine.backends.quantize import Int4WeightOnlyLinear
+    from modeswitch.engine.backends.quantize import Int4WeightOnlyLinear
 
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)

@@ -47,12 +47,13 @@ def main():
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from dataset.features import features_frame
-    from dataset.workloads import get_workload
-    from oracle.training_table import build_training_table
-    from routers import get_router
-    from routers.compiler import compile
-    from routers.rule_baseline import RuleBaselineRouter
+    from modeswitch.dataset.features import features_frame
+    from modeswitch.dataset.workloads import get_workload
+    from modeswitch.oracle.training_table import build_training_table
+    from modeswitch.routers import get_router
+    from modeswitch.routers.compiler import compile
+    from modeswitch.routers.rule_baseline import RuleBaselineRouter
+
     from tests.helpers import synthetic_profile
 
     names = ["short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",
@@ -63,7 +64,7 @@ def main():
     rule = RuleBaselineRouter().fit()
     stream = [r for i, n in enumerate(names) for r in get_workload(n).sample(500, seed=100 + i)]
 
-    from routers.scoring.overhead import time_decisions, time_side_by_side
+    from modeswitch.routers.scoring.overhead import time_decisions, time_side_by_side
 
     big = features_frame(stream, args.feature_set)
     reps = max(1, args.batch // len(big))

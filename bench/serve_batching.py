@@ -52,10 +52,10 @@ def main():
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import openai
+    from modeswitch.engine.models.resolve import resolve_models
+    from modeswitch.engine.serving import ServerConfig, create_app
+    from modeswitch.routers.reference import FixedModeRouter
 
-    from engine.models.resolve import resolve_models
-    from engine.serving import ServerConfig, create_app
-    from routers.reference import FixedModeRouter
     from tests.helpers import start
 
     target, _, _ = resolve_models(args.model, None, None, None, print, modes=())

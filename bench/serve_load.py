@@ -61,7 +61,7 @@ async def run(args):
 
     base = args.url.rsplit("/v1", 1)[0]
     before = routing_buckets(base)
-    from engine.serving.metrics import STAGES
+    from modeswitch.engine.serving.metrics import STAGES
 
     text = metrics_text(base)
     before_stage = {st: routing_buckets(base, st, text) for st in STAGES}

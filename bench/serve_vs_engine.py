@@ -201,7 +201,7 @@ def main():
     args = ap.parse_args()
     import tempfile
 
-    from engine.models.resolve import resolve_models
+    from modeswitch.engine.models.resolve import resolve_models
 
     target, _, _ = resolve_models(args.model, None, None, None, print, modes=())
     levels = [int(x) for x in args.levels.split(",")]
@@ -211,7 +211,7 @@ def main():
     ms = [sys.executable, "-m", "modeswitch", "serve", "--model", str(target), "--backend", args.backend,
           "--served-name", "modeswitch", "--max-in-flight", str(max(levels) * 2 + 64), "--mlruns", args.mlruns]
     if args.backend == "vllm":
-        from engine.backends.vllm_backend import _max_len, engine_args
+        from modeswitch.engine.backends.vllm_backend import _max_len, engine_args
 
         eargs = engine_args(args.mode, target, max_model_len=_max_len(Path(target), None))
         base = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target),
@@ -220,7 +220,7 @@ def main():
                 ("modeswitch serve", lambda p: ms + ["--router", f"mode:{args.mode}", "--port", str(p)])]
         print("engine settings (both servers):", eargs)
     else:
-        from dataset.errors import InputError
+        from modeswitch.dataset.errors import InputError
 
         try:
             mode = majority_mode(args.router, args.mlruns, levels)
@@ -298,7 +298,7 @@ def main():
               f"{ma['p99']:5.0f} / {mb['p99']:5.0f} | {ma['ttft_p50']:5.0f} / {mb['ttft_p50']:5.0f}")
     # each round measured both servers back to back: the per-round ratio pairs them, so a
     # slow spell of the machine falls on both sides of one ratio (the medians above do not)
-    from oracle.uncertainty import paired_ratio
+    from modeswitch.oracle.uncertainty import paired_ratio
 
     print("\nper-round paired ratios (b / a), median [95% bootstrap interval over rounds]:")
     for lv in levels:
@@ -318,8 +318,8 @@ def majority_mode(router: str, mlruns: str, levels) -> str:
     prompt tokens, max_tokens, concurrency = the level)."""
     import collections
 
-    from dataset.requests import Request
-    from routers.export import load_router
+    from modeswitch.dataset.requests import Request
+    from modeswitch.routers.export import load_router
 
     r = load_router(router, mlruns)
     picks = collections.Counter()

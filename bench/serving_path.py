@@ -38,10 +38,11 @@ def main():
     args = ap.parse_args()
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from dataset.requests import Request, serving_request
-    from engine.serving.pool import PrefixTracker
-    from routers import get_router
-    from routers.rule_baseline import RuleBaselineRouter
+    from modeswitch.dataset.requests import Request, serving_request
+    from modeswitch.engine.serving.pool import PrefixTracker
+    from modeswitch.routers import get_router
+    from modeswitch.routers.rule_baseline import RuleBaselineRouter
+
     from tests.helpers import synthetic_table
 
     table = synthetic_table(["short_prompt_short_output", "long_prompt_short_output", "shared_prefix_chat",
@@ -62,7 +63,7 @@ def main():
     # stages it times go to lists, so a row shows what the server's histogram records
     from types import SimpleNamespace
 
-    from engine.serving.routing import route
+    from modeswitch.engine.serving.routing import route
 
     modes = set(table["label"].astype(str)) | {"fp16", "continuous_batching"}
     fixed = get_router("reference", mode="continuous_batching").fit()

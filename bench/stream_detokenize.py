@@ -37,10 +37,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from modeswitch.engine.models.resolve import resolve_models
+    from modeswitch.engine.serving.generate import _decode_stream, _Detokenizer
     from transformers import AutoTokenizer
-
-    from engine.models.resolve import resolve_models
-    from engine.serving.generate import _decode_stream, _Detokenizer
 
     target, _, _ = resolve_models(args.model, None, None, None, print, modes=())
     tok = AutoTokenizer.from_pretrained(str(target))

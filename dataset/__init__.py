@@ -4,8 +4,13 @@ This room imports no other room of the project (engine, oracle, routers), so eve
 other room can depend on it without cycles.
 """
 
-from dataset.features import FEATURE_SET_A, FEATURE_SET_B, features_frame, request_features
-from dataset.requests import Request, read_requests
+from modeswitch.dataset.features import (
+    FEATURE_SET_A,
+    FEATURE_SET_B,
+    features_frame,
+    request_features,
+)
+from modeswitch.dataset.requests import Request, read_requests
 
 __all__ = [
     "FEATURE_SET_A",

@@ -18,8 +18,8 @@ import random
 import re
 from pathlib import Path
 
-from dataset.errors import InputFileError
-from dataset.requests import Request
+from modeswitch.dataset.errors import InputFileError
+from modeswitch.dataset.requests import Request
 
 #: Output budget per evaluation mode (max_new_tokens).
 OUTPUT_TOKENS = {"multiple_choice_accuracy": 8, "final_answer_exact_match": 96, "external_judge": 128}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from dataset.requests import Request
+from modeswitch.dataset.requests import Request
 
 #: Feature set A, the single definition of each feature: a Python expression over a
 #: request ``r`` (any object with the request's fields). :func:`request_features`

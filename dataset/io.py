@@ -24,7 +24,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from dataset.errors import InputError
+from modeswitch.dataset.errors import InputError
 
 
 class OutputExistsError(FileExistsError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import sys
 
-from dataset.errors import InputError
+from modeswitch.dataset.errors import InputError
 
 #: memory one drawn request takes while a population is built (tracemalloc over 2,000
 #: requests of a registered workload: 3.2 KB each); a population that cannot fit in

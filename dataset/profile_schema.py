@@ -21,9 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pandera.pandas as pa
-
-from dataset.errors import InputFileError, read_table
-from dataset.io import write_parquet
+from modeswitch.dataset.errors import InputFileError, read_table
+from modeswitch.dataset.io import write_parquet
 
 ENERGY_SOURCES = ("nvml_counter", "nvml_power_poll", "estimate", "published", "none")
 

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from dataset.benchmarks import read_benchmark
-from dataset.errors import InputError
-from dataset.requests import Request
+from modeswitch.dataset.benchmarks import read_benchmark
+from modeswitch.dataset.errors import InputError
+from modeswitch.dataset.requests import Request
 
 PROMPTS_ENV = "MODESWITCH_PROMPTS"
 #: beside a clone of the project: ../shared/reference/benchmarks

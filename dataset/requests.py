@@ -17,9 +17,8 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Annotated
 
+from modeswitch.dataset.errors import InputError, InputFileError
 from pydantic import Field, TypeAdapter, ValidationError
-
-from dataset.errors import InputError, InputFileError
 
 NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(ge=1)]

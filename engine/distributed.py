@@ -37,8 +37,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dataset.errors import InputError
-from engine.profiler import Journal, Profiler, ProfileRun, ProfileSpec, RowProvenance, build_units
+from modeswitch.dataset.errors import InputError
+from modeswitch.engine.profiler import (
+    Journal,
+    Profiler,
+    ProfileRun,
+    ProfileSpec,
+    RowProvenance,
+    build_units,
+)
 
 #: an actor's cells: (unit id, mode, trial, attempt)
 Cell = tuple[str, str, int, int]
@@ -67,11 +74,10 @@ class ProfileWorker:
     def __init__(self, spec: dict, model_path: str, draft_path: str | None, run_id: str,
                  reference: str, threads: int | None):
         import ray
-
-        from engine.energy import make_meter
-        from engine.hardware import hardware_string
-        from engine.noise import ThreadChoice
-        from engine.profiler import model_id, software_string
+        from modeswitch.engine.energy import make_meter
+        from modeswitch.engine.hardware import hardware_string
+        from modeswitch.engine.noise import ThreadChoice
+        from modeswitch.engine.profiler import model_id, software_string
 
         spec = ProfileSpec(**spec)
         self.profiler = p = Profiler(spec, Path(model_path), Path(draft_path) if draft_path else None,
@@ -132,7 +138,7 @@ def make_profiler(spec: ProfileSpec, model_path, draft_path, out, console=None,
                   ray: RayOptions | None = None) -> Profiler:
     """A serial :class:`Profiler`, or with ``ray`` a :class:`RayProfiler`."""
     if ray is None:
-        from engine import profiler  # looked up at call time (tests replace it)
+        from modeswitch.engine import profiler  # looked up at call time (tests replace it)
 
         return profiler.Profiler(spec, model_path, draft_path, out, console=console)
     return RayProfiler(spec, model_path, draft_path, out, console=console, address=ray.address,
@@ -277,7 +283,7 @@ class RayProfiler(Profiler):
             journal.close()
 
     def _record_threads(self, plan: RayPlan):
-        from engine.noise import ThreadChoice
+        from modeswitch.engine.noise import ThreadChoice
 
         run = self._run
         if plan.threads is None or self.backend.set_threads is None:

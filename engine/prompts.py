@@ -27,10 +27,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-from dataset.prompt_corpus import PromptCorpus, load_corpus, worked_example
-from dataset.registry import UnknownNameError
-from dataset.requests import Request
-from dataset.workloads import WorkloadSpec, get_workload
+from modeswitch.dataset.prompt_corpus import PromptCorpus, load_corpus, worked_example
+from modeswitch.dataset.registry import UnknownNameError
+from modeswitch.dataset.requests import Request
+from modeswitch.dataset.workloads import WorkloadSpec, get_workload
 
 #: the system prompt a shared prefix opens with
 SYSTEM_PROMPT = ("You are a helpful assistant. Answer the user's question accurately and concisely. "

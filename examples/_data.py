@@ -17,12 +17,12 @@ def table_from_args(description: str):
     ap.add_argument("--mlruns", default="mlruns")
     args = ap.parse_args()
     if args.table:
-        from oracle.external_table import read_training_table
+        from modeswitch.oracle.external_table import read_training_table
 
         return read_training_table(args.table), args
-    from dataset.profile_schema import read_profiles
-    from dataset.workloads import get_workload, list_workloads
-    from oracle import Constraints, build_training_table
+    from modeswitch.dataset.profile_schema import read_profiles
+    from modeswitch.dataset.workloads import get_workload, list_workloads
+    from modeswitch.oracle import Constraints, build_training_table
 
     profile = read_profiles([args.profiles])
     families = sorted(set(profile["family"]) & {w.name for w in list_workloads()})

@@ -10,10 +10,9 @@ the module is on $MODESWITCH_PLUGINS).
 """
 
 from _data import table_from_args
+from modeswitch.routers import RouterFamily, api, register_router
+from modeswitch.routers.families.classifier import ModeClassifier
 from sklearn.neighbors import KNeighborsClassifier
-
-from routers import RouterFamily, api, register_router
-from routers.families.classifier import ModeClassifier
 
 
 class KNNRouter(ModeClassifier):

@@ -14,9 +14,8 @@ import time
 import urllib.request
 
 from _data import table_from_args
-
-from routers import api
-from routers.scoring.offline import requests_from_table
+from modeswitch.routers import api
+from modeswitch.routers.scoring.offline import requests_from_table
 
 if __name__ == "__main__":
     import argparse

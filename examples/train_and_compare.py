@@ -5,8 +5,7 @@
 """
 
 from _data import table_from_args
-
-from routers import api
+from modeswitch.routers import api
 
 table, args = table_from_args(__doc__.splitlines()[0])
 train, test = api.split(table, "random", test_size=0.3)

@@ -6,10 +6,10 @@ without reference rows, a missing metric or an unknown mode is an error unless
 the caller asks to skip incomplete data.
 """
 
-from oracle.constraints import Constraints
-from oracle.external_table import read_cost_table
-from oracle.label import OracleError, label_profile, label_requests
-from oracle.training_table import build_training_table
+from modeswitch.oracle.constraints import Constraints
+from modeswitch.oracle.external_table import read_cost_table
+from modeswitch.oracle.label import OracleError, label_profile, label_requests
+from modeswitch.oracle.training_table import build_training_table
 
 __all__ = ["Constraints", "OracleError", "build_training_table", "label_profile", "label_requests",
            "read_cost_table"]

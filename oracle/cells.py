@@ -18,11 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-
-from dataset.workloads import get_workload
-from dataset.workloads.spec import condition_of
-from engine.modes import mode_names
-from engine.noise import clean_trials
+from modeswitch.dataset.workloads import get_workload
+from modeswitch.dataset.workloads.spec import condition_of
+from modeswitch.engine.modes import mode_names
+from modeswitch.engine.noise import clean_trials
 
 METRICS = (
     "latency_ms",

@@ -39,8 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-from oracle.cells import (
+from modeswitch.oracle.cells import (
     MODELLED,
     Cells,
     OracleError,
@@ -49,7 +48,7 @@ from oracle.cells import (
     request_rows,
     summarise,
 )
-from oracle.estimate import estimate
+from modeswitch.oracle.estimate import estimate
 
 #: metrics validate() reports (tokens/s follows from latency, so it is not listed)
 VALIDATED = ("latency_ms", "ttft_ms", "energy_per_token_j", "peak_memory_mb")
@@ -58,7 +57,7 @@ VERSION = 1
 
 
 def _prefix_cached(mode: str) -> bool:
-    from engine.modes import get_mode
+    from modeswitch.engine.modes import get_mode
 
     try:
         return bool(get_mode(mode).prefix_caching)
@@ -318,7 +317,7 @@ class CostModel:
 
     def save(self, path, overwrite: bool = False) -> Path:
         """Write atomically as JSON (its validation table inside, and beside it as CSV)."""
-        from dataset.io import atomic_path
+        from modeswitch.dataset.io import atomic_path
 
         path = Path(path)
         with atomic_path(path, overwrite=overwrite) as tmp:
@@ -330,7 +329,7 @@ class CostModel:
 
     @classmethod
     def load(cls, path) -> CostModel:
-        from dataset.errors import InputFileError
+        from modeswitch.dataset.errors import InputFileError
 
         path = Path(path)
         try:

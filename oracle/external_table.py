@@ -38,12 +38,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-from dataset.errors import InputError, read_table
-from dataset.features import features_frame
-from dataset.requests import Request
-from oracle.constraints import Constraints
-from oracle.training_table import PER_MODE, frame_hash
+from modeswitch.dataset.errors import InputError, read_table
+from modeswitch.dataset.features import features_frame
+from modeswitch.dataset.requests import Request
+from modeswitch.oracle.constraints import Constraints
+from modeswitch.oracle.training_table import PER_MODE, frame_hash
 
 REQUIRED = ("request_id", "prompt_tokens", "expected_output_tokens")
 OPTIONAL = {"shared_prefix_tokens": 0, "concurrent_requests": 1, "memory_pressure": 0.0,
@@ -122,7 +121,7 @@ def read_cost_table(path, constraints: Constraints | None = None) -> pd.DataFram
 
 def cost_table(raw: pd.DataFrame, path: Path, constraints: Constraints | None = None) -> pd.DataFrame:
     """The training table for a read cost table ``raw`` (``path`` names it in errors)."""
-    from engine.modes import list_modes, reference_mode
+    from modeswitch.engine.modes import list_modes, reference_mode
 
     c = constraints or Constraints()
     missing = [col for col in REQUIRED if col not in raw.columns]

@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-
-from oracle import family_rule
-from oracle.cells import Cells, OracleError, summarise
-from oracle.constraints import Constraints
-from oracle.estimate import estimate
+from modeswitch.oracle import family_rule
+from modeswitch.oracle.cells import Cells, OracleError, summarise
+from modeswitch.oracle.constraints import Constraints
+from modeswitch.oracle.estimate import estimate
 
 EPS = 1e-9
 QUALITY_SIGNALS = ("accuracy", "rouge_l_vs_reference", "rouge_l_vs_baseline")
@@ -74,7 +73,7 @@ def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constrai
         family_rule.attach(cand, family_table, groups)
     noisy = trials is not None and c.noise_aware and not trials.empty
     if noisy:
-        from oracle import noise_aware
+        from modeswitch.oracle import noise_aware
 
         noise_aware.add_intervals(cand, trials, c.confidence_level)
     needs = _needed_signals(cand, r)

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-
-from oracle.cells import summarise
-from oracle.constraints import Constraints
-from oracle.family_rule import family_quality, group_of, lossless
-from oracle.uncertainty import bootstrap
+from modeswitch.oracle.cells import summarise
+from modeswitch.oracle.constraints import Constraints
+from modeswitch.oracle.family_rule import family_quality, group_of, lossless
+from modeswitch.oracle.uncertainty import bootstrap
 
 COLUMNS = ["mode", "lossless", "requests", "latency_ratio", "latency_ratio_low", "latency_ratio_high",
            "rouge_l_mean", "rouge_l_low", "rouge_l_high", "rouge_l_p10", "divergence_rate",

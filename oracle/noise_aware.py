@@ -32,15 +32,14 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-
-from oracle.uncertainty import DEFAULT_BOOT, paired_ratio, resamples
+from modeswitch.oracle.uncertainty import DEFAULT_BOOT, paired_ratio, resamples
 
 
 def safety_rank(mode: str, reference: str) -> int:
     """0 the reference, 1 a lossless mode, 2 a lossy one (or unknown)."""
     if mode == reference:
         return 0
-    from engine.modes import get_mode
+    from modeswitch.engine.modes import get_mode
 
     try:
         return 1 if get_mode(mode).lossless else 2

@@ -17,12 +17,11 @@ import json
 
 import numpy as np
 import pandas as pd
-
-from dataset.errors import InputError
-from dataset.features import features_frame
-from dataset.requests import Request, requests_frame
-from oracle.constraints import Constraints
-from oracle.label import label_requests
+from modeswitch.dataset.errors import InputError
+from modeswitch.dataset.features import features_frame
+from modeswitch.dataset.requests import Request, requests_frame
+from modeswitch.oracle.constraints import Constraints
+from modeswitch.oracle.label import label_requests
 
 PER_MODE = ("latency_ms", "energy_ratio", "memory_ratio", "rouge_l_vs_baseline", "accuracy_delta_pp")
 
@@ -37,7 +36,7 @@ def profiled_requests(profile: pd.DataFrame) -> list[Request]:
     arriving together, with its mean shape), as requests to put in a training table:
     their labels come from their own measurements (the median of their clean
     trials), marked ``measured``."""
-    from oracle.cells import request_rows, summarise
+    from modeswitch.oracle.cells import request_rows, summarise
 
     rows = request_rows(profile)
     if rows.empty:

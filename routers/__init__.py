@@ -15,8 +15,8 @@ Every router, learned or rule, follows scikit-learn's estimator API (``__init__`
 stores parameters, ``fit`` returns self, learned attributes end in ``_``).
 """
 
-from routers.base import Router, RouterMixin
-from routers.registry import (
+from modeswitch.routers.base import Router, RouterMixin
+from modeswitch.routers.registry import (
     RouterFamily,
     get_family,
     get_router,

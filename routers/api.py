@@ -7,9 +7,9 @@ same code the CLI calls (the trainer, the offline scorer, the overhead timer, th
 MLflow export), so a figure from a script and one from ``modeswitch score`` mean
 the same thing.
 
-    from dataset.profile_schema import read_profiles
-    from oracle import build_training_table, read_cost_table
-    from routers import api
+    from modeswitch.dataset.profile_schema import read_profiles
+    from modeswitch.oracle import build_training_table, read_cost_table
+    from modeswitch.routers import api
 
     table = read_cost_table("my_costs.csv")            # or build_training_table(profile, requests)
     train, test = api.split(table, "group")
@@ -29,22 +29,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-
-from routers.export import export_router, load_router
-from routers.reference import OracleRouter
-from routers.registry import get_router
-from routers.scoring import overhead as oh
-from routers.scoring.offline import (
+from modeswitch.routers.export import export_router, load_router
+from modeswitch.routers.reference import OracleRouter
+from modeswitch.routers.registry import get_router
+from modeswitch.routers.scoring import overhead as oh
+from modeswitch.routers.scoring.offline import (
     aggregate_scores,
     offline_intervals,
     requests_from_table,
     score_offline,
 )
-from routers.scoring.report import headline_table
-from routers.scoring.run import ScoreConfig, baselines, score_routers
-from routers.training.table import TrainingTable
-from routers.training.tracking import git_commit, log_table_input, setup
-from routers.training.trainer import TrainConfig, log_model, train
+from modeswitch.routers.scoring.report import headline_table
+from modeswitch.routers.scoring.run import ScoreConfig, baselines, score_routers
+from modeswitch.routers.training.table import TrainingTable
+from modeswitch.routers.training.tracking import git_commit, log_table_input, setup
+from modeswitch.routers.training.trainer import TrainConfig, log_model, train
 
 __all__ = ["ScoreConfig", "TrainConfig", "TrainingTable", "evaluate", "export_router", "fit", "load_router",
            "log_router", "score_routers", "split", "train"]

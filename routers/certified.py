@@ -33,12 +33,17 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from modeswitch.engine.modes import reference_mode
+from modeswitch.routers.base import RouterMixin
+from modeswitch.routers.risk_control import (
+    ALPHA,
+    DELTA,
+    calibration_split,
+    candidate_grid,
+    learn_then_test,
+)
 from sklearn.base import BaseEstimator, ClassifierMixin, clone
 from sklearn.utils.validation import check_is_fitted
-
-from engine.modes import reference_mode
-from routers.base import RouterMixin
-from routers.risk_control import ALPHA, DELTA, calibration_split, candidate_grid, learn_then_test
 
 
 def has_risk_score(router) -> bool:

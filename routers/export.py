@@ -50,12 +50,11 @@ from pathlib import Path
 import mlflow.pyfunc
 import numpy as np
 import pandas as pd
-
-from dataset.errors import InputError
-from dataset.features import features_frame
-from dataset.io import sha256_file
-from dataset.requests import Request
-from routers.compiler.tree_checks import check_fitted_trees
+from modeswitch.dataset.errors import InputError
+from modeswitch.dataset.features import features_frame
+from modeswitch.dataset.io import sha256_file
+from modeswitch.dataset.requests import Request
+from modeswitch.routers.compiler.tree_checks import check_fitted_trees
 
 DEFAULT_NAME = "modeswitch-router"
 ALIAS = "champion"
@@ -64,8 +63,8 @@ INPUT_COLUMNS = ("prompt_tokens", "expected_output_tokens", "shared_prefix_token
                  "concurrent_requests", "memory_pressure", "family", "benchmark_suite")
 #: classes inside the project's routers that skops does not trust by itself (exact names);
 #: the routers' own classes come from the registry, more from $MODESWITCH_TRUSTED_TYPES
-ESTIMATOR_TYPES = ("routers.families.cost._Constant", "routers.certified.CertifiedRouter",
-                   "routers.risk_control.Calibration", "sklearn.tree._tree.Tree", "lightgbm.basic.Booster",
+ESTIMATOR_TYPES = ("modeswitch.routers.families.cost._Constant", "modeswitch.routers.certified.CertifiedRouter",
+                   "modeswitch.routers.risk_control.Calibration", "sklearn.tree._tree.Tree", "lightgbm.basic.Booster",
                    "lightgbm.sklearn.LGBMClassifier", "lightgbm.sklearn.LGBMRegressor", "collections.OrderedDict")
 TRUSTED_TYPES_ENV = "MODESWITCH_TRUSTED_TYPES"
 LOWER_IS_BETTER = ("overhead_p50_us", "overhead_p99_us", "energy_ratio", "memory_ratio",
@@ -88,7 +87,7 @@ class RouterPyfunc(mlflow.pyfunc.PythonModel):
     def use_compiled(self, on: bool = True):
         """Route through the compiled predictor (default) or the scikit-learn pipeline
         (also when the router cannot be compiled, e.g. one with a safety guard)."""
-        from routers.scoring.overhead import decision_function
+        from modeswitch.routers.scoring.overhead import decision_function
 
         self.route, path, _ = decision_function(self.router_, on)
         self.path_ = "compiled" if path == "compiled" else "pipeline"
@@ -120,7 +119,7 @@ def allowed_types() -> frozenset[str]:
     """The allow-list, exact fully qualified class names: every registered router family's
     class (built-in and plug-in), :data:`ESTIMATOR_TYPES`, and the comma-separated names in
     ``$MODESWITCH_TRUSTED_TYPES`` (e.g. a plug-in router's helper class)."""
-    from routers.registry import ROUTERS
+    from modeswitch.routers.registry import ROUTERS
 
     families = {f"{f.factory.__module__}.{f.factory.__qualname__}" for _, f in ROUTERS.items()
                 if isinstance(f.factory, type)}
@@ -207,8 +206,7 @@ def export_router(router, *, name: str = DEFAULT_NAME, mlruns: str = "mlruns", s
     """Log ``router`` as a pyfunc model, register a new version and alias it ``champion``."""
     import mlflow
     from mlflow.models import infer_signature
-
-    from routers.training.tracking import git_commit, setup
+    from modeswitch.routers.training.tracking import git_commit, setup
 
     setup(Path(mlruns), "modeswitch-export")
     meta = {"modes": list(router.modes_), "backend": backend,
@@ -317,8 +315,7 @@ def load_router(uri: str, mlruns: str = "mlruns", available_modes=None, compiled
     mode the engine lacks is refused with the list of missing modes.
     """
     import mlflow
-
-    from routers.training.tracking import tracking_uri
+    from modeswitch.routers.training.tracking import tracking_uri
 
     check_router_uri(uri)
     mlflow.set_tracking_uri(tracking_uri(Path(mlruns)))
@@ -363,8 +360,7 @@ def check_available_modes(model: RouterPyfunc, uri: str, available_modes) -> Non
 def best_from_scoring(metric: str, mlruns: str = "mlruns", max_violation_rate: float | None = None):
     """(router name, training run id, value) of the best learned router in the latest scoring run."""
     import mlflow
-
-    from routers.training.tracking import setup
+    from modeswitch.routers.training.tracking import setup
 
     setup(Path(mlruns), "modeswitch-score")
     client = mlflow.MlflowClient()

@@ -12,14 +12,13 @@
 from __future__ import annotations
 
 import numpy as np
+from modeswitch.dataset.errors import InputError
+from modeswitch.dataset.requests import Request
+from modeswitch.engine.modes import reference_mode
+from modeswitch.routers.base import RouterMixin
+from modeswitch.routers.registry import RouterFamily, register_router
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
-
-from dataset.errors import InputError
-from dataset.requests import Request
-from engine.modes import reference_mode
-from routers.base import RouterMixin
-from routers.registry import RouterFamily, register_router
 
 
 class FixedModeRouter(RouterMixin, BaseEstimator):

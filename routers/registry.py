@@ -15,12 +15,12 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dataset.registry import Registry, discover_package
+from modeswitch.dataset.registry import Registry, discover_package
 
 #: built-in families, imported in this order (listing order); other modules in
 #: routers/families/ follow, sorted by name
-_BUILTIN = ("routers.rule_baseline", "routers.reference", "routers.families.dt",
-            "routers.families.rf", "routers.families.lr", "routers.families.lgbm")
+_BUILTIN = ("modeswitch.routers.rule_baseline", "modeswitch.routers.reference", "modeswitch.routers.families.dt",
+            "modeswitch.routers.families.rf", "modeswitch.routers.families.lr", "modeswitch.routers.families.lgbm")
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class RouterFamily:
 def _discover() -> None:
     for mod in _BUILTIN:
         importlib.import_module(mod)
-    discover_package("routers.families")()
+    discover_package("modeswitch.routers.families")()
 
 
 ROUTERS: Registry[RouterFamily] = Registry("router", _discover)

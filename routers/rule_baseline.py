@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from modeswitch.dataset.features import FEATURE_SET_A, NONE_CATEGORY
+from modeswitch.dataset.requests import Request
+from modeswitch.engine.modes import mode_names, reference_mode, resolve_mode
+from modeswitch.routers.base import RouterMixin
+from modeswitch.routers.registry import RouterFamily, register_router
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.validation import check_is_fitted
-
-from dataset.features import FEATURE_SET_A, NONE_CATEGORY
-from dataset.requests import Request
-from engine.modes import mode_names, reference_mode, resolve_mode
-from routers.base import RouterMixin
-from routers.registry import RouterFamily, register_router
 
 SYNTHETIC_FAMILIES = {
     "short_prompt_short_output": "gptq_4bit",

@@ -30,7 +30,7 @@ QUESTIONS = ["What is the capital of France?",
 
 def benchmark_question(suite: str) -> str:
     """One real question of ``suite`` from the benchmark samples (dataset.prompt_corpus)."""
-    from dataset.prompt_corpus import load_corpus
+    from modeswitch.dataset.prompt_corpus import load_corpus
 
     return load_corpus().pick((suite,))[0].prompt
 

@@ -105,8 +105,7 @@ def main():
     ap.add_argument("--out", default="ui-shots")
     args = ap.parse_args()
     import mlflow
-
-    from routers.training.tracking import tracking_uri
+    from modeswitch.routers.training.tracking import tracking_uri
 
     client = mlflow.MlflowClient(tracking_uri(Path(args.mlruns)))
     exps = {e.name: e for e in client.search_experiments()}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 def main():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from routers.scoring.frontier import RISK_MODELS, frontier
+    from modeswitch.routers.scoring.frontier import RISK_MODELS, frontier
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="runs/study/train.parquet")

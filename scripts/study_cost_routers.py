@@ -31,8 +31,8 @@ def main():
     ap.add_argument("--live", action="store_true")
     args = ap.parse_args()
 
-    from routers.scoring.run import ScoreConfig, score_routers
-    from routers.training.trainer import TrainConfig, train
+    from modeswitch.routers.scoring.run import ScoreConfig, score_routers
+    from modeswitch.routers.training.trainer import TrainConfig, train
 
     study = Path(args.study)
     state = json.loads((study / "study_state.json").read_text())

@@ -18,6 +18,6 @@ def a100_dir():
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """The project's model builder with the test recipe (seconds, same code path)."""
-    from engine.models.tiny import TEST_RECIPE, build_models
+    from modeswitch.engine.models.tiny import TEST_RECIPE, build_models
 
     return build_models(tmp_path_factory.mktemp("mscache"), TEST_RECIPE, log=lambda *a: None)

@@ -33,7 +33,7 @@ def row(unit, mode, latency, energy=1.0, memory=100.0, trial=0, **extra):
 
 
 def profile(rows) -> pd.DataFrame:
-    from dataset.profile_schema import validate_profile
+    from modeswitch.dataset.profile_schema import validate_profile
 
     return validate_profile(pd.DataFrame(rows))
 
@@ -67,8 +67,8 @@ def synthetic_profile():
 def synthetic_table(families, n: int):
     """A training table: ``n`` requests drawn from each workload family (seed = its
     position) labelled against :func:`synthetic_profile`."""
-    from dataset.workloads import get_workload
-    from oracle.training_table import build_training_table
+    from modeswitch.dataset.workloads import get_workload
+    from modeswitch.oracle.training_table import build_training_table
 
     reqs = [r for i, f in enumerate(families) for r in get_workload(f).sample(n, seed=i)]
     return build_training_table(synthetic_profile(), reqs)

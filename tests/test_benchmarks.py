@@ -1,9 +1,8 @@
 import json
 
 import pytest
-
-from dataset.benchmarks import read_benchmark, score_answer
-from dataset.errors import InputFileError
+from modeswitch.dataset.benchmarks import read_benchmark, score_answer
+from modeswitch.dataset.errors import InputFileError
 
 
 @pytest.mark.parametrize("out,ref,mode,want", [

@@ -89,7 +89,7 @@ def test_modes_show_with_override():
 
 # ------------------------------------------------------------- error policy
 def test_debug_shows_the_traceback_of_an_input_error():
-    from dataset.registry import UnknownNameError
+    from modeswitch.dataset.registry import UnknownNameError
 
     res = runner.invoke(app, ["--debug", "modes", "--show", "nope"])
     assert isinstance(res.exception, UnknownNameError) and res.exit_code == 1

@@ -47,14 +47,14 @@ class Backed:
 
 
 BACKED = {
-    "serve": Backed("engine.serving:ServerConfig",
+    "serve": Backed("modeswitch.engine.serving:ServerConfig",
                     resolved={"model_path": "--model", "draft_path": "--draft-model"}),
-    "train": Backed("routers.training.trainer:TrainConfig",
+    "train": Backed("modeswitch.routers.training.trainer:TrainConfig",
                     none_means_default={"routers": "--routers"}),
-    "score": Backed("routers.scoring.run:ScoreConfig",
+    "score": Backed("modeswitch.routers.scoring.run:ScoreConfig",
                     renamed={"run_ids": "--run", "compiled": "--compile"},
                     none_means_default={"live_requests": "--live-requests"}),
-    "profile": Backed("engine.profiler:ProfileSpec",
+    "profile": Backed("modeswitch.engine.profiler:ProfileSpec",
                       renamed={"checkpoints": "--checkpoint"},
                       resolved={"model": "--model", "draft_model": "--draft-model"},
                       none_means_default={"workloads": "--workloads", "requests": "--requests",
@@ -137,7 +137,7 @@ class Captured(Exception):
 
 
 def _capture(monkeypatch, target: str):
-    import engine.distributed  # noqa: F401 - subclasses the Profiler: imported before it is replaced
+    import modeswitch.engine.distributed  # noqa: F401 - subclasses the Profiler: imported before it is replaced
 
     module, _, name = target.rpartition(".")
 
@@ -155,9 +155,9 @@ def _built(args) -> object:
 
 @pytest.fixture
 def fake_models(monkeypatch):
-    import engine.models.resolve
+    import modeswitch.engine.models.resolve
 
-    monkeypatch.setattr(engine.models.resolve, "resolve_models", lambda *a, **k: (TARGET, None, None))
+    monkeypatch.setattr(modeswitch.engine.models.resolve, "resolve_models", lambda *a, **k: (TARGET, None, None))
 
 
 @pytest.fixture
@@ -170,22 +170,22 @@ def table(tmp_path):
 
 
 def test_serve_with_no_options_builds_the_default_server_config(monkeypatch, fake_models):
-    from engine.serving import ServerConfig
+    from modeswitch.engine.serving import ServerConfig
 
-    _capture(monkeypatch, "engine.serving.supported_modes")
+    _capture(monkeypatch, "modeswitch.engine.serving.supported_modes")
     # --router rule: a stored router is loaded (and vetted) before the config is used
     assert _built(["serve", "--router", "rule"]) == ServerConfig(model_path=str(TARGET))
 
 
 def test_serve_passes_max_tokens_limit_on(monkeypatch, fake_models):
-    _capture(monkeypatch, "engine.serving.supported_modes")
+    _capture(monkeypatch, "modeswitch.engine.serving.supported_modes")
     assert _built(["serve", "--router", "rule", "--max-tokens-limit", "64"]).max_tokens_limit == 64
 
 
 def test_profile_with_no_options_builds_the_default_spec(monkeypatch, fake_models, tmp_path):
-    from engine.profiler import ProfileSpec
+    from modeswitch.engine.profiler import ProfileSpec
 
-    _capture(monkeypatch, "engine.profiler.Profiler")
+    _capture(monkeypatch, "modeswitch.engine.profiler.Profiler")
     out = ["-o", str(tmp_path / "p.parquet")]
     assert _built(["profile", *out]) == ProfileSpec(model=str(TARGET))
     assert _built(["profile", *out, "--quick"]).requests == 1
@@ -196,8 +196,8 @@ def test_profile_ray_takes_an_optional_address(monkeypatch, fake_models, tmp_pat
     """``--ray`` alone starts a local Ray (or joins $RAY_ADDRESS: Ray reads it); with
     ``--ray-address`` it joins that cluster; the spec (and so the journal's identity) is
     the serial run's either way."""
-    import engine.distributed
-    from engine.profiler import ProfileSpec
+    import modeswitch.engine.distributed
+    from modeswitch.engine.profiler import ProfileSpec
 
     got = {}
 
@@ -205,7 +205,7 @@ def test_profile_ray_takes_an_optional_address(monkeypatch, fake_models, tmp_pat
         got.update(kw, spec=spec)
         raise Captured(spec)
 
-    monkeypatch.setattr(engine.distributed, "RayProfiler", consumer)
+    monkeypatch.setattr(modeswitch.engine.distributed, "RayProfiler", consumer)
     out = ["-o", str(tmp_path / "p.parquet")]
     assert _built(["profile", *out, "--ray"]) == ProfileSpec(model=str(TARGET))
     assert got["address"] is None and got["workers"] is None
@@ -217,17 +217,17 @@ def test_profile_ray_takes_an_optional_address(monkeypatch, fake_models, tmp_pat
 
 
 def test_train_with_no_options_builds_the_default_config(monkeypatch, table):
-    from routers.training.trainer import TrainConfig
+    from modeswitch.routers.training.trainer import TrainConfig
 
-    _capture(monkeypatch, "routers.training.trainer.train")
+    _capture(monkeypatch, "modeswitch.routers.training.trainer.train")
     assert _built(["train", "--data", str(table)]) == TrainConfig()
     assert _built(["train", "--data", str(table), "--routers", "dt,lr"]).routers == ["dt", "lr"]
 
 
 def test_score_with_no_options_builds_the_default_config(monkeypatch, table, tmp_path):
-    from routers.scoring.run import ScoreConfig
+    from modeswitch.routers.scoring.run import ScoreConfig
 
-    _capture(monkeypatch, "routers.scoring.run.score_routers")
+    _capture(monkeypatch, "modeswitch.routers.scoring.run.score_routers")
     cfg = _built(["score", "--data", str(table), "-o", str(tmp_path / "report")])
     assert cfg == ScoreConfig(name="report")
 
@@ -257,8 +257,8 @@ SET_ALL = {
                "--draft-model", "/d", "--device", "cuda", "--backend", "vllm", "--mlruns", "m2",
                "--seed", "1", "--labels", "measured", "--tracking-uri", "http://127.0.0.1:5999"]],
 }
-CONSUMER = {"serve": "engine.serving.supported_modes", "profile": "engine.profiler.Profiler",
-            "train": "routers.training.trainer.train", "score": "routers.scoring.run.score_routers"}
+CONSUMER = {"serve": "modeswitch.engine.serving.supported_modes", "profile": "modeswitch.engine.profiler.Profiler",
+            "train": "modeswitch.routers.training.trainer.train", "score": "modeswitch.routers.scoring.run.score_routers"}
 
 
 @pytest.mark.parametrize("cmd", sorted(BACKED))
@@ -276,9 +276,9 @@ def test_every_option_reaches_the_config(cmd, monkeypatch, fake_models, table, t
 
 # ------------------------------------------------- choices and their source
 def test_choices_match_the_code_that_consumes_them():
-    from dataset.features import FEATURE_SETS
-    from oracle.constraints import Constraints
-    from routers.training.splits import SPLITS
+    from modeswitch.dataset.features import FEATURE_SETS
+    from modeswitch.oracle.constraints import Constraints
+    from modeswitch.routers.training.splits import SPLITS
 
     assert typing.get_args(Split) == SPLITS
     assert sorted(typing.get_args(FeatureSet)) == sorted(FEATURE_SETS)
@@ -290,7 +290,7 @@ def test_choices_match_the_code_that_consumes_them():
 
 @pytest.mark.parametrize("cmd", ["serve", "profile", "score"])
 def test_backend_choices_are_the_registered_backends(cmd):
-    from engine.backends.registry import backend_names
+    from modeswitch.engine.backends.registry import backend_names
 
     out = runner.invoke(app, [cmd, "--help"], env={"COLUMNS": "250"}).output
     assert "<" + "|".join(backend_names()) + ">" in out
@@ -300,12 +300,12 @@ def test_backend_choices_are_the_registered_backends(cmd):
                                            ("--route-budget-us", "-1"), ("--route-budget-us", "inf"),
                                            ("--header-timeout-s", "0"), ("--max-connections-per-peer", "0")])
 def test_serve_refuses_a_limit_out_of_range_before_any_work(monkeypatch, option, value):
-    import engine.models.resolve
+    import modeswitch.engine.models.resolve
 
     def no_model(*a, **k):
         raise AssertionError("the model was resolved before the options were checked")
 
-    monkeypatch.setattr(engine.models.resolve, "resolve_models", no_model)
+    monkeypatch.setattr(modeswitch.engine.models.resolve, "resolve_models", no_model)
     res = runner.invoke(app, ["serve", "--router", "rule", option, value])
     assert res.exit_code == 2 and option in res.output and "positive" in res.output, res.output
     assert len(res.output.strip().splitlines()) == 1

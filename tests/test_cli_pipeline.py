@@ -16,7 +16,7 @@ from tests.helpers import free_port, http, synthetic_profile
 @pytest.fixture(scope="module")
 def cli_run(tmp_path_factory):
     """A training table built, routers trained, scored and exported, all through the CLI."""
-    from dataset.io import write_parquet
+    from modeswitch.dataset.io import write_parquet
 
     tmp = tmp_path_factory.mktemp("cli")
     prof = tmp / "profile.parquet"
@@ -66,8 +66,7 @@ def test_score_writes_the_report_with_the_rule_baseline(cli_run):
 
 def _client(tmp):
     import mlflow
-
-    from routers.training.tracking import tracking_uri
+    from modeswitch.routers.training.tracking import tracking_uri
 
     return mlflow.MlflowClient(tracking_uri(tmp / "mlruns"))
 
@@ -99,8 +98,7 @@ def test_scoring_logs_one_child_run_per_router_with_the_same_metric_keys(cli_run
 
 def test_training_and_scoring_runs_show_their_dataset(cli_run):
     import pandas as pd
-
-    from oracle.training_table import frame_hash, table_meta
+    from modeswitch.oracle.training_table import frame_hash, table_meta
 
     tmp, _ = cli_run
     client = _client(tmp)

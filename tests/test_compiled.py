@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from modeswitch.dataset.features import features_frame
+from modeswitch.dataset.requests import Request
+from modeswitch.dataset.workloads import get_workload
+from modeswitch.oracle.training_table import build_training_table
+from modeswitch.routers import get_router
+from modeswitch.routers.compiler import compile
 
-from dataset.features import features_frame
-from dataset.requests import Request
-from dataset.workloads import get_workload
-from oracle.training_table import build_training_table
-from routers import get_router
-from routers.compiler import compile
 from tests.helpers import synthetic_profile
 
 FAMILIES = ["short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",
@@ -92,7 +92,7 @@ def test_safety_guarded_routers_are_refused(data):
 @settings(max_examples=300, deadline=None)
 @given(t=st.floats(-1e6, 1e6, allow_nan=False), dx=st.integers(-3, 3))
 def test_float32_boundary_reproduces_float32_comparisons(t, dx):
-    from routers.compiler.codegen import float32_boundary
+    from modeswitch.routers.compiler.codegen import float32_boundary
 
     b, inclusive = float32_boundary(t)
     x = b
@@ -174,7 +174,7 @@ def test_training_sample_is_kept_in_the_kernels_layout(fitted, data):
 def test_released_routers_free_their_kernel_slots(fitted, data):
     import gc
 
-    from routers.compiler import library
+    from modeswitch.routers.compiler import library
 
     est, _ = fitted[("lgbm", "B")]
     _, held = data

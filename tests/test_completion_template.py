@@ -1,8 +1,8 @@
 """/v1/completions reads a prompt as an instruct model was trained to: one user turn in
 its chat template (``--raw-completions``: as written)."""
 
-from engine.serving.schemas import CompletionBody
-from engine.serving.tokens import completion_ids
+from modeswitch.engine.serving.schemas import CompletionBody
+from modeswitch.engine.serving.tokens import completion_ids
 
 TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant]"
 

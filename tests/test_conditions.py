@@ -3,10 +3,9 @@
 import collections
 
 import pytest
-
-from dataset.workloads import get_workload
-from dataset.workloads.conditions import ConditionDraw, draw_units, scaled
-from dataset.workloads.spec import condition_of
+from modeswitch.dataset.workloads import get_workload
+from modeswitch.dataset.workloads.conditions import ConditionDraw, draw_units, scaled
+from modeswitch.dataset.workloads.spec import condition_of
 
 
 def test_a_family_keeps_its_defining_condition_and_draws_the_others():
@@ -67,7 +66,7 @@ def test_a_bad_draw_says_which_key(bad, msg):
 
 
 def test_profile_units_under_drawn_conditions_are_groups_with_primers():
-    from engine.profiler import ProfileSpec, build_units
+    from modeswitch.engine.profiler import ProfileSpec, build_units
 
     spec = ProfileSpec(model="m", workloads=["short_prompt_long_output", "batch_pressure"], requests=12,
                        conditions=ConditionDraw().to_dict(), length_scale=0.5)

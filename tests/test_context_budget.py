@@ -1,7 +1,7 @@
 """Engines of a profile or a live check are sized for the requests they measure."""
 
-from dataset.requests import Request
-from engine.backends.base import EngineSettings, context_for
+from modeswitch.dataset.requests import Request
+from modeswitch.engine.backends.base import EngineSettings, context_for
 
 
 def test_the_budget_covers_the_longest_request_with_room_in_whole_pages():
@@ -13,7 +13,7 @@ def test_the_budget_covers_the_longest_request_with_room_in_whole_pages():
 
 
 def test_a_continuous_batching_cache_is_sized_by_the_budget(tiny_models):
-    from engine.backends.registry import get_backend
+    from modeswitch.engine.backends.registry import get_backend
 
     be = get_backend("transformers")
     sizes = {}

@@ -4,19 +4,18 @@
 import numpy as np
 import pandas as pd
 import pytest
-from sklearn.base import clone
-
-from dataset.features import features_frame
-from dataset.requests import Request
-from routers.certified import CertifiedRouter
-from routers.families.cost import LightGBMCostRouter, LinearCostRouter
-from routers.risk_control import (
+from modeswitch.dataset.features import features_frame
+from modeswitch.dataset.requests import Request
+from modeswitch.routers.certified import CertifiedRouter
+from modeswitch.routers.families.cost import LightGBMCostRouter, LinearCostRouter
+from modeswitch.routers.risk_control import (
     binomial_p_value,
     calibration_split,
     learn_then_test,
     min_calibration,
     upper_bound,
 )
+from sklearn.base import clone
 
 REF = "fp16_baseline"
 FAST = "continuous_batching"
@@ -175,8 +174,8 @@ def test_too_few_calibration_requests_certify_nothing_and_answer_the_reference(c
 
 @pytest.mark.parametrize("name", ["cost_linear", "cost_lgbm"])
 def test_export_load_decides_identically(tmp_path, name):
-    from routers import get_router
-    from routers.export import export_router, load_router
+    from modeswitch.routers import get_router
+    from modeswitch.routers.export import export_router, load_router
 
     est = get_router(name, max_risk=0.3).fit(synthetic_table(500, seed=14))
     mlruns = str(tmp_path / "mlruns")
@@ -193,8 +192,8 @@ def test_the_certifying_wrapper_takes_any_router_with_a_risk_score():
     classifiers) and refuses a router without one; no family takes a target itself."""
     import inspect
 
-    from routers import get_router, learned_families
-    from routers.certified import has_risk_score
+    from modeswitch.routers import get_router, learned_families
+    from modeswitch.routers.certified import has_risk_score
 
     for family in learned_families():
         assert "target_violation_rate" not in inspect.signature(get_router(family).__class__).parameters
@@ -207,7 +206,7 @@ def test_the_certifying_wrapper_takes_any_router_with_a_risk_score():
 def test_a_guarded_classifier_certifies_its_safety_threshold():
     """The guarded classifiers' threshold on P(safe) is certified the same way: with a
     target, the threshold used is chosen on held-out rows and meets it on new ones."""
-    from routers.families.dt import DecisionTreeRouter
+    from modeswitch.routers.families.dt import DecisionTreeRouter
 
     table = synthetic_table(3000, seed=20, quant_unsafe_above=200)
     rng = np.random.default_rng(2)
@@ -231,8 +230,8 @@ def test_a_guarded_classifier_certifies_its_safety_threshold():
 
 
 def test_a_target_outside_0_1_is_refused_not_certified():
-    from dataset.errors import InputError
-    from routers.training.trainer import TrainConfig
+    from modeswitch.dataset.errors import InputError
+    from modeswitch.routers.training.trainer import TrainConfig
 
     for bad in (-0.01, 0.0, 1.0):
         with pytest.raises(ValueError, match="must lie in"):
@@ -256,7 +255,7 @@ def test_the_lightgbm_router_routes_a_request_as_it_predicts_a_frame():
 def test_the_sampling_slack_covers_test_noise_at_its_confidence():
     """A router whose true violation rate is exactly the target exceeds target + slack
     on n test requests in at most delta of test sets (simulated)."""
-    from routers.risk_control import sampling_slack
+    from modeswitch.routers.risk_control import sampling_slack
 
     rng = np.random.default_rng(3)
     for n in (120, 240, 700):

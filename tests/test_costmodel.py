@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from modeswitch.oracle.costmodel import CostModel, design, fit_structural, grouped_folds, validate
 
-from oracle.costmodel import CostModel, design, fit_structural, grouped_folds, validate
 from tests.helpers import PROV, profile
 
 REF = "fp16_baseline"
@@ -100,7 +100,7 @@ def test_validation_table_beside_the_interpolation():
 
 def test_save_load_round_trip_and_prefers(tmp_path):
     df = synthetic(n=25, trials=2)
-    from oracle.costmodel import fit_validated
+    from modeswitch.oracle.costmodel import fit_validated
 
     cm = fit_validated(df, k=5)
     path = cm.save(tmp_path / "cm.json")
@@ -113,15 +113,15 @@ def test_save_load_round_trip_and_prefers(tmp_path):
         cm.save(path)
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
-    from dataset.errors import InputFileError
+    from modeswitch.dataset.errors import InputFileError
 
     with pytest.raises(InputFileError, match="version"):
         CostModel.load(bad)
 
 
 def test_oracle_uses_the_cost_model_where_it_validated_better():
-    from oracle import label_requests
-    from oracle.costmodel import fit_validated
+    from modeswitch.oracle import label_requests
+    from modeswitch.oracle.costmodel import fit_validated
 
     df = synthetic(n=30, trials=2)
     cm = fit_validated(df, k=5)
@@ -162,8 +162,7 @@ def test_costmodel_cli_fit_validate_and_label(tmp_path):
     assert res.exit_code == 0, res.output
     assert model.exists() and model.with_suffix(".validation.csv").exists()
     import mlflow
-
-    from routers.training.tracking import tracking_uri
+    from modeswitch.routers.training.tracking import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri(tmp_path / "mlruns"))
     runs = mlflow.search_runs(experiment_names=["costmodel"])
@@ -182,9 +181,9 @@ def test_costmodel_cli_fit_validate_and_label(tmp_path):
 
 
 def test_profiled_requests_get_measured_labels_and_training_can_keep_only_them():
-    from dataset.workloads import get_workload
-    from oracle.training_table import build_training_table, profiled_requests, table_meta
-    from routers.training.table import select_labels
+    from modeswitch.dataset.workloads import get_workload
+    from modeswitch.oracle.training_table import build_training_table, profiled_requests, table_meta
+    from modeswitch.routers.training.table import select_labels
 
     df = synthetic(n=8, trials=3)
     prof = profiled_requests(df)
@@ -201,14 +200,14 @@ def test_profiled_requests_get_measured_labels_and_training_can_keep_only_them()
     assert table.set_index("request_id").loc[rid, f"latency_ms__{REF}"] == pytest.approx(med)
     only = select_labels(table, "measured")
     assert len(only) == 8 and table_meta(only) == table_meta(table)
-    from dataset.errors import InputError
+    from modeswitch.dataset.errors import InputError
 
     with pytest.raises(InputError, match="no measured labels"):
         select_labels(table[table["label_source"] == "estimated"], "measured")
 
 
 def test_a_request_sharing_a_measured_units_id_but_not_its_shape_is_an_error():
-    from oracle import OracleError, label_requests
+    from modeswitch.oracle import OracleError, label_requests
 
     df = synthetic(n=6, trials=2)
     q = _shapes(6, 0).iloc[:1].copy()  # the synthetic profile's first request...

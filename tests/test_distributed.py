@@ -5,9 +5,8 @@ instance with 2 CPUs, the tiny test model."""
 import json
 
 import pytest
-
-from dataset.profile_schema import read_profile
-from engine.profiler import Profiler, ProfileSpec
+from modeswitch.dataset.profile_schema import read_profile
+from modeswitch.engine.profiler import Profiler, ProfileSpec
 
 ray = pytest.importorskip("ray", reason="Ray is the `distributed` extra (make test installs it)")
 
@@ -34,7 +33,7 @@ def serial(tiny_models, tmp_path_factory):
 
 
 def ray_run(tiny_models, out, on_row=None):
-    from engine.distributed import RayProfiler
+    from modeswitch.engine.distributed import RayProfiler
 
     p = RayProfiler(spec(tiny_models), tiny_models.target, tiny_models.draft, out, on_row=on_row,
                     cpus_per_worker=1)
@@ -80,7 +79,7 @@ def test_a_killed_worker_costs_no_row_and_repeats_none(local_ray, tiny_models, t
                     state["killed"] = a.name
                     break
 
-    from engine.distributed import RayProfiler
+    from modeswitch.engine.distributed import RayProfiler
 
     p = RayProfiler(spec(tiny_models), tiny_models.target, tiny_models.draft, out, on_row=kill_one,
                     cpus_per_worker=1)

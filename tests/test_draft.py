@@ -4,9 +4,8 @@ target with a seconds-long recipe: the same code path as SmolLM2's draft."""
 import json
 
 import pytest
-
-from dataset.requests import Request
-from engine.models.draft import CARD, TEST_RECIPE, build_draft, split_prompts
+from modeswitch.dataset.requests import Request
+from modeswitch.engine.models.draft import CARD, TEST_RECIPE, build_draft, split_prompts
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +37,7 @@ def test_the_draft_is_distilled_beside_its_target_with_a_card(tiny_models, draft
 
 
 def test_a_cached_draft_is_reused_without_training(tiny_models, drafted, monkeypatch):
-    import engine.models.draft as draft
+    import modeswitch.engine.models.draft as draft
 
     def no_training(*a, **k):
         raise AssertionError("rebuilt a cached draft")
@@ -51,9 +50,8 @@ def test_a_cached_draft_is_reused_without_training(tiny_models, drafted, monkeyp
 
 def test_the_draft_starts_from_the_targets_own_weights(tiny_models):
     import torch
+    from modeswitch.engine.models.draft import init_draft
     from transformers import AutoModelForCausalLM
-
-    from engine.models.draft import init_draft
 
     target = AutoModelForCausalLM.from_pretrained(tiny_models.target, dtype=torch.float32)
     d = init_draft(target, (1,))
@@ -65,9 +63,8 @@ def test_the_draft_starts_from_the_targets_own_weights(tiny_models):
 
 
 def test_training_prompts_are_held_out_of_every_request_the_project_builds(tiny_models):
+    from modeswitch.dataset.prompt_corpus import in_draft_split, load_corpus
     from transformers import AutoTokenizer
-
-    from dataset.prompt_corpus import in_draft_split, load_corpus
 
     corpus = load_corpus()
     used = {q.id for q in corpus.pick(())}
@@ -83,10 +80,9 @@ def test_training_prompts_are_held_out_of_every_request_the_project_builds(tiny_
 
 
 def test_speculative_decoding_with_the_distilled_draft_gives_the_reference_output(tiny_models, drafted):
+    from modeswitch.engine.backends.transformers_backend import TransformersEngine
+    from modeswitch.engine.prompts import PromptBuilder
     from transformers import AutoTokenizer
-
-    from engine.backends.transformers_backend import TransformersEngine
-    from engine.prompts import PromptBuilder
 
     b = PromptBuilder(AutoTokenizer.from_pretrained(tiny_models.target))
     reqs = [b.prepare(Request(id=str(i), prompt_tokens=p, expected_output_tokens=n))
@@ -102,9 +98,9 @@ def test_speculative_decoding_with_the_distilled_draft_gives_the_reference_outpu
 
 
 def test_smollm2_gets_its_draft_only_when_a_mode_needs_one(tiny_models, tmp_path, monkeypatch):
-    import engine.models.draft as draft
-    import engine.models.smollm2 as smollm2
-    from engine.models.resolve import needs_draft, resolve_models
+    import modeswitch.engine.models.draft as draft
+    import modeswitch.engine.models.smollm2 as smollm2
+    from modeswitch.engine.models.resolve import needs_draft, resolve_models
 
     built = []
     monkeypatch.setattr(smollm2, "build_smollm2", lambda *a, **k: smollm2.BuiltModel(tiny_models.target, {}))
@@ -130,7 +126,7 @@ def test_another_recipe_is_another_cache_entry_and_the_hidden_state_term_trains(
 
 
 def test_the_build_is_deterministic(tiny_models, drafted):
-    from dataset.io import sha256_file
+    from modeswitch.dataset.io import sha256_file
 
     weights = sha256_file(drafted.folder / "model.safetensors")
     written = (drafted.folder / CARD).stat().st_mtime_ns
@@ -142,7 +138,7 @@ def test_the_build_is_deterministic(tiny_models, drafted):
 
 
 def test_the_cache_key_follows_what_made_the_target_not_how_long_it_took(tmp_path):
-    from engine.models.draft import DraftRecipe, draft_folder
+    from modeswitch.engine.models.draft import DraftRecipe, draft_folder
 
     def folder(card):
         (tmp_path / "m").mkdir(exist_ok=True)

@@ -1,8 +1,13 @@
 """Energy meters: arithmetic and NVML handling against a fake NVML device."""
 
 import pytest
-
-from engine.energy import CpuTimeEstimate, NvmlCounter, NvmlPowerPoll, make_meter, trapezoid_joules
+from modeswitch.engine.energy import (
+    CpuTimeEstimate,
+    NvmlCounter,
+    NvmlPowerPoll,
+    make_meter,
+    trapezoid_joules,
+)
 
 
 class FakeClock:

@@ -2,12 +2,11 @@
 
 import pytest
 import torch
-
-from dataset.requests import Request
-from dataset.workloads import get_workload
-from engine.backends.transformers_backend import TransformersEngine, capabilities
-from engine.modes import list_modes
-from engine.prompts import PromptBuilder
+from modeswitch.dataset.requests import Request
+from modeswitch.dataset.workloads import get_workload
+from modeswitch.engine.backends.transformers_backend import TransformersEngine, capabilities
+from modeswitch.engine.modes import list_modes
+from modeswitch.engine.prompts import PromptBuilder
 
 
 class ForwardSpy:
@@ -150,7 +149,7 @@ def test_int8_replaces_linear_layers_and_changes_numerics(tiny_models, reqs):
 
 
 def test_int4_packs_weights_and_stays_close(tiny_models, reqs):
-    from engine.backends.quantize import Int4WeightOnlyLinear
+    from modeswitch.engine.backends.quantize import Int4WeightOnlyLinear
 
     e = engine(tiny_models, "gptq_4bit")
     ref = TransformersEngine("fp16_baseline", tiny_models.target).load()
@@ -177,7 +176,7 @@ def test_prefix_caching_skips_the_prefix_on_the_second_request(tiny_models, reqs
 
 
 def test_speculative_decoding_accepts_draft_tokens(tiny_models, reqs, reference_outputs):
-    from engine.modes import get_mode
+    from modeswitch.engine.modes import get_mode
 
     # the target as its own draft agrees with itself: every proposal is accepted, so the
     # target runs about once per k+1 tokens instead of once per token
@@ -210,7 +209,7 @@ def test_chunked_prefill_never_prefills_more_than_a_chunk(tiny_models, reqs):
 
 def test_quantized_self_speculation_drafts_with_an_int8_copy_and_keeps_the_reference_output(
         tiny_models, reqs, reference_outputs):
-    from engine.backends.quantize import Int8WeightOnlyLinear
+    from modeswitch.engine.backends.quantize import Int8WeightOnlyLinear
 
     e = engine(tiny_models, "quantized_draft_speculative")
     try:
@@ -224,7 +223,7 @@ def test_quantized_self_speculation_drafts_with_an_int8_copy_and_keeps_the_refer
 
 
 def test_weight_only_int8_replaces_the_linears_with_int8_weights(tiny_models, reqs):
-    from engine.backends.quantize import Int8WeightOnlyLinear
+    from modeswitch.engine.backends.quantize import Int8WeightOnlyLinear
 
     e = engine(tiny_models, "int8_weight_only")
     try:

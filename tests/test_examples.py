@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from modeswitch.dataset.errors import InputError
 
-from dataset.errors import InputError
 from tests.helpers import free_port, synthetic_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def profile_file(tmp_path_factory):
-    from dataset.io import write_parquet
+    from modeswitch.dataset.io import write_parquet
 
     p = tmp_path_factory.mktemp("examples") / "profile.parquet"
     write_parquet(synthetic_profile(), p)
@@ -61,8 +61,8 @@ def test_example_c_exports_the_champion_and_queries_the_served_model(profile_fil
 
 def _cost_csv(path: Path, n=240) -> pd.DataFrame:
     """A per-mode cost table as a user would bring it, from a built training table."""
-    from dataset.workloads import get_workload
-    from oracle import Constraints, build_training_table
+    from modeswitch.dataset.workloads import get_workload
+    from modeswitch.oracle import Constraints, build_training_table
 
     fams = ["short_prompt_short_output", "long_prompt_long_output", "shared_prefix_chat", "batch_pressure"]
     reqs = [r for i, f in enumerate(fams) for r in get_workload(f).sample(n // len(fams), seed=i)]
@@ -76,9 +76,9 @@ def _cost_csv(path: Path, n=240) -> pd.DataFrame:
 
 
 def test_your_own_cost_table_labels_like_the_oracle_and_trains(tmp_path):
-    from oracle import read_cost_table
-    from oracle.training_table import table_meta
-    from routers import api
+    from modeswitch.oracle import read_cost_table
+    from modeswitch.oracle.training_table import table_meta
+    from modeswitch.routers import api
 
     built = _cost_csv(tmp_path / "costs.csv")
     table = read_cost_table(tmp_path / "costs.csv")
@@ -106,7 +106,7 @@ def test_your_own_cost_table_labels_like_the_oracle_and_trains(tmp_path):
      "violates_quality__int8_quant\nx,5,5,3,1,maybe\n", "row 1, column violates_quality__int8_quant: 'maybe'"),
 ])
 def test_a_bad_cost_table_names_file_row_and_column(tmp_path, body, message):
-    from oracle import read_cost_table
+    from modeswitch.oracle import read_cost_table
 
     p = tmp_path / "costs.csv"
     p.write_text(body)

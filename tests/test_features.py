@@ -9,10 +9,9 @@ import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from dataset.features import FEATURE_FORMULAS, FEATURE_SET_A, request_features
-from dataset.requests import Request
-from routers.compiler import kernel_shape_features
+from modeswitch.dataset.features import FEATURE_FORMULAS, FEATURE_SET_A, request_features
+from modeswitch.dataset.requests import Request
+from modeswitch.routers.compiler import kernel_shape_features
 
 requests = st.builds(
     Request, id=st.just("r"),

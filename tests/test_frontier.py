@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from modeswitch.routers.scoring.frontier import frontier
 
-from routers.scoring.frontier import frontier
 from tests.helpers import synthetic_table
 
 
@@ -52,8 +52,7 @@ def test_lofo_scores_every_family_once_and_only_inside_the_ranges():
 
 def test_nothing_inside_the_ranges_gives_an_empty_frontier(monkeypatch):
     import pandas as pd
-
-    from routers.scoring import coverage
+    from modeswitch.routers.scoring import coverage
 
     t = _two_fast_modes(True)
     every = pd.DataFrame({"request_id": t["request_id"].astype(str), "extrapolated": True, "outside": "x"})

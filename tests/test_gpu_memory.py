@@ -4,8 +4,7 @@ applies memory pressure before a vLLM engine starts, and the NVML peak sampler."
 import types
 
 import pytest
-
-from engine.memory import GpuBallast, GpuMemoryPeak
+from modeswitch.engine.memory import GpuBallast, GpuMemoryPeak
 
 
 class FakeTorch:

@@ -1,6 +1,6 @@
 """Every profile row says which CPU, and which caches, it was measured on."""
 
-from engine import hardware
+from modeswitch.engine import hardware
 
 
 def test_caches_are_read_from_sysfs_in_index_order(tmp_path):

@@ -2,10 +2,9 @@
 
 import pandas as pd
 import pytest
-
-from dataset.errors import InputFileError
-from dataset.importers import detect_importer, import_file, import_files
-from oracle import Constraints, OracleError, label_profile
+from modeswitch.dataset.errors import InputFileError
+from modeswitch.dataset.importers import detect_importer, import_file, import_files
+from modeswitch.oracle import Constraints, OracleError, label_profile
 
 
 def test_trials_file_becomes_per_trial_rows(a100_dir):
@@ -111,7 +110,7 @@ BENCH = {"mmlu_pro_eval": ("mmlu_pro", "multiple_choice_accuracy"),
 
 
 def test_workload_shape_of_later_sweep_names(tmp_path):
-    from dataset.importers.modeswitch_a100 import workload_shape
+    from modeswitch.dataset.importers.modeswitch_a100 import workload_shape
 
     for name in ("shared_prefix_chat", "shared_prefix_chat_v0", "shared_prefix_chat_v3"):
         s = workload_shape(name, tmp_path / "x.csv", 0)

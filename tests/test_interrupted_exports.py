@@ -13,8 +13,8 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from modeswitch.dataset.errors import InputError
 
-from dataset.errors import InputError
 from tests.helpers import synthetic_table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ FAMILIES = ("short_prompt_short_output", "batch_pressure")
 
 
 def _router():
-    from routers import get_router
+    from modeswitch.routers import get_router
 
     table = synthetic_table(FAMILIES, 20)
     return get_router("dt").fit(table, table["label"].astype(str))
@@ -30,7 +30,7 @@ def _router():
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    from routers.export import export_router
+    from modeswitch.routers.export import export_router
 
     mlruns = tmp_path_factory.mktemp("store") / "mlruns"
     info = export_router(_router(), mlruns=str(mlruns), source_run_id="t", backend="transformers")
@@ -40,7 +40,7 @@ def exported(tmp_path_factory):
 def test_a_version_is_created_with_its_hashes_in_one_step(exported, monkeypatch):
     """An export killed after registering (here: before it could move the alias) leaves
     a version that already carries both hashes, so /latest loads it checked."""
-    from routers.export import export_router, load_router
+    from modeswitch.routers.export import export_router, load_router
 
     mlruns, _ = exported
 
@@ -58,7 +58,7 @@ def test_a_version_is_created_with_its_hashes_in_one_step(exported, monkeypatch)
 
 
 def test_a_version_without_hashes_is_refused(exported):
-    from routers.export import load_router
+    from modeswitch.routers.export import load_router
 
     mlruns, info = exported
     load_router(info["uri"], str(mlruns))  # the tracking URI points at this store from here on
@@ -76,7 +76,7 @@ def test_a_version_without_hashes_is_refused(exported):
 def test_a_garbage_meta_json_is_one_error(exported, tmp_path, content):
     import shutil
 
-    from routers.export import load_router
+    from modeswitch.routers.export import load_router
 
     mlruns, info = exported
     [meta] = [p for p in Path(mlruns).rglob("meta.json") if info["meta"]["sha256"] in p.read_text()]
@@ -88,7 +88,7 @@ def test_a_garbage_meta_json_is_one_error(exported, tmp_path, content):
 
 
 def test_a_run_left_running_by_a_killed_command_is_marked_failed_by_the_next(tmp_path):
-    from routers.training.tracking import ORPHANED_TAG, mark_orphaned_runs, setup
+    from modeswitch.routers.training.tracking import ORPHANED_TAG, mark_orphaned_runs, setup
 
     mlruns = tmp_path / "mlruns"
     code = textwrap.dedent(f"""
@@ -96,7 +96,7 @@ def test_a_run_left_running_by_a_killed_command_is_marked_failed_by_the_next(tmp
         sys.path.insert(0, {str(REPO)!r})
         import mlflow
         from pathlib import Path
-        from routers.training.tracking import setup
+        from modeswitch.routers.training.tracking import setup
         setup(Path({str(mlruns)!r}), "killed")
         run = mlflow.start_run(run_name="killed")
         print(run.info.run_id, flush=True)

@@ -5,13 +5,12 @@ import numpy as np
 import pandas as pd
 import pytest
 from helpers import pandas_family_bootstrap, pandas_live_figures
-
-from routers.scoring import intervals
-from routers.scoring.intervals import family_bootstrap, family_weighted
-from routers.scoring.live import INTERVAL_FIGURES as LIVE_FIGURES
-from routers.scoring.live import _family_parts
-from routers.scoring.offline import INTERVAL_FIGURES as OFFLINE_FIGURES
-from routers.scoring.offline import _aggregate, _interval_parts
+from modeswitch.routers.scoring import intervals
+from modeswitch.routers.scoring.intervals import family_bootstrap, family_weighted
+from modeswitch.routers.scoring.live import INTERVAL_FIGURES as LIVE_FIGURES
+from modeswitch.routers.scoring.live import _family_parts
+from modeswitch.routers.scoring.offline import INTERVAL_FIGURES as OFFLINE_FIGURES
+from modeswitch.routers.scoring.offline import _aggregate, _interval_parts
 
 # family sizes: one of a single request, one whose energy was never measured
 SIZES = {"a": 5, "b": 1, "c": 40, "d": 7, "e": 3}

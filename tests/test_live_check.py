@@ -3,9 +3,8 @@
 import numpy as np
 import pandas as pd
 import pytest
-
-from dataset.requests import Request
-from routers.scoring.live import estimate_error_by_source, stratified
+from modeswitch.dataset.requests import Request
+from modeswitch.routers.scoring.live import estimate_error_by_source, stratified
 
 
 def test_the_stream_takes_the_measured_requests_of_each_family_first():

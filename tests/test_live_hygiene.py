@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
-
-from dataset.requests import Request
+from modeswitch.dataset.requests import Request
 
 
 @dataclass
@@ -49,9 +48,9 @@ class _Clock:
 
 @pytest.fixture
 def live(monkeypatch):
-    from engine import prompts
-    from engine.backends import registry
-    from routers.scoring import live as live_mod
+    from modeswitch.engine import prompts
+    from modeswitch.engine.backends import registry
+    from modeswitch.routers.scoring import live as live_mod
 
     # as the real builder: (the request as prepared, its token ids)
     monkeypatch.setattr(prompts, "PromptBuilder", lambda tok: SimpleNamespace(prepare=lambda r: (r, [1, 2, 3])))
@@ -75,8 +74,8 @@ def live(monkeypatch):
 
 
 def test_a_stream_with_repeated_ids_is_refused(monkeypatch):
-    from dataset.errors import InputError
-    from routers.scoring.live import run_live
+    from modeswitch.dataset.errors import InputError
+    from modeswitch.routers.scoring.live import run_live
 
     r = Request(id="r1", prompt_tokens=8, expected_output_tokens=4, family="a")
     with pytest.raises(InputError, match="repeats request ids: r1"):
@@ -89,7 +88,7 @@ def test_the_profile_threads_reach_the_engines(live):
 
 
 def test_a_contended_trial_is_measured_again_and_left_out_of_the_median(live):
-    from routers.scoring.live import _collapse
+    from modeswitch.routers.scoring.live import _collapse
 
     # calls: t0 fp16, t0 fast, t1 fp16, t1 fast (contended), t2 fp16, t2 fast, then fast t1 again
     runs, calls, _ = live({3}, threads=1)
@@ -115,8 +114,8 @@ def test_a_trial_that_stays_contended_keeps_its_flag_and_stops(live):
 
 
 def test_the_summary_counts_contended_and_remeasured_trials(live):
-    from oracle.constraints import Constraints
-    from routers.scoring.live import score_live
+    from modeswitch.oracle.constraints import Constraints
+    from modeswitch.routers.scoring.live import score_live
 
     runs, _, _ = live({3}, threads=1)
     stream = [Request(id="r1", prompt_tokens=8, expected_output_tokens=4, family="a")]
@@ -126,7 +125,7 @@ def test_the_summary_counts_contended_and_remeasured_trials(live):
 
 
 def test_live_threads_default_to_the_profile_then_one_on_cpu():
-    from routers.scoring.run import ScoreConfig, live_threads
+    from modeswitch.routers.scoring.run import ScoreConfig, live_threads
 
     assert live_threads(ScoreConfig(), {"threads": [2]}) == (2, "the profile's")
     assert live_threads(ScoreConfig(), {})[0] == 1
@@ -136,8 +135,9 @@ def test_live_threads_default_to_the_profile_then_one_on_cpu():
 
 
 def test_the_training_table_records_the_profile_threads():
-    from dataset.workloads import get_workload
-    from oracle.training_table import build_training_table, table_meta
+    from modeswitch.dataset.workloads import get_workload
+    from modeswitch.oracle.training_table import build_training_table, table_meta
+
     from tests.helpers import synthetic_profile
 
     reqs = get_workload("short_prompt_short_output").sample(10, seed=0)
@@ -149,8 +149,7 @@ def test_the_training_table_records_the_profile_threads():
 
 def test_the_risk_table_reads_the_live_rate_against_its_slack():
     import pandas as pd
-
-    from routers.scoring.coverage import risk_table
+    from modeswitch.routers.scoring.coverage import risk_table
 
     router = SimpleNamespace(calibration_={"alpha": 0.01, "delta": 0.1, "n": 230, "threshold": 0.02,
                                            "rate": 0.0, "upper_bound": 0.00996})

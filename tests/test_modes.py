@@ -1,10 +1,8 @@
 import dataclasses
 
 import pytest
-from pydantic import ValidationError
-
-from engine.backends import BackendCapabilities, ModeSupport
-from engine.modes import (
+from modeswitch.engine.backends import BackendCapabilities, ModeSupport
+from modeswitch.engine.modes import (
     UnknownModeError,
     get_mode,
     list_modes,
@@ -12,6 +10,7 @@ from engine.modes import (
     reference_mode,
     resolve_mode,
 )
+from pydantic import ValidationError
 
 STUDY = ["fp16_baseline", "int8_quant", "gptq_4bit", "awq_4bit", "speculative_decoding",
          "kv_cache_compression", "prefix_caching", "chunked_prefill", "continuous_batching",

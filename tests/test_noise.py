@@ -8,8 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-
-from engine.noise import (
+from modeswitch.engine.noise import (
     ContentionRule,
     ThreadChoice,
     TrialClock,
@@ -141,8 +140,8 @@ def test_thread_calibration_takes_the_largest_count_that_uses_its_threads():
 def test_profiler_remeasures_contended_trials_and_keeps_every_row(tiny_models, tmp_path, monkeypatch):
     """Force the rule to flag every first attempt of trial 1: each gets re-measured once
     (attempt 1), both rows are kept, and the oracle reads the clean ones."""
-    import engine.noise as noise
-    from engine.profiler import Profiler, ProfileSpec
+    import modeswitch.engine.noise as noise
+    from modeswitch.engine.profiler import Profiler, ProfileSpec
 
     def flag_trial_one(df, rule=None, expected_share=None):  # the real rule would depend on the machine
         return ((df["trial"] == 1) & (df["attempt"] == 0)).astype("boolean")
@@ -164,7 +163,7 @@ def test_profiler_remeasures_contended_trials_and_keeps_every_row(tiny_models, t
     meta = [json.loads(x) for x in journal.read_text().splitlines() if '"kind"' in x]
     assert meta and meta[0]["kind"] == "threads" and df["threads"].eq(meta[0]["threads"]).all()
     assert {"median_cv", "contended_share"} <= set(prof.noise_.columns)
-    from oracle.cells import summarise
+    from modeswitch.oracle.cells import summarise
 
     cells = summarise(df)
     assert (cells.metrics["n_clean_trials"] == 2).all()
@@ -173,8 +172,8 @@ def test_profiler_remeasures_contended_trials_and_keeps_every_row(tiny_models, t
 def test_a_resumed_run_remeasures_what_a_stricter_rule_flags(tiny_models, tmp_path, monkeypatch):
     """Rerunning a finished profile measures nothing new, unless trials are left
     contended (an interrupt during re-measuring, or a stricter rule): those it re-measures."""
-    import engine.noise as noise
-    from engine.profiler import Profiler, ProfileSpec
+    import modeswitch.engine.noise as noise
+    from modeswitch.engine.profiler import Profiler, ProfileSpec
 
     spec = ProfileSpec(model=str(tiny_models.target), draft_model=str(tiny_models.draft),
                        modes=["fp16_baseline"], workloads=["short_prompt_short_output"],

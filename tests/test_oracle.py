@@ -1,8 +1,8 @@
 import math
 
 import pytest
+from modeswitch.oracle import Constraints, OracleError, label_profile
 
-from oracle import Constraints, OracleError, label_profile
 from tests.helpers import profile, row
 
 REF = "fp16_baseline"
@@ -170,7 +170,7 @@ def test_constraints_from_toml(tmp_path):
     c = Constraints.from_toml(p)
     assert c.max_energy_ratio == 1.1 and c.min_rouge_vs_baseline == 0.7 and c.max_memory_ratio == 1.02
     p.write_text("max_energy_ratoi = 1.1\n")
-    from dataset.errors import InputFileError
+    from modeswitch.dataset.errors import InputFileError
     with pytest.raises(InputFileError, match="max_energy_ratoi"):
         Constraints.from_toml(p)
     p.write_text("min_rouge_vs_baseline = 2\n")

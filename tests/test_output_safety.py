@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from modeswitch.dataset.errors import InputError
+from modeswitch.dataset.io import OutputLock, write_parquet, write_text
 from typer.testing import CliRunner
 
-from dataset.errors import InputError
-from dataset.io import OutputLock, write_parquet, write_text
 from modeswitch.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ def _holder(path: Path) -> subprocess.Popen:
     code = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(REPO)!r})
-        from dataset.io import OutputLock
+        from modeswitch.dataset.io import OutputLock
         lock = OutputLock({str(path)!r}).acquire()
         print("held", flush=True)
         time.sleep(120)
@@ -59,7 +59,7 @@ def test_a_second_writer_is_refused_naming_the_first_ones_pid(tmp_path):
 
 
 def test_a_second_journal_on_one_output_is_refused_until_the_first_is_closed(tmp_path):
-    from engine.profiler import Journal, ProfileSpec
+    from modeswitch.engine.profiler import Journal, ProfileSpec
 
     path = tmp_path / "p.parquet.journal.jsonl"
     spec = ProfileSpec(model="m")
@@ -74,9 +74,9 @@ def test_a_second_journal_on_one_output_is_refused_until_the_first_is_closed(tmp
 
 
 def test_profile_on_an_output_in_use_ends_in_one_line(tmp_path, monkeypatch):
-    import engine.models.resolve
+    import modeswitch.engine.models.resolve
 
-    monkeypatch.setattr(engine.models.resolve, "resolve_models", lambda *a, **k: (Path("/models/target"), None, None))
+    monkeypatch.setattr(modeswitch.engine.models.resolve, "resolve_models", lambda *a, **k: (Path("/models/target"), None, None))
     out = tmp_path / "p.parquet"
     holder = _holder(out.with_name(out.name + ".journal.jsonl"))
     try:
@@ -137,7 +137,8 @@ def test_train_with_its_store_under_a_file_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("rows", [1, 2])
 def test_a_table_too_small_to_split_is_one_error(rows):
-    from routers.training.splits import inner_folds, split_indices
+    from modeswitch.routers.training.splits import inner_folds, split_indices
+
     from tests.helpers import synthetic_table
 
     table = synthetic_table(("short_prompt_short_output", "batch_pressure"), 10).head(rows)

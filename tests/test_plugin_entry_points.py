@@ -13,14 +13,14 @@ import sys
 import textwrap
 
 import pytest
+from modeswitch.dataset import registry as reg
 
-from dataset import registry as reg
 from tests.conftest import REPO
 
 PLUGIN = '''
 """A fixed-mode router family from an installed package."""
-from routers.reference import FixedModeRouter
-from routers.registry import RouterFamily, register_router
+from modeswitch.routers.reference import FixedModeRouter
+from modeswitch.routers.registry import RouterFamily, register_router
 
 CALLS = []
 
@@ -52,7 +52,7 @@ def _site(tmp_path, entry_points: str, **modules: str):
 @pytest.fixture
 def clean_plugins(monkeypatch):
     """Forget which entry points were loaded, and the plug-in's registration, afterwards."""
-    from routers.registry import ROUTERS
+    from modeswitch.routers.registry import ROUTERS
 
     monkeypatch.delenv(reg.PLUGINS_ENV, raising=False)
     monkeypatch.setattr(reg, "_loaded_entry_points", set())
@@ -63,7 +63,7 @@ def clean_plugins(monkeypatch):
 
 
 def test_an_installed_entry_point_plugin_is_registered(tmp_path, monkeypatch, clean_plugins):
-    from routers import get_router, list_routers
+    from modeswitch.routers import get_router, list_routers
 
     site = _site(tmp_path, """
         [modeswitch.plugins]
@@ -87,7 +87,7 @@ def test_a_fresh_process_finds_the_plugin_through_the_registry(tmp_path):
     """, eplab_routers=PLUGIN)
     env = {k: v for k, v in os.environ.items() if k != reg.PLUGINS_ENV}
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO)])
-    out = subprocess.run([sys.executable, "-c", "from routers import list_routers; print(list_routers())"],
+    out = subprocess.run([sys.executable, "-c", "from modeswitch.routers import list_routers; print(list_routers())"],
                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "ep_fixed" in out.stdout

@@ -10,17 +10,17 @@ import textwrap
 from contextlib import contextmanager
 
 import pytest
+from modeswitch.dataset.registry import PLUGINS_ENV, import_plugins
 
-from dataset.registry import PLUGINS_ENV, import_plugins
 from tests.helpers import http, start, synthetic_profile
 
 ROUTER_PLUGIN = '''
 """Extremely randomised trees: a router family from outside the project."""
 from sklearn.ensemble import ExtraTreesClassifier
 
-from routers.families.classifier import ModeClassifier
-from routers.families.readers import sklearn_trees
-from routers.registry import RouterFamily, register_router
+from modeswitch.routers.families.classifier import ModeClassifier
+from modeswitch.routers.families.readers import sklearn_trees
+from modeswitch.routers.registry import RouterFamily, register_router
 
 
 class ExtraTreesRouter(ModeClassifier):
@@ -47,9 +47,9 @@ register_router(RouterFamily("plugin_et", ExtraTreesRouter, "extra trees (a plug
 
 BACKEND_PLUGIN = '''
 """A backend from outside the project: transformers, offering two modes only."""
-from engine.backends.base import BackendCapabilities
-from engine.backends.registry import Backend, register_backend
-from engine.backends.transformers_backend import TransformersEngine, capabilities
+from modeswitch.engine.backends.base import BackendCapabilities
+from modeswitch.engine.backends.registry import Backend, register_backend
+from modeswitch.engine.backends.transformers_backend import TransformersEngine, capabilities
 
 MODES = ("fp16_baseline", "int8_quant")
 
@@ -92,7 +92,7 @@ def _plugin(tmp_path, monkeypatch, package, module, source, registry, entry):
 
 @pytest.fixture
 def router_plugin(tmp_path, monkeypatch):
-    from routers.registry import ROUTERS
+    from modeswitch.routers.registry import ROUTERS
 
     with _plugin(tmp_path, monkeypatch, "myrouters", "extra_trees", ROUTER_PLUGIN, ROUTERS, "plugin_et") as mod:
         yield mod
@@ -100,7 +100,7 @@ def router_plugin(tmp_path, monkeypatch):
 
 @pytest.fixture
 def backend_plugin(tmp_path, monkeypatch):
-    from engine.backends.registry import BACKENDS
+    from modeswitch.engine.backends.registry import BACKENDS
 
     with _plugin(tmp_path, monkeypatch, "mybackends", "lite", BACKEND_PLUGIN, BACKENDS, "plugin_lite") as mod:
         yield mod
@@ -109,15 +109,14 @@ def backend_plugin(tmp_path, monkeypatch):
 def test_a_router_family_in_one_file_trains_scores_exports_and_serves(router_plugin, tmp_path,
                                                                         tiny_models):
     import mlflow
-
-    from dataset.features import features_frame
-    from dataset.workloads import get_workload
-    from engine.serving import ServerConfig, create_app
-    from oracle.training_table import build_training_table
-    from routers import learned_families, list_routers
-    from routers.export import export_router, load_router
-    from routers.scoring.run import ScoreConfig, score_routers
-    from routers.training.trainer import TrainConfig, train
+    from modeswitch.dataset.features import features_frame
+    from modeswitch.dataset.workloads import get_workload
+    from modeswitch.engine.serving import ServerConfig, create_app
+    from modeswitch.oracle.training_table import build_training_table
+    from modeswitch.routers import learned_families, list_routers
+    from modeswitch.routers.export import export_router, load_router
+    from modeswitch.routers.scoring.run import ScoreConfig, score_routers
+    from modeswitch.routers.training.trainer import TrainConfig, train
 
     assert "plugin_et" in list_routers() and "plugin_et" in learned_families()
     reqs = [r for i, n in enumerate(["short_prompt_short_output", "long_prompt_long_output",
@@ -170,10 +169,11 @@ def test_a_router_family_in_one_file_trains_scores_exports_and_serves(router_plu
 def test_a_plugin_family_passes_the_scikit_learn_checks_and_compiles_as_it_predicts(router_plugin):
     """Every registered family, plug-ins included, is a scikit-learn estimator; a plug-in
     of trees compiles from its description alone (no compiler edit)."""
-    from dataset.features import features_frame
-    from dataset.workloads import get_workload
-    from oracle.training_table import build_training_table
-    from routers import api, learned_families
+    from modeswitch.dataset.features import features_frame
+    from modeswitch.dataset.workloads import get_workload
+    from modeswitch.oracle.training_table import build_training_table
+    from modeswitch.routers import api, learned_families
+
     from tests.test_routers_learned import family_estimator_checks
 
     assert "plugin_et" in learned_families()
@@ -189,10 +189,10 @@ def test_a_plugin_family_passes_the_scikit_learn_checks_and_compiles_as_it_predi
 
 
 def test_a_backend_in_one_file_is_profiled_and_live_scored(backend_plugin, tmp_path, tiny_models):
-    from dataset.requests import Request
-    from engine.backends.registry import backend_names
-    from engine.profiler import Profiler, ProfileSpec
-    from routers.scoring.live import run_live
+    from modeswitch.dataset.requests import Request
+    from modeswitch.engine.backends.registry import backend_names
+    from modeswitch.engine.profiler import Profiler, ProfileSpec
+    from modeswitch.routers.scoring.live import run_live
 
     assert "plugin_lite" in backend_names()
     spec = ProfileSpec(model=str(tiny_models.target), backend="plugin_lite",

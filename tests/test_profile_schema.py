@@ -1,14 +1,14 @@
 import pandas as pd
 import pytest
-
-from dataset.io import OutputExistsError
-from dataset.profile_schema import (
+from modeswitch.dataset.io import OutputExistsError
+from modeswitch.dataset.profile_schema import (
     PROFILE_COLUMNS,
     ProfileSchemaError,
     read_profile,
     validate_profile,
     write_profile,
 )
+
 from tests.helpers import profile, row
 
 
@@ -118,7 +118,7 @@ def test_a_profile_without_latency_or_with_only_infinite_ones_is_refused():
 
 
 def test_repeated_rows_are_an_error_within_and_across_files(tmp_path):
-    from dataset.profile_schema import read_profiles
+    from modeswitch.dataset.profile_schema import read_profiles
 
     df = good()
     with pytest.raises(ProfileSchemaError) as exc:

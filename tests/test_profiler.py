@@ -4,9 +4,8 @@ import json
 
 import pandas as pd
 import pytest
-
-from dataset.profile_schema import read_profile
-from engine.profiler import Profiler, ProfileSpec
+from modeswitch.dataset.profile_schema import read_profile
+from modeswitch.engine.profiler import Profiler, ProfileSpec
 
 MODES = ["fp16_baseline", "int8_quant", "prefix_caching"]
 
@@ -110,7 +109,7 @@ def test_interleaved_sweep_measures_the_same_rows(tiny_models, tmp_path, full):
 
 
 def test_unknown_backend_names_the_registered_ones_before_writing(tiny_models, tmp_path):
-    from dataset.registry import UnknownNameError
+    from modeswitch.dataset.registry import UnknownNameError
 
     out = tmp_path / "p.parquet"
     with pytest.raises(UnknownNameError, match="unknown backend 'nope'; registered: .*transformers"):
@@ -121,7 +120,7 @@ def test_unknown_backend_names_the_registered_ones_before_writing(tiny_models, t
 @pytest.mark.parametrize("content", ["", '{"identity": "abc", "ru', "  \n"])
 def test_an_empty_or_torn_journal_starts_afresh(tiny_models, tmp_path, content):
     """A run killed before (or while) writing its header leaves nothing to keep."""
-    from engine.profiler import Journal
+    from modeswitch.engine.profiler import Journal
 
     path = tmp_path / "p.parquet.journal.jsonl"
     path.write_text(content)
@@ -130,8 +129,8 @@ def test_an_empty_or_torn_journal_starts_afresh(tiny_models, tmp_path, content):
 
 
 def test_a_corrupt_header_before_rows_is_named(tiny_models, tmp_path):
-    from dataset.errors import InputFileError
-    from engine.profiler import Journal
+    from modeswitch.dataset.errors import InputFileError
+    from modeswitch.engine.profiler import Journal
 
     path = tmp_path / "p.parquet.journal.jsonl"
     path.write_text('{"identity": \n{"mode": "fp16_baseline"}\n')

@@ -2,11 +2,10 @@
 family's lengths (engine/prompts.py, dataset/prompt_corpus.py)."""
 
 import pytest
-
-from dataset.prompt_corpus import load_corpus
-from dataset.requests import Request
-from dataset.workloads import get_workload, list_workloads
-from engine.prompts import SYSTEM_PROMPT, PromptBuilder
+from modeswitch.dataset.prompt_corpus import load_corpus
+from modeswitch.dataset.requests import Request
+from modeswitch.dataset.workloads import get_workload, list_workloads
+from modeswitch.engine.prompts import SYSTEM_PROMPT, PromptBuilder
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -73,7 +72,7 @@ def test_a_shared_prefix_is_a_system_turn_shared_token_for_token(tokenizers):
 
 
 def test_gold_answers_ride_along_and_score_the_output(tokenizers):
-    from dataset.benchmarks import score_answer
+    from modeswitch.dataset.benchmarks import score_answer
 
     b = PromptBuilder(tokenizers["plain"])
     got, _ = b.prepare(get_workload("long_prompt_long_output").sample(1, seed=5)[0])
@@ -91,7 +90,7 @@ def test_a_prompt_with_text_goes_through_the_chat_template(tokenizers):
 
 
 def test_a_missing_prompt_folder_is_one_clear_error(tmp_path, monkeypatch):
-    from dataset.prompt_corpus import PROMPTS_ENV, prompts_dir
+    from modeswitch.dataset.prompt_corpus import PROMPTS_ENV, prompts_dir
 
     monkeypatch.setenv(PROMPTS_ENV, str(tmp_path))
     with pytest.raises(ValueError, match="no benchmark prompt files"):

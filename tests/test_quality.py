@@ -1,6 +1,5 @@
 import pytest
-
-from engine.quality import rouge_l
+from modeswitch.engine.quality import rouge_l
 
 
 def test_rouge_l_identical_partial_and_code():

@@ -4,20 +4,19 @@ by the project's own engine (about 30 s: the conversion is cached after the firs
 import json
 
 import pytest
-
-from dataset.requests import Request
+from modeswitch.dataset.requests import Request
 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from engine.models.smollm2 import build_smollm2
+    from modeswitch.engine.models.smollm2 import build_smollm2
 
     return build_smollm2(log=lambda *a: None)
 
 
 def test_the_conversion_is_an_ordinary_checkpoint_with_its_provenance(smollm2):
-    from dataset.io import sha256_file
-    from engine.models.smollm2 import GGUF_NAME, PACKAGE, VERSION, gguf_file
+    from modeswitch.dataset.io import sha256_file
+    from modeswitch.engine.models.smollm2 import GGUF_NAME, PACKAGE, VERSION, gguf_file
 
     card = json.loads((smollm2.folder / "modeswitch_model.json").read_text())
     assert card["source"] == {"package": PACKAGE, "version": VERSION, "file": GGUF_NAME,
@@ -31,9 +30,8 @@ def test_the_conversion_is_an_ordinary_checkpoint_with_its_provenance(smollm2):
 
 def test_the_default_model_answers_through_the_engine_in_chat(smollm2):
     import torch
-
-    from engine.backends.transformers_backend import TransformersEngine
-    from engine.prompts import PromptBuilder
+    from modeswitch.engine.backends.transformers_backend import TransformersEngine
+    from modeswitch.engine.prompts import PromptBuilder
 
     torch.set_num_threads(1)
     engine = TransformersEngine("fp16_baseline", smollm2.folder, None).load()
@@ -48,7 +46,7 @@ def test_the_default_model_answers_through_the_engine_in_chat(smollm2):
 
 
 def test_the_default_model_is_smollm2_unless_told_otherwise(monkeypatch):
-    import engine.models.resolve as resolve
+    import modeswitch.engine.models.resolve as resolve
 
     monkeypatch.delenv(resolve.MODEL_ENV, raising=False)
     assert resolve.default_model() == "smollm2"
@@ -59,7 +57,7 @@ def test_the_default_model_is_smollm2_unless_told_otherwise(monkeypatch):
 def test_a_missing_wheel_says_how_to_install_it(monkeypatch):
     from importlib import metadata
 
-    import engine.models.smollm2 as smol
+    import modeswitch.engine.models.smollm2 as smol
 
     def missing(name):
         raise metadata.PackageNotFoundError(name)

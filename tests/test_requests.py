@@ -1,11 +1,15 @@
 import json
 
 import pytest
-
-from dataset.errors import InputFileError
-from dataset.features import FEATURE_SET_A, FEATURE_SET_B, features_frame, request_features
-from dataset.requests import Request, read_requests, serving_request
-from dataset.workloads import get_workload, list_workloads
+from modeswitch.dataset.errors import InputFileError
+from modeswitch.dataset.features import (
+    FEATURE_SET_A,
+    FEATURE_SET_B,
+    features_frame,
+    request_features,
+)
+from modeswitch.dataset.requests import Request, read_requests, serving_request
+from modeswitch.dataset.workloads import get_workload, list_workloads
 
 
 def write_jsonl(path, rows):
@@ -83,8 +87,7 @@ def test_a_stratified_draw_spans_the_spread_routers_see():
     """Profiles measure a stratified draw: ten requests cover the central 95 % of what
     thousands of random draws of the family give, in prompt and in output length."""
     import numpy as np
-
-    from dataset.workloads import get_workload
+    from modeswitch.dataset.workloads import get_workload
 
     w = get_workload("long_prompt_long_output")
     prof = w.sample(10, seed=0, stratified=True)

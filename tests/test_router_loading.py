@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import skops.io as sio
+from modeswitch.dataset.io import sha256_file
+from modeswitch.routers import get_router
+from modeswitch.routers.compiler.tree_checks import check_fitted_trees
+from modeswitch.routers.export import export_router, load_router, load_router_file
 
-from dataset.io import sha256_file
-from routers import get_router
-from routers.compiler.tree_checks import check_fitted_trees
-from routers.export import export_router, load_router, load_router_file
 from tests.helpers import CODE_RUNNERS, crafted_skops, synthetic_table
 
 FAMILIES = ["short_prompt_short_output", "batch_pressure", "long_prompt_short_output"]
@@ -62,8 +62,7 @@ def test_a_payload_in_the_registry_with_matching_hashes_is_refused_through_every
     """The attack as tried: the registry's recorded hashes rewritten to match the crafted
     file, loaded as `serve` loads it (models:/ alias, /latest, the version's folder)."""
     import mlflow
-
-    from routers.training.tracking import tracking_uri
+    from modeswitch.routers.training.tracking import tracking_uri
 
     mlruns = tmp_path / "mlruns"
     info = export_router(_fit("dt", table), mlruns=str(mlruns), source_run_id="r", backend="transformers")
@@ -87,7 +86,7 @@ def test_a_type_the_export_did_not_record_is_refused(tmp_path, table):
     path = tmp_path / "router.skops"
     sio.dump(_fit("lgbm", table, n_estimators=5), path)
     with pytest.raises(ValueError, match="did not record"):
-        load_router_file(path, sha256_file(path), recorded_types=["routers.families.lgbm.LightGBMRouter"])
+        load_router_file(path, sha256_file(path), recorded_types=["modeswitch.routers.families.lgbm.LightGBMRouter"])
 
 
 def _cyclic_tree_router(table):
@@ -101,7 +100,7 @@ def _cyclic_tree_router(table):
 
 
 def test_a_cyclic_tree_is_refused_on_load_and_by_the_compiler_within_a_second(tmp_path, table):
-    from routers.compiler import compile
+    from modeswitch.routers.compiler import compile
 
     est = _cyclic_tree_router(table)
     path = tmp_path / "router.skops"
@@ -115,7 +114,7 @@ def test_a_cyclic_tree_is_refused_on_load_and_by_the_compiler_within_a_second(tm
 
 
 def test_a_cycle_below_the_root_and_bad_splits_are_refused():
-    from routers.compiler.tree_checks import check_tree_arrays
+    from modeswitch.routers.compiler.tree_checks import check_tree_arrays
 
     ok = dict(feature=[0, 1, -2, -2, -2], threshold=[0.5, 1.5, -2, -2, -2],
               left=[1, 3, -1, -1, -1], right=[2, 4, -1, -1, -1])

@@ -5,14 +5,14 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from modeswitch.dataset.workloads import get_workload
+from modeswitch.oracle.training_table import build_training_table, table_meta
+from modeswitch.routers import get_router, learned_families
+from modeswitch.routers.training.costs import cost_matrix, objective_metrics, regret_weights
+from modeswitch.routers.training.splits import split_indices
 from sklearn.base import clone
 from sklearn.utils.estimator_checks import check_estimator
 
-from dataset.workloads import get_workload
-from oracle.training_table import build_training_table, table_meta
-from routers import get_router, learned_families
-from routers.training.costs import cost_matrix, objective_metrics, regret_weights
-from routers.training.splits import split_indices
 from tests.helpers import synthetic_profile
 
 REF = "fp16_baseline"
@@ -63,8 +63,8 @@ def test_every_family_declares_each_parameter_once():
     own parameters and its bases' (what get_params, clone and Optuna see)."""
     import inspect
 
-    from routers.families.base import LearnedRouter
-    from routers.registry import get_family
+    from modeswitch.routers.families.base import LearnedRouter
+    from modeswitch.routers.registry import get_family
 
     for family in learned_families():
         cls = get_family(family).factory
@@ -137,8 +137,7 @@ def test_routers_learn_the_table_and_safety_guard_falls_back(table):
 
 def test_small_tracked_training_run(table, tmp_path):
     import mlflow
-
-    from routers.training.trainer import TrainConfig, train
+    from modeswitch.routers.training.trainer import TrainConfig, train
 
     cfg = TrainConfig(routers=["dt", "lgbm"], trials=4, split="group", mlruns=str(tmp_path / "mlruns"))
     res = train(table, cfg)
@@ -162,7 +161,7 @@ def test_small_tracked_training_run(table, tmp_path):
 
 
 def test_paper_preset(table, tmp_path):
-    from routers.training.trainer import TrainConfig, train
+    from modeswitch.routers.training.trainer import TrainConfig, train
 
     res = train(table, TrainConfig(routers=["dt"], preset="modeswitch-paper", trials=0,
                                    mlruns=str(tmp_path / "m")))
@@ -173,12 +172,12 @@ def test_paper_preset(table, tmp_path):
 
 def test_a_failed_training_run_is_marked_failed_with_its_reason(tmp_path, monkeypatch):
     import mlflow
+    import modeswitch.routers.training.trainer as trainer
+    from modeswitch.dataset.workloads import get_workload
+    from modeswitch.oracle.training_table import build_training_table
+    from modeswitch.routers.training.tracking import tracking_uri
+    from modeswitch.routers.training.trainer import TrainConfig, train
 
-    import routers.training.trainer as trainer
-    from dataset.workloads import get_workload
-    from oracle.training_table import build_training_table
-    from routers.training.tracking import tracking_uri
-    from routers.training.trainer import TrainConfig, train
     from tests.helpers import synthetic_profile
 
     reqs = [r for i, n in enumerate(["short_prompt_short_output", "batch_pressure"])
@@ -198,7 +197,7 @@ def test_a_failed_training_run_is_marked_failed_with_its_reason(tmp_path, monkey
 
 
 def test_the_training_table_names_what_training_and_scoring_read(table):
-    from routers.training.table import TrainingTable
+    from modeswitch.routers.training.table import TrainingTable
 
     tt = TrainingTable.of(table)
     modes = table_meta(table)["modes"]

@@ -1,13 +1,12 @@
 import numpy as np
 import pandas as pd
 import pytest
+from modeswitch.dataset.features import FEATURE_SET_A, features_frame
+from modeswitch.dataset.requests import Request
+from modeswitch.routers import get_router, list_routers
+from modeswitch.routers.rule_baseline import RuleBaselineRouter, prefill_score
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
-
-from dataset.features import FEATURE_SET_A, features_frame
-from dataset.requests import Request
-from routers import get_router, list_routers
-from routers.rule_baseline import RuleBaselineRouter, prefill_score
 
 BASE = dict(prompt_tokens=500, expected_output_tokens=100, shared_prefix_tokens=0,
             concurrent_requests=1, memory_pressure=0.0)

@@ -25,7 +25,7 @@ MODESWITCH = [sys.executable, "-m", "modeswitch"]
 
 @pytest.fixture(scope="module")
 def table(tmp_path_factory):
-    from dataset.io import write_parquet
+    from modeswitch.dataset.io import write_parquet
 
     tmp = tmp_path_factory.mktemp("scale")
     write_parquet(synthetic_profile(), tmp / "profile.parquet")
@@ -154,9 +154,8 @@ def test_two_train_processes_tune_one_study_in_postgres_and_track_in_an_mlflow_s
 
 def test_a_crashed_workers_trial_is_marked_failed_by_its_heartbeat(postgres, monkeypatch):
     import optuna
+    from modeswitch.routers.training import parallel
     from optuna.trial import TrialState
-
-    from routers.training import parallel
 
     monkeypatch.setattr(parallel, "HEARTBEAT_INTERVAL_S", 1)
     monkeypatch.setattr(parallel, "GRACE_PERIOD_S", 2)
@@ -176,8 +175,8 @@ def test_a_crashed_workers_trial_is_marked_failed_by_its_heartbeat(postgres, mon
 def test_mlflow_models_serve_answers_with_load_routers_decisions(table, tmp_path):
     """The exported champion behind ``mlflow models serve`` (loopback): the same modes as
     ``load_router`` on 50 requests of raw fields."""
-    from dataset.workloads import get_workload
-    from routers.export import INPUT_COLUMNS, load_router
+    from modeswitch.dataset.workloads import get_workload
+    from modeswitch.routers.export import INPUT_COLUMNS, load_router
 
     mlruns = tmp_path / "mlruns"
     runner = CliRunner()
@@ -221,8 +220,8 @@ def test_mlflow_models_serve_answers_with_load_routers_decisions(table, tmp_path
 def test_tuning_turns_heartbeats_on_only_for_a_shared_study(table, tmp_path, monkeypatch):
     """An explicit storage (other processes may join) gets heartbeats; the default
     one-process SQLite study does not (each heartbeat is a database write)."""
-    from routers.training import parallel
-    from routers.training.trainer import TrainConfig, train
+    from modeswitch.routers.training import parallel
+    from modeswitch.routers.training.trainer import TrainConfig, train
 
     seen = []
     real = parallel.optuna_storage

@@ -6,9 +6,8 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-
-from routers.reference import FixedModeRouter, OracleRouter
-from routers.scoring.offline import aggregate_scores, score_offline, score_requests
+from modeswitch.routers.reference import FixedModeRouter, OracleRouter
+from modeswitch.routers.scoring.offline import aggregate_scores, score_offline, score_requests
 
 
 def table(rows):
@@ -99,9 +98,9 @@ def test_oracle_capture_and_match():
 
 
 def test_live_scores_compare_each_pick_with_the_reference_run():
-    from dataset.requests import Request
-    from oracle.constraints import Constraints
-    from routers.scoring.live import score_live, stratified, summarise_live
+    from modeswitch.dataset.requests import Request
+    from modeswitch.oracle.constraints import Constraints
+    from modeswitch.routers.scoring.live import score_live, stratified, summarise_live
 
     stream = [Request(id="r1", prompt_tokens=10, expected_output_tokens=4, family="a"),
               Request(id="r2", prompt_tokens=10, expected_output_tokens=4, family="b")]
@@ -122,12 +121,12 @@ def test_live_scores_compare_each_pick_with_the_reference_run():
 
 def test_score_offline_and_live_on_the_tiny_model(tiny_models, tmp_path):
     """Train two routers on measured tiny-model profiles, then score offline and live."""
-    from dataset.workloads import get_workload
-    from engine.profiler import Profiler, ProfileSpec
-    from oracle.constraints import Constraints
-    from oracle.training_table import build_training_table
-    from routers.scoring.run import ScoreConfig, score_routers
-    from routers.training.trainer import TrainConfig, train
+    from modeswitch.dataset.workloads import get_workload
+    from modeswitch.engine.profiler import Profiler, ProfileSpec
+    from modeswitch.oracle.constraints import Constraints
+    from modeswitch.oracle.training_table import build_training_table
+    from modeswitch.routers.scoring.run import ScoreConfig, score_routers
+    from modeswitch.routers.training.trainer import TrainConfig, train
 
     target = tiny_models.target
     fams = ["short_prompt_short_output", "batch_pressure", "shared_prefix_chat"]
@@ -199,9 +198,9 @@ def test_an_unmeasured_pick_is_charged_the_reference_cost_and_cannot_win():
 
 
 def test_live_trials_give_medians_intervals_and_violation_causes():
-    from dataset.requests import Request
-    from oracle.constraints import Constraints
-    from routers.scoring.live import score_live, summarise_live
+    from modeswitch.dataset.requests import Request
+    from modeswitch.oracle.constraints import Constraints
+    from modeswitch.routers.scoring.live import score_live, summarise_live
 
     stream = [Request(id=f"{f}{i}", prompt_tokens=10, expected_output_tokens=4, family=f)
               for f in "ab" for i in range(4)]
@@ -235,8 +234,8 @@ def test_live_trials_give_medians_intervals_and_violation_causes():
 
 
 def test_offline_headline_carries_family_weighted_intervals():
-    from routers.scoring.offline import offline_intervals
-    from routers.scoring.report import headline_table
+    from modeswitch.routers.scoring.offline import offline_intervals
+    from modeswitch.routers.scoring.report import headline_table
 
     rows = base_rows()
     rows[1]["latency_ms__fast"] = 8.0  # family a's requests now differ: 2x, 1.25x, 2x
@@ -253,7 +252,7 @@ def test_offline_headline_carries_family_weighted_intervals():
 
 
 def test_findings_are_computed_from_the_tables():
-    from routers.scoring.findings import findings
+    from modeswitch.routers.scoring.findings import findings
 
     def r(speedup, lo, hi, viol, vlo, vhi, p50=0.5):
         return {"speedup": speedup, "speedup_low": lo, "speedup_high": hi,

@@ -47,7 +47,7 @@ def health(port) -> dict:
 def server(tiny_models):
     """One server for the tests that need the real engines (loading them is the slow part).
     Tests change its router only through the ``router`` fixture, which puts it back."""
-    from engine.serving import ServerConfig, create_app
+    from modeswitch.engine.serving import ServerConfig, create_app
 
     holder = {"router": SwitchRouter(), "loads": 0}
 
@@ -230,7 +230,7 @@ class FakeTokenizer:
 
 
 def test_engine_load_failure_is_counted_and_leaves_nothing_in_flight(tiny_models):
-    from engine.serving import LoadedRouter, ServerConfig, create_app
+    from modeswitch.engine.serving import LoadedRouter, ServerConfig, create_app
 
     def broken_factory(mode):
         raise RuntimeError(f"cannot load {mode}")
@@ -252,10 +252,10 @@ def test_engine_load_failure_is_counted_and_leaves_nothing_in_flight(tiny_models
 
 
 def test_supported_modes_and_the_reference_come_from_the_backend_registry():
-    from engine.backends.base import EngineSettings
-    from engine.backends.registry import get_backend
-    from engine.modes import get_mode, reference_mode
-    from engine.serving import ServerConfig, supported_modes
+    from modeswitch.engine.backends.base import EngineSettings
+    from modeswitch.engine.backends.registry import get_backend
+    from modeswitch.engine.modes import get_mode, reference_mode
+    from modeswitch.engine.serving import ServerConfig, supported_modes
 
     cfg = ServerConfig(model_path="unused")
     assert cfg.reference == reference_mode().name
@@ -269,7 +269,7 @@ def test_supported_modes_and_the_reference_come_from_the_backend_registry():
 
 
 def test_api_key_is_enforced(tiny_models):
-    from engine.serving import ServerConfig, create_app
+    from modeswitch.engine.serving import ServerConfig, create_app
 
     cfg = ServerConfig(model_path=str(tiny_models.target), api_key="s3cret")
     app = create_app(lambda: SwitchRouter(), cfg, supported_modes=["fp16_baseline"])
@@ -302,7 +302,7 @@ def ten_mb_engines(closed: list):
 
 
 def test_engine_pool_unloads_least_recently_used_within_budget():
-    from engine.serving.pool import EnginePool
+    from modeswitch.engine.serving.pool import EnginePool
 
     closed = []
     Fake = ten_mb_engines(closed)
@@ -327,8 +327,8 @@ def test_the_budget_counts_the_server_s_own_memory(caplog):
     its request ends."""
     import logging
 
-    from engine.serving.pool import EnginePool
-    from engine.serving.state import process_base_mb
+    from modeswitch.engine.serving.pool import EnginePool
+    from modeswitch.engine.serving.state import process_base_mb
 
     closed = []
     Fake = ten_mb_engines(closed)
@@ -354,9 +354,9 @@ def test_the_budget_counts_the_server_s_own_memory(caplog):
 def test_the_budget_counts_the_kv_cache_an_engine_reserves(tiny_models):
     """A continuous-batching engine's paged cache dwarfs the tiny model's weights; the
     pool counts it (``memory_mb``), so a budget that fits two engines' weights fits one."""
-    from engine.backends.transformers_backend import TransformersEngine
-    from engine.modes import get_mode
-    from engine.serving.pool import EnginePool
+    from modeswitch.engine.backends.transformers_backend import TransformersEngine
+    from modeswitch.engine.modes import get_mode
+    from modeswitch.engine.serving.pool import EnginePool
 
     eng = TransformersEngine(get_mode("continuous_batching"), str(tiny_models.target), None, "cpu").load()
     try:
@@ -385,7 +385,7 @@ def test_the_pool_calls_its_hooks_after_a_load_and_after_an_unload(caplog):
     the load still succeeds."""
     import logging
 
-    from engine.serving.pool import EnginePool
+    from modeswitch.engine.serving.pool import EnginePool
 
     closed, calls = [], []
     Fake = ten_mb_engines(closed)
@@ -413,7 +413,7 @@ def test_the_pool_calls_its_hooks_after_a_load_and_after_an_unload(caplog):
 
 
 def test_a_failed_engine_load_leaves_the_mode_unloadable():
-    from engine.serving.pool import EnginePool
+    from modeswitch.engine.serving.pool import EnginePool
 
     closed, fail = [], {"a"}
 
@@ -437,7 +437,7 @@ def test_a_failed_engine_load_leaves_the_mode_unloadable():
 
 
 def test_prefix_tracker_finds_shared_prefixes():
-    from engine.serving.pool import PrefixTracker
+    from modeswitch.engine.serving.pool import PrefixTracker
 
     t = PrefixTracker(min_tokens=4)
     assert t.observe(list(range(100))) == 0
@@ -447,12 +447,11 @@ def test_prefix_tracker_finds_shared_prefixes():
 
 def test_export_and_load_round_trip(tmp_path):
     import mlflow
-
-    from dataset.features import features_frame
-    from dataset.workloads import get_workload
-    from oracle.training_table import build_training_table
-    from routers import get_router
-    from routers.export import export_router, load_router
+    from modeswitch.dataset.features import features_frame
+    from modeswitch.dataset.workloads import get_workload
+    from modeswitch.oracle.training_table import build_training_table
+    from modeswitch.routers import get_router
+    from modeswitch.routers.export import export_router, load_router
 
     reqs = [r for i, n in enumerate(["short_prompt_short_output", "long_prompt_long_output",
                                      "shared_prefix_chat", "batch_pressure"])
@@ -520,10 +519,9 @@ def test_requests_on_a_loaded_batching_engine_hold_no_worker_thread(server, rout
     dependency, taking the engine, generation, whole or streamed) runs on the event loop:
     with every thread-pool hop made to fail, requests still succeed."""
     import fastapi.dependencies.utils
+    import modeswitch.engine.serving.generate
+    import modeswitch.engine.serving.jobs
     import starlette.concurrency
-
-    import engine.serving.generate
-    import engine.serving.jobs
 
     c = server["client"]
     router.mode = "continuous_batching"
@@ -532,7 +530,7 @@ def test_requests_on_a_loaded_batching_engine_hold_no_worker_thread(server, rout
     def no_thread(*a, **k):
         raise AssertionError("a request took a worker thread")
 
-    for mod in (engine.serving.generate, engine.serving.jobs, fastapi.dependencies.utils,
+    for mod in (modeswitch.engine.serving.generate, modeswitch.engine.serving.jobs, fastapi.dependencies.utils,
                 starlette.concurrency):
         monkeypatch.setattr(mod, "run_in_threadpool", no_thread)
     with ThreadPoolExecutor(8) as pool:
@@ -549,8 +547,8 @@ def test_a_cancelled_batching_call_leaves_the_batch(tiny_models):
     request out of the running batch and its slot back; the engine serves on."""
     import asyncio
 
-    from dataset.requests import Request
-    from engine.backends.transformers_backend import TransformersEngine
+    from modeswitch.dataset.requests import Request
+    from modeswitch.engine.backends.transformers_backend import TransformersEngine
 
     eng = TransformersEngine("continuous_batching", tiny_models.target).load()
     cancelled = []
@@ -583,10 +581,10 @@ def test_a_cancelled_batching_call_leaves_the_batch(tiny_models):
 
 
 def _exported_dt(tmp_path):
-    from dataset.workloads import get_workload
-    from oracle.training_table import build_training_table
-    from routers import get_router
-    from routers.export import export_router
+    from modeswitch.dataset.workloads import get_workload
+    from modeswitch.oracle.training_table import build_training_table
+    from modeswitch.routers import get_router
+    from modeswitch.routers.export import export_router
 
     reqs = [r for i, n in enumerate(["short_prompt_short_output", "batch_pressure"])
             for r in get_workload(n).sample(30, seed=i)]
@@ -599,10 +597,10 @@ def _exported_dt(tmp_path):
 def test_a_tampered_router_artifact_is_refused(tmp_path, tiny_models):
     """The stored router is skops (no pickle), hashed at export in the registry: a changed
     file is refused by load_router and by `serve`, before anything in it is loaded."""
+    from modeswitch.routers.export import load_router
     from typer.testing import CliRunner
 
     from modeswitch.cli import app
-    from routers.export import load_router
 
     est, mlruns, info = _exported_dt(tmp_path)
     assert info["meta"]["format"] == "skops" and len(info["meta"]["sha256"]) == 64
@@ -630,8 +628,7 @@ def test_a_tampered_router_artifact_is_refused(tmp_path, tiny_models):
 
 def test_a_router_with_an_untrusted_type_is_not_exported_and_old_pickles_need_consent(tmp_path, monkeypatch):
     import joblib
-
-    from routers.export import export_router, load_router_file
+    from modeswitch.routers.export import export_router, load_router_file
 
     class Sneaky:  # defined here: not a type the allow-list knows
         modes_ = ["fp16_baseline"]
@@ -653,8 +650,7 @@ def test_the_prefix_index_agrees_with_comparing_every_recent_prompt():
     """Random prompts sharing random prefixes: the block index's answer is the brute-force
     longest shared prefix, or at most min_tokens - 1 short of it, and forgets evicted prompts."""
     import numpy as np
-
-    from engine.serving.pool import PrefixTracker
+    from modeswitch.engine.serving.pool import PrefixTracker
 
     rng = np.random.default_rng(0)
     t = PrefixTracker(max_prompts=8, min_tokens=16)

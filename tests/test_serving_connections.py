@@ -11,15 +11,15 @@ import threading
 import time
 
 import pytest
+from modeswitch.engine.serving.tokens import chat_chars
 
-from engine.serving.tokens import chat_chars
 from tests.helpers import http, start
 from tests.test_serving_limits import CharTokenizer, Fixed, SlowEngine
 
 
 def _server(**cfg_kw):
-    from engine.serving import ServerConfig, create_app
-    from engine.serving.connections import uvicorn_options
+    from modeswitch.engine.serving import ServerConfig, create_app
+    from modeswitch.engine.serving.connections import uvicorn_options
 
     cfg = ServerConfig(model_path="unused", max_tokens_limit=4096, context_tokens=8192, **cfg_kw)
     app = create_app(lambda: Fixed(), cfg, engine_factory=lambda mode: SlowEngine(mode, 0.001),
@@ -137,8 +137,8 @@ def test_one_address_holds_at_most_its_cap_and_loses_its_idle_connections_first(
 
 
 def test_chat_size_counts_roles_and_markup_not_only_content():
-    from engine.serving.app import INLINE_TOKENIZE_CHARS
-    from engine.serving.schemas import Message
+    from modeswitch.engine.serving.app import INLINE_TOKENIZE_CHARS
+    from modeswitch.engine.serving.schemas import Message
 
     empty = [Message(role="user", content="")] * 1000
     assert chat_chars(empty) > INLINE_TOKENIZE_CHARS  # tokenised in the pool, not on the loop
@@ -183,7 +183,7 @@ def test_health_answers_while_a_request_of_270000_messages_is_refused(serving):
 def test_more_messages_than_context_tokens_are_refused_before_validation(serving, monkeypatch):
     """Under the body limit but over the context (8,192 here): parsed off the loop and
     refused by the message count, before a single message is validated or tokenised."""
-    from engine.serving import schemas
+    from modeswitch.engine.serving import schemas
 
     port, _ = serving
     validated = []
@@ -213,13 +213,12 @@ def test_many_short_messages_are_tokenised_off_the_loop(serving, monkeypatch):
 
 def test_a_chat_template_gives_token_ids_not_the_encodings_keys():
     """The default model's tokenizer answers a BatchEncoding (a Mapping, not a dict)."""
-    from engine.serving.schemas import Message
-    from engine.serving.tokens import chat_ids
+    from modeswitch.engine.serving.schemas import Message
+    from modeswitch.engine.serving.tokens import chat_ids
 
     try:
+        from modeswitch.engine.models.resolve import resolve_models
         from transformers import AutoTokenizer
-
-        from engine.models.resolve import resolve_models
 
         target, _, _ = resolve_models(None, None, None, None, lambda *a: None)
         tok = AutoTokenizer.from_pretrained(target)

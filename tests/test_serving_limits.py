@@ -10,8 +10,8 @@ import threading
 import time
 
 import pytest
+from modeswitch.engine.results import Generation
 
-from engine.results import Generation
 from tests.helpers import http, start
 
 
@@ -63,7 +63,7 @@ class Fixed:
 
 
 def _server(step_s=0.01, **cfg_kw):
-    from engine.serving import ServerConfig, create_app
+    from modeswitch.engine.serving import ServerConfig, create_app
 
     cfg = ServerConfig(model_path="unused", max_tokens_limit=4096, context_tokens=8192, **cfg_kw)
     app = create_app(lambda: Fixed(), cfg, engine_factory=lambda mode: SlowEngine(mode, step_s),
@@ -202,7 +202,7 @@ def test_a_full_server_answers_503_with_retry_after():
 
 
 def test_the_api_docs_are_behind_the_key_when_one_is_set():
-    from engine.serving import ServerConfig, create_app
+    from modeswitch.engine.serving import ServerConfig, create_app
 
     cfg = ServerConfig(model_path="unused", api_key="sekrit", context_tokens=512)
     app = create_app(lambda: Fixed(), cfg, engine_factory=lambda mode: SlowEngine(mode),

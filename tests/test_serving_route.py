@@ -9,12 +9,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-from dataset.features import request_features
-from dataset.requests import SERVING_FIELDS, Request, serving_request
-from engine.serving.metrics import Metrics
-from engine.serving.routing import route
-from engine.serving.state import freeze_heap
+from modeswitch.dataset.features import request_features
+from modeswitch.dataset.requests import SERVING_FIELDS, Request, serving_request
+from modeswitch.engine.serving.metrics import Metrics
+from modeswitch.engine.serving.routing import route
+from modeswitch.engine.serving.state import freeze_heap
 
 
 def _state(**config):
@@ -101,7 +100,7 @@ def test_memory_pressure_is_sampled_off_the_serving_path(monkeypatch):
     import asyncio
     import itertools
 
-    from engine.serving import routing
+    from modeswitch.engine.serving import routing
 
     readings = itertools.count(1)
     monkeypatch.setattr(routing, "memory_pressure", lambda device: next(readings) / 1000)
@@ -128,7 +127,7 @@ def test_memory_pressure_is_sampled_off_the_serving_path(monkeypatch):
 def test_a_failed_reading_keeps_the_last_value_and_the_task(monkeypatch):
     import asyncio
 
-    from engine.serving import routing
+    from modeswitch.engine.serving import routing
 
     readings = iter([0.5])
 
@@ -157,7 +156,7 @@ def test_a_failing_device_is_logged_once_by_the_first_reading_and_the_tracker(mo
     import asyncio
     import logging
 
-    from engine.serving import routing
+    from modeswitch.engine.serving import routing
 
     def read(device):
         raise RuntimeError("CUDA error: device lost")
@@ -182,7 +181,7 @@ def test_a_failing_device_is_logged_once_by_the_first_reading_and_the_tracker(mo
 
 
 def test_memory_pressure_is_zero_on_cpu():
-    from engine.serving.routing import memory_pressure
+    from modeswitch.engine.serving.routing import memory_pressure
 
     assert memory_pressure("cpu") == 0.0
 
@@ -193,8 +192,8 @@ def test_a_loaded_engine_is_frozen_and_an_unloaded_one_collected():
     all the same. With no app running, a load freezes nothing."""
     import weakref
 
-    from engine.serving import app as app_module
-    from engine.serving.pool import EnginePool
+    from modeswitch.engine.serving import app as app_module
+    from modeswitch.engine.serving.pool import EnginePool
 
     class Engine:
         weights_mb = 10.0
@@ -231,7 +230,7 @@ def test_the_heap_stays_frozen_while_any_app_runs(monkeypatch):
     """Frozen once, by the first app; unfrozen once, by the last. (Counting the calls, not
     comparing freeze counts: a frozen object that dies leaves the count, so two readings
     can differ by a few objects freed in between while the heap stays frozen.)"""
-    from engine.serving import app as app_module
+    from modeswitch.engine.serving import app as app_module
 
     calls = []
     real_freeze, real_unfreeze = app_module.freeze_heap, gc.unfreeze

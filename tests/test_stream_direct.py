@@ -81,7 +81,7 @@ class Fixed:
 
 @pytest.fixture(scope="module")
 def srv():
-    from engine.serving import ServerConfig, create_app
+    from modeswitch.engine.serving import ServerConfig, create_app
 
     cfg = ServerConfig(model_path="unused", max_tokens_limit=4096, context_tokens=8192, max_in_flight=64)
     app = create_app(lambda: Fixed(), cfg, engine_factory=lambda mode: StreamingEngine(mode),

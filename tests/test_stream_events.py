@@ -9,8 +9,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-
-from engine.serving.generate import _events
+from modeswitch.engine.serving.generate import _events
 
 #: id -> bytes, as a byte-level BPE: 0 is EOS (special: decodes to nothing), 1-26 letters,
 #: 100 and 101 the two bytes of "é" (one alone decodes to U+FFFD)
@@ -109,9 +108,8 @@ def test_a_stream_s_deltas_add_up_to_the_whole_decode(tiny_models, fast):
     random ids (tokens that end inside a character)."""
     import random
 
+    from modeswitch.engine.serving.generate import _decode_stream, _Detokenizer
     from transformers import AutoTokenizer
-
-    from engine.serving.generate import _decode_stream, _Detokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tiny_models.target))
     assert _decode_stream(tok) is not None  # the tiny model's tokenizer is a fast one
@@ -131,10 +129,9 @@ def test_a_failing_rust_step_hands_the_stream_to_an_exact_decode(tiny_models, mo
     """tokenizers' ``DecodeStream.step`` can raise ("Invalid prefix encountered"); the
     stream then goes on decoding the whole text, and still adds up to the whole decode,
     a character held back at the failure included."""
+    from modeswitch.engine.serving import generate
     from tokenizers.decoders import DecodeStream
     from transformers import AutoTokenizer
-
-    from engine.serving import generate
 
     tok = AutoTokenizer.from_pretrained(str(tiny_models.target))
 

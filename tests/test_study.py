@@ -5,9 +5,9 @@ import json
 
 import pandas as pd
 import pytest
+from modeswitch.dataset.errors import InputFileError
 from typer.testing import CliRunner
 
-from dataset.errors import InputFileError
 from modeswitch.cli import app
 from modeswitch.study import StudyConfig
 
@@ -149,7 +149,7 @@ def test_the_shipped_study_file_is_valid():
     from tests.conftest import REPO
 
     cfg = StudyConfig.from_toml(REPO / "study.toml")
-    from dataset.workloads.conditions import ConditionDraw
+    from modeswitch.dataset.workloads.conditions import ConditionDraw
 
     # the file states the defaults
     assert cfg.replace(conditions={}) == StudyConfig(families=cfg.families)

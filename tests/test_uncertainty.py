@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from oracle.uncertainty import bootstrap, paired_ratio, ratio_of_sums
+from modeswitch.oracle.uncertainty import bootstrap, paired_ratio, ratio_of_sums
 
 
 def test_mean_interval_matches_the_normal_theory_and_covers_at_its_level():

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from modeswitch.dataset.errors import InputError, InputFileError
 from typer.testing import CliRunner
 
-from dataset.errors import InputError, InputFileError
 from modeswitch.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,18 +52,18 @@ def test_study_run_refuses_them_in_one_line_before_any_step(tmp_path):
                                       ({"requests": 0}, "requests"), ({"trials": 10**20}, "can count"),
                                       ({"watts_per_core": float("nan")}, "watts_per_core")])
 def test_a_profile_spec_out_of_range_is_refused(kw, says):
-    from engine.profiler import ProfileSpec
+    from modeswitch.engine.profiler import ProfileSpec
 
     with pytest.raises(InputError, match=says):
         ProfileSpec(model="m", **kw)
 
 
 def test_profile_checks_its_values_before_resolving_the_model(monkeypatch, tmp_path):
-    import engine.models.resolve
+    import modeswitch.engine.models.resolve
 
     def no_model(*a, **k):
         raise AssertionError("the model was resolved before the options were checked")
 
-    monkeypatch.setattr(engine.models.resolve, "resolve_models", no_model)
+    monkeypatch.setattr(modeswitch.engine.models.resolve, "resolve_models", no_model)
     res = runner.invoke(app, ["profile", "--length-scale", "inf", "-o", str(tmp_path / "p.parquet")])
     assert res.exit_code == 2 and "length_scale = inf" in res.output, res.output

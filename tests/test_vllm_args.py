@@ -1,8 +1,7 @@
 """The vLLM backend's mapping of mode settings onto engine arguments (no vLLM needed)."""
 
 import pytest
-
-from engine.backends.vllm_backend import ModeUnavailable, capabilities, engine_args
+from modeswitch.engine.backends.vllm_backend import ModeUnavailable, capabilities, engine_args
 
 
 def test_reference_turns_vllm_defaults_off_and_shares_the_graph_setting():
@@ -53,7 +52,7 @@ def test_a_request_of_its_own_reaches_the_engine_in_the_callers_task(mode):
     needs a running vLLM engine)."""
     import asyncio
 
-    from engine.backends.vllm_backend import VllmEngine
+    from modeswitch.engine.backends.vllm_backend import VllmEngine
 
     eng = VllmEngine(mode, "/m", max_model_len=64)
     seen = []

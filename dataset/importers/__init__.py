@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-
-from dataset.errors import InputFileError, read_table
-from dataset.profile_schema import conform, validate_profile
-from dataset.registry import Registry, discover_package
+from modeswitch.dataset.errors import InputFileError, read_table
+from modeswitch.dataset.profile_schema import conform, validate_profile
+from modeswitch.dataset.registry import Registry, discover_package
 
 
 @dataclass(frozen=True)

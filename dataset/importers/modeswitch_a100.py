@@ -64,11 +64,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-from dataset.benchmarks import OUTPUT_TOKENS
-from dataset.errors import InputFileError
-from dataset.importers import Importer, register_importer
-from dataset.workloads import get_workload
+from modeswitch.dataset.benchmarks import OUTPUT_TOKENS
+from modeswitch.dataset.errors import InputFileError
+from modeswitch.dataset.importers import Importer, register_importer
+from modeswitch.dataset.workloads import get_workload
 
 PROVENANCE = {
     "backend": "vllm",

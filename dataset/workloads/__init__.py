@@ -7,8 +7,8 @@ lm-evaluation-harness discovers its tasks.
 
 from __future__ import annotations
 
-from dataset.registry import Registry, discover_package
-from dataset.workloads.spec import CONDITIONS, WorkloadSpec
+from modeswitch.dataset.registry import Registry, discover_package
+from modeswitch.dataset.workloads.spec import CONDITIONS, WorkloadSpec
 
 WORKLOADS: Registry[WorkloadSpec] = Registry("workload", discover_package(__name__, skip=("spec", "conditions")))
 

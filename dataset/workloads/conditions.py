@@ -26,8 +26,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from dataset.requests import Request
-from dataset.workloads.spec import WorkloadSpec
+from modeswitch.dataset.requests import Request
+from modeswitch.dataset.workloads.spec import WorkloadSpec
 
 
 @dataclass(frozen=True)

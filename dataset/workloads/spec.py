@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dataset.requests import Request
+from modeswitch.dataset.requests import Request
 
 #: The serving condition a workload puts a request in. The oracle estimates a
 #: request's metrics only from profile cells measured under the same condition.

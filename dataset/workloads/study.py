@@ -13,8 +13,8 @@ multiple-choice questions (TruthfulQA, MMLU-Pro), long answers from open instruc
 prompts of MMLU-Pro, GPQA or GSM8K.
 """
 
-from dataset.workloads import register_workload
-from dataset.workloads.spec import WorkloadSpec
+from modeswitch.dataset.workloads import register_workload
+from modeswitch.dataset.workloads.spec import WorkloadSpec
 
 MULTIPLE_CHOICE = ("truthfulqa", "mmlu_pro")
 OPEN = ("alpacaeval2_lc", "mt_bench", "gsm8k")

@@ -1,5 +1,5 @@
 """Backends run registered modes; each declares how it implements a mode or why it cannot."""
 
-from engine.backends.base import BackendCapabilities, ModeSupport
+from modeswitch.engine.backends.base import BackendCapabilities, ModeSupport
 
 __all__ = ["BackendCapabilities", "ModeSupport"]

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from dataset.requests import Request
-from engine.modes import ModeConfig, get_mode, list_modes
-from engine.results import Generation
+from modeswitch.dataset.requests import Request
+from modeswitch.engine.modes import ModeConfig, get_mode, list_modes
+from modeswitch.engine.results import Generation
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dataset.registry import Registry, discover_package
-from engine.backends.base import BackendCapabilities, Engine, EngineSettings
-from engine.modes import get_mode
+from modeswitch.dataset.registry import Registry, discover_package
+from modeswitch.engine.backends.base import BackendCapabilities, Engine, EngineSettings
+from modeswitch.engine.modes import get_mode
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class Backend:
 
 #: helper modules here are not backends (two import torch at module level: kept off --help)
 BACKENDS: Registry[Backend] = Registry("backend", discover_package(
-    "engine.backends", skip=("base", "registry", "prefix_cache", "quantize")))
+    "modeswitch.engine.backends", skip=("base", "registry", "prefix_cache", "quantize")))
 
 
 def register_backend(backend: Backend) -> Backend:

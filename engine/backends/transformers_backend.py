@@ -18,12 +18,12 @@ import threading
 import time
 from pathlib import Path
 
-from dataset.errors import InputError
-from dataset.requests import Request
-from engine.backends.base import BackendCapabilities, ModeSupport
-from engine.backends.registry import Backend, register_backend
-from engine.modes import ModeConfig, get_mode, reference_mode
-from engine.results import Generation
+from modeswitch.dataset.errors import InputError
+from modeswitch.dataset.requests import Request
+from modeswitch.engine.backends.base import BackendCapabilities, ModeSupport
+from modeswitch.engine.backends.registry import Backend, register_backend
+from modeswitch.engine.modes import ModeConfig, get_mode, reference_mode
+from modeswitch.engine.results import Generation
 
 NAME = "transformers"
 
@@ -162,9 +162,8 @@ class TransformersEngine:
 
     def load(self) -> TransformersEngine:
         import torch
+        from modeswitch.engine.backends import quantize
         from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from engine.backends import quantize
 
         support = capabilities(self.device).support(self.mode.name)
         if not support.supported:
@@ -196,7 +195,7 @@ class TransformersEngine:
             gc.num_assistant_tokens_schedule = "constant"
             gc.assistant_confidence_threshold = 0.0
         if m.prefix_caching:
-            from engine.backends.prefix_cache import PrefixKVStore
+            from modeswitch.engine.backends.prefix_cache import PrefixKVStore
 
             self.prefix_store = PrefixKVStore(self.prefix_cache_mb * 2**20)
         if m.batching == "continuous":
@@ -262,7 +261,7 @@ class TransformersEngine:
         """The model's own weights quantised, as its draft (the copy shares no tensors)."""
         import copy
 
-        from engine.backends import quantize
+        from modeswitch.engine.backends import quantize
 
         draft = copy.deepcopy(self.model)
         if how == "int8":
@@ -275,7 +274,7 @@ class TransformersEngine:
         return draft.eval()
 
     def weights_bytes(self) -> int:
-        from engine.memory import module_bytes
+        from modeswitch.engine.memory import module_bytes
 
         return module_bytes(self.model, self.draft)
 
@@ -314,9 +313,8 @@ class TransformersEngine:
     def _generate_one(self, req: Request, ids: list[int], ignore_eos: bool, t0: float,
                       on_token=None) -> Generation:
         import torch
+        from modeswitch.engine.timing import TokenTimer
         from transformers import DynamicCache, QuantizedCache
-
-        from engine.timing import TokenTimer
 
         m = self.mode
         timer = TokenTimer(start=t0, on_token=None if on_token is None else

@@ -36,11 +36,11 @@ import time
 import uuid
 from pathlib import Path
 
-from dataset.requests import Request
-from engine.backends.base import BackendCapabilities, ModeSupport
-from engine.backends.registry import Backend, register_backend
-from engine.modes import ModeConfig, get_mode, list_modes
-from engine.results import Generation
+from modeswitch.dataset.requests import Request
+from modeswitch.engine.backends.base import BackendCapabilities, ModeSupport
+from modeswitch.engine.backends.registry import Backend, register_backend
+from modeswitch.engine.modes import ModeConfig, get_mode, list_modes
+from modeswitch.engine.results import Generation
 
 NAME = "vllm"
 #: checkpoint keys of the quantized modes (``checkpoints={"int8": ..., ...}``)
@@ -145,7 +145,7 @@ def capabilities(device: str = "cpu", checkpoints: dict | None = None, draft: bo
             support[m.name] = ModeSupport(m.name, True, how=how)
         else:
             support[m.name] = ModeSupport(m.name, False, reason=why)
-    from engine.modes import reference_mode
+    from modeswitch.engine.modes import reference_mode
 
     return BackendCapabilities(NAME, reference_mode().name, "float32" if cpu else "float16", support)
 
@@ -226,7 +226,7 @@ class VllmEngine:
         if not self.device.startswith("cuda"):
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         elif self.memory_pressure > 0:
-            from engine.memory import GpuBallast
+            from modeswitch.engine.memory import GpuBallast
 
             index = int(self.device.split(":")[1]) if ":" in self.device else 0
             self.ballast = GpuBallast(self.memory_pressure, index).__enter__()

@@ -42,7 +42,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dataset.io import atomic_folder
+from modeswitch.dataset.io import atomic_folder
 
 CARD = "modeswitch_model.json"
 
@@ -115,7 +115,7 @@ def split_prompts(tokenizer, recipe: DraftRecipe, corpus=None) -> tuple[list[lis
     """(training prompts, held-out prompts, their hash) as token ids in the target's chat
     format, from the corpus's draft split: suites taken in turn, each in a fixed hashed
     order, prompts over ``max_prompt_tokens`` skipped; held-out ones first."""
-    from dataset.prompt_corpus import load_corpus
+    from modeswitch.dataset.prompt_corpus import load_corpus
 
     corpus = corpus or load_corpus()
     chat = bool(getattr(tokenizer, "chat_template", None))
@@ -390,9 +390,8 @@ def _build(target: Path, folder: Path, recipe: DraftRecipe, tokenizer, train_p, 
            progress, log) -> BuiltDraft:
     import torch
     import transformers
+    from modeswitch.dataset.io import sha256_file
     from transformers import AutoModelForCausalLM
-
-    from dataset.io import sha256_file
 
     t0 = time.perf_counter()
     torch.manual_seed(recipe.seed)

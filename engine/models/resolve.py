@@ -38,7 +38,7 @@ def check_checkpoint(path: Path, flag: str) -> Path:
 
 def needs_draft(modes: Iterable[str] | None) -> bool:
     """Whether any of ``modes`` (None: every registered mode) drafts with a draft model."""
-    from engine.modes import get_mode, mode_names
+    from modeswitch.engine.modes import get_mode, mode_names
 
     return any(get_mode(m).missing_draft(None) for m in (mode_names() if modes is None else modes))
 
@@ -53,16 +53,16 @@ def resolve_models(model: str | None = None, draft_model: str | None = None, cac
     model = model or default_model()
     draft = check_checkpoint(Path(draft_model), "--draft-model") if draft_model else None
     if model == "smollm2":
-        from engine.models.smollm2 import build_smollm2
+        from modeswitch.engine.models.smollm2 import build_smollm2
 
         built = build_smollm2(cache_dir, log=log)
         if draft is None and needs_draft(modes):
-            from engine.models.draft import build_draft
+            from modeswitch.engine.models.draft import build_draft
 
             draft = build_draft(built.folder, progress=progress, log=log).folder
         return built.folder, draft, built.card
     if model == "tiny":
-        from engine.models.tiny import build_models
+        from modeswitch.engine.models.tiny import build_models
 
         built = build_models(cache_dir, progress=progress, log=log)
         return built.target, draft or built.draft, built.card

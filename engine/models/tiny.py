@@ -26,9 +26,9 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from dataset.io import atomic_folder
-from engine.models.cache import default_cache_dir
-from engine.models.tiny_corpus import corpus_hash, stdlib_text
+from modeswitch.dataset.io import atomic_folder
+from modeswitch.engine.models.cache import default_cache_dir
+from modeswitch.engine.models.tiny_corpus import corpus_hash, stdlib_text
 
 CARD = "modeswitch_model.json"
 

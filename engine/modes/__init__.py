@@ -7,8 +7,8 @@ lm-evaluation-harness discovers tasks.
 
 from __future__ import annotations
 
-from dataset.registry import Registry, UnknownNameError, discover_package
-from engine.modes.config import ModeConfig, SpeculativeConfig
+from modeswitch.dataset.registry import Registry, UnknownNameError, discover_package
+from modeswitch.engine.modes.config import ModeConfig, SpeculativeConfig
 
 #: an unknown mode name (a ``KeyError`` whose message lists the registered modes)
 UnknownModeError = UnknownNameError

@@ -5,8 +5,8 @@ mode, routers and serving run the first substitute it has (nearest first), and a
 mode with no available substitute is an error, never a silent reference.
 """
 
-from engine.modes import register_mode
-from engine.modes.config import ModeConfig, SpeculativeConfig
+from modeswitch.engine.modes import register_mode
+from modeswitch.engine.modes.config import ModeConfig, SpeculativeConfig
 
 M = ModeConfig
 DRAFT = SpeculativeConfig(method="draft_model", num_speculative_tokens=5)

@@ -28,11 +28,11 @@ row) and :mod:`.loop` (the :class:`Profiler` that runs them). Everything is impo
 from ``engine.profiler`` as before.
 """
 
-from engine.hardware import hardware_string
-from engine.profiler.journal import Journal
-from engine.profiler.loop import Profiler, ProfileRun
-from engine.profiler.plan import DEFAULT_WORKLOADS, ProfileSpec, Unit, build_units
-from engine.profiler.rows import Measurement, RowProvenance, model_id, software_string
+from modeswitch.engine.hardware import hardware_string
+from modeswitch.engine.profiler.journal import Journal
+from modeswitch.engine.profiler.loop import Profiler, ProfileRun
+from modeswitch.engine.profiler.plan import DEFAULT_WORKLOADS, ProfileSpec, Unit, build_units
+from modeswitch.engine.profiler.rows import Measurement, RowProvenance, model_id, software_string
 
 __all__ = ["DEFAULT_WORKLOADS", "Journal", "Measurement", "ProfileRun", "ProfileSpec", "Profiler",
            "RowProvenance", "Unit", "build_units", "hardware_string", "model_id", "software_string"]

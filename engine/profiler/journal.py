@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-
-from dataset.errors import InputError, InputFileError
-from dataset.io import OutputLock, os_errors, write_text
+from modeswitch.dataset.errors import InputError, InputFileError
+from modeswitch.dataset.io import OutputLock, os_errors, write_text
 
 if TYPE_CHECKING:
-    from engine.profiler.plan import ProfileSpec
+    from modeswitch.engine.profiler.plan import ProfileSpec
 
 class Journal:
     """Append-only JSONL of finished rows; the first line identifies the run.

@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
-
-from dataset.profile_schema import validate_profile
-from engine.hardware import hardware_string
-from engine.profiler.journal import Journal
-from engine.profiler.plan import ProfileSpec, Unit, build_units
-from engine.profiler.rows import (
+from modeswitch.dataset.profile_schema import validate_profile
+from modeswitch.engine.hardware import hardware_string
+from modeswitch.engine.profiler.journal import Journal
+from modeswitch.engine.profiler.plan import ProfileSpec, Unit, build_units
+from modeswitch.engine.profiler.rows import (
     Measurement,
     RowProvenance,
     _noise_columns,
@@ -32,7 +31,7 @@ from engine.profiler.rows import (
 )
 
 if TYPE_CHECKING:  # the engine side loads lazily: building units needs none of it
-    from engine.noise import ThreadChoice
+    from modeswitch.engine.noise import ThreadChoice
 
 @dataclass
 class ProfileRun:
@@ -101,7 +100,7 @@ class Profiler:
     def backend(self):
         """The registered backend named by the spec. Looked up on first use, so an
         unknown name fails when the run starts (the registry's error lists the known ones)."""
-        from engine.backends.registry import get_backend
+        from modeswitch.engine.backends.registry import get_backend
 
         return get_backend(self.spec.backend)
 
@@ -109,7 +108,7 @@ class Profiler:
     def settings(self):
         """What every engine of this run is built with (memory pressure: none; a
         ballast-applying backend gets its own per pressure level, see :meth:`_load`)."""
-        from engine.backends.base import EngineSettings, context_for
+        from modeswitch.engine.backends.base import EngineSettings, context_for
 
         # caches sized for the longest request measured, not for the model's limit
         requests = [r for u in build_units(self.spec) for r in u.requests + u.prime]
@@ -151,7 +150,7 @@ class Profiler:
             journal.close()
 
     def _start(self, journal: Journal, reference: str, units: list[Unit]) -> ProfileRun:
-        from engine.energy import make_meter
+        from modeswitch.engine.energy import make_meter
 
         return ProfileRun(
             journal=journal,
@@ -199,7 +198,7 @@ class Profiler:
     def _choose_threads(self, modes, bar: _Bar):
         """Fix the thread count for the whole run: the spec's, the journal's (a resumed
         run), or one measured now on the reference engine (see engine.noise)."""
-        from engine.noise import ThreadChoice, calibrate_threads
+        from modeswitch.engine.noise import ThreadChoice, calibrate_threads
 
         run, backend = self._run, self.backend
         if backend.set_threads is None or self._cuda():
@@ -231,7 +230,7 @@ class Profiler:
     def _frame(self, modes=None) -> pd.DataFrame:
         """The journal's rows (of ``modes``, or all) as a table, with the contention flag
         worked out (it compares a unit's trials within one mode, so a subset is exact)."""
-        from engine.noise import flag_contended
+        from modeswitch.engine.noise import flag_contended
 
         df = pd.DataFrame([{k: v for k, v in r.items() if k != "output_text"}
                            for r in self._run.journal.rows if modes is None or r["mode"] in modes])
@@ -247,7 +246,7 @@ class Profiler:
     def _to_remeasure(self, modes=None, units=None) -> pd.DataFrame:
         """(request_id, mode, trial, attempts) of trials the journal holds only contended
         attempts of and that have attempts left, within ``modes`` and ``units``."""
-        from engine.noise import unresolved_trials
+        from modeswitch.engine.noise import unresolved_trials
 
         df = self._frame(modes)
         if df.empty or not self.spec.max_remeasure:
@@ -345,7 +344,7 @@ class Profiler:
         return engine
 
     def _prepare(self, tokenizer):
-        from engine.prompts import PromptBuilder
+        from modeswitch.engine.prompts import PromptBuilder
 
         builder = PromptBuilder(tokenizer)
         units = self._run.units
@@ -353,8 +352,8 @@ class Profiler:
         self._run.primers = {u.id: [builder.prepare(r) for r in u.prime] for u in units}
 
     def _cpu_clock(self):
-        from engine.energy import cpu_seconds_clock
-        from engine.noise import TrialClock
+        from modeswitch.engine.energy import cpu_seconds_clock
+        from modeswitch.engine.noise import TrialClock
 
         return TrialClock(cpu_seconds_clock(self.backend.child_processes))
 
@@ -368,7 +367,7 @@ class Profiler:
         """Score ``row``'s output against the reference's (ROUGE-L), journal it, tell
         ``on_row``. The reference mode's first trial sets the unit's reference text, so
         a unit's reference row must be journalled before its other modes' rows."""
-        from engine.quality import rouge_l
+        from modeswitch.engine.quality import rouge_l
 
         run = self._run
         uid = row["request_id"]
@@ -416,7 +415,7 @@ class Profiler:
         """A peak-memory sampler for one engine call. An engine that computes in child
         processes allocates there: on CUDA its device memory is read through NVML,
         on CPU the children's RSS counts too."""
-        from engine.memory import GpuMemoryPeak, PeakRSS
+        from modeswitch.engine.memory import GpuMemoryPeak, PeakRSS
 
         if self._cuda():
             import torch
@@ -441,13 +440,13 @@ class Profiler:
     def finish(self, journal: Journal) -> pd.DataFrame:
         """Rebuild the profile from the journal (contention flags worked out over every
         unit's trials), validate it and write it; ``noise_`` holds its noise floor."""
-        from dataset.io import write_parquet
-        from engine.noise import noise_floor
+        from modeswitch.dataset.io import write_parquet
+        from modeswitch.engine.noise import noise_floor
 
         if self._run is None:  # finishing a journal without measuring (tests, tools)
             self._run = ProfileRun(journal, None, None, [], journal.keys(), {})
             if "threads" in journal.meta:
-                from engine.noise import ThreadChoice
+                from modeswitch.engine.noise import ThreadChoice
 
                 self._run.threads = ThreadChoice.from_dict(journal.meta["threads"])
         df = validate_profile(self._frame(), path=self.journal_path)

@@ -9,9 +9,9 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-from dataset.benchmarks import read_benchmark
-from dataset.requests import Request
-from dataset.workloads import get_workload
+from modeswitch.dataset.benchmarks import read_benchmark
+from modeswitch.dataset.requests import Request
+from modeswitch.dataset.workloads import get_workload
 
 DEFAULT_WORKLOADS = (
     "short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",
@@ -56,7 +56,7 @@ class ProfileSpec:
 
     def __post_init__(self):
         """Refuse counts and scales no run could use before anything is measured."""
-        from dataset.limits import count, finite, requests_fit
+        from modeswitch.dataset.limits import count, finite, requests_fit
 
         count("requests", self.requests)
         count("trials", self.trials)
@@ -92,7 +92,7 @@ class Unit:
 
 
 def build_units(spec: ProfileSpec) -> list[Unit]:
-    from dataset.workloads.conditions import scaled
+    from modeswitch.dataset.workloads.conditions import scaled
 
     units = []
     for i, name in enumerate(spec.workloads):
@@ -125,7 +125,7 @@ def _drawn_units(spec: ProfileSpec, w, i: int) -> list[Unit]:
     the family's spread, each unit its own concurrency (a group of that many requests),
     shared prefix (primed first by an untimed request with the same prefix) and
     memory pressure."""
-    from dataset.workloads.conditions import ConditionDraw, draw_units
+    from modeswitch.dataset.workloads.conditions import ConditionDraw, draw_units
 
     draw = ConditionDraw.from_dict(spec.conditions)
     units = []

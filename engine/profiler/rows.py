@@ -13,13 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-
-from dataset.benchmarks import score_answer
-from dataset.requests import Request
-from engine.profiler.plan import Unit
+from modeswitch.dataset.benchmarks import score_answer
+from modeswitch.dataset.requests import Request
+from modeswitch.engine.profiler.plan import Unit
 
 if TYPE_CHECKING:  # the engine side loads lazily: building rows needs none of it
-    from engine.energy import EnergyReading
+    from modeswitch.engine.energy import EnergyReading
 
 def _nan(x):
     return None if x is None or (isinstance(x, float) and np.isnan(x)) else x

@@ -6,8 +6,8 @@ exported MLflow model all plug in the same way. A loader that wants ``/health`` 
 say how its router decides returns it wrapped in :class:`LoadedRouter`.
 """
 
-from engine.serving.app import create_app
-from engine.serving.config import ServerConfig, supported_modes
-from engine.serving.state import LoadedRouter, ServerState
+from modeswitch.engine.serving.app import create_app
+from modeswitch.engine.serving.config import ServerConfig, supported_modes
+from modeswitch.engine.serving.state import LoadedRouter, ServerState
 
 __all__ = ["LoadedRouter", "ServerConfig", "ServerState", "create_app", "supported_modes"]

@@ -41,16 +41,19 @@ from fastapi import Request as HttpRequest
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
-
-from engine.serving.config import EngineFactory, ServerConfig, supported_modes
-from engine.serving.generate import serve
-from engine.serving.jobs import check_capacity
-from engine.serving.metrics import Metrics
-from engine.serving.routing import start_memory_tracking
-from engine.serving.schemas import ChatBody, CompletionBody, body_schema, error_response, parse_body
-from engine.serving.state import (
+from modeswitch.engine.serving.config import EngineFactory, ServerConfig, supported_modes
+from modeswitch.engine.serving.generate import serve
+from modeswitch.engine.serving.jobs import check_capacity
+from modeswitch.engine.serving.metrics import Metrics
+from modeswitch.engine.serving.routing import start_memory_tracking
+from modeswitch.engine.serving.schemas import (
+    ChatBody,
+    CompletionBody,
+    body_schema,
+    error_response,
+    parse_body,
+)
+from modeswitch.engine.serving.state import (
     RouterLoader,
     State,
     freeze_heap,
@@ -58,7 +61,9 @@ from engine.serving.state import (
     server_state,
     start_state,
 )
-from engine.serving.tokens import body_bytes_bound, chat_chars, chat_ids, completion_ids
+from modeswitch.engine.serving.tokens import body_bytes_bound, chat_chars, chat_ids, completion_ids
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 log = logging.getLogger("modeswitch.serve")
 

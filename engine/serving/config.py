@@ -13,12 +13,12 @@ from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import TYPE_CHECKING
 
-from dataset.errors import InputError
-from engine.backends.base import EngineSettings
-from engine.modes import reference_mode
+from modeswitch.dataset.errors import InputError
+from modeswitch.engine.backends.base import EngineSettings
+from modeswitch.engine.modes import reference_mode
 
 if TYPE_CHECKING:
-    from engine.backends.base import Engine
+    from modeswitch.engine.backends.base import Engine
 
 #: ``factory(mode)``: that mode's engine, loaded and warmed up
 EngineFactory = Callable[[str], "Engine"]
@@ -97,7 +97,7 @@ def supported_modes(cfg: ServerConfig) -> list[str]:
     (``ModeConfig.missing_draft``), as the profiler does, so the server never offers
     a mode the profiler would skip.
     """
-    from engine.backends.registry import get_backend
+    from modeswitch.engine.backends.registry import get_backend
 
     return get_backend(cfg.backend).runnable_modes(cfg.engine_settings())
 
@@ -106,6 +106,6 @@ def backend_engine_factory(cfg: ServerConfig, loop=None) -> EngineFactory:
     """``factory(mode)`` building the configured backend's engine for that mode, loaded and
     warmed up (the first request to a mode pays for its load, later ones do not);
     ``loop``: the server's event loop, which engines that can serve on it use."""
-    from engine.backends.registry import get_backend
+    from modeswitch.engine.backends.registry import get_backend
 
     return partial(get_backend(cfg.backend).load, settings=cfg.engine_settings(), loop=loop)

@@ -16,13 +16,19 @@ import anyio
 from fastapi import HTTPException
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-
-from engine.serving.jobs import Job, acquire_engine, admit, check_limits, finish, run_gate
-from engine.serving.state import ServerState
+from modeswitch.engine.serving.jobs import (
+    Job,
+    acquire_engine,
+    admit,
+    check_limits,
+    finish,
+    run_gate,
+)
+from modeswitch.engine.serving.state import ServerState
 
 if TYPE_CHECKING:
-    from engine.backends.base import Engine
-    from engine.results import Generation
+    from modeswitch.engine.backends.base import Engine
+    from modeswitch.engine.results import Generation
 
 log = logging.getLogger("modeswitch.serve")
 

@@ -17,14 +17,13 @@ from typing import TYPE_CHECKING
 
 from fastapi import HTTPException
 from fastapi.concurrency import run_in_threadpool
-
-from dataset.requests import Request
-from engine.serving.config import ServerConfig
-from engine.serving.routing import Decision, route
-from engine.serving.state import ServerState
+from modeswitch.dataset.requests import Request
+from modeswitch.engine.serving.config import ServerConfig
+from modeswitch.engine.serving.routing import Decision, route
+from modeswitch.engine.serving.state import ServerState
 
 if TYPE_CHECKING:
-    from engine.backends.base import Engine
+    from modeswitch.engine.backends.base import Engine
 
 
 @dataclass

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.backends.base import Engine
+    from modeswitch.engine.backends.base import Engine
 
 log = logging.getLogger("modeswitch.serve")
 

@@ -29,8 +29,8 @@ import logging
 import time
 from dataclasses import dataclass
 
-from dataset.requests import Request
-from engine.serving.state import RoutesRequests, ServerState
+from modeswitch.dataset.requests import Request
+from modeswitch.engine.serving.state import RoutesRequests, ServerState
 
 log = logging.getLogger("modeswitch.serve")
 

@@ -15,16 +15,15 @@ from typing import Annotated, Any, Protocol
 from fastapi import Depends
 from fastapi import Request as HttpRequest
 from fastapi.concurrency import run_in_threadpool
-
-from dataset.requests import Request
-from engine.serving.config import (
+from modeswitch.dataset.requests import Request
+from modeswitch.engine.serving.config import (
     EngineFactory,
     ServerConfig,
     backend_engine_factory,
     supported_modes,
 )
-from engine.serving.metrics import Metrics
-from engine.serving.pool import EnginePool, PrefixTracker
+from modeswitch.engine.serving.metrics import Metrics
+from modeswitch.engine.serving.pool import EnginePool, PrefixTracker
 
 
 class RoutesRequests(Protocol):

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from fastapi import HTTPException
-
-from engine.serving.schemas import CompletionBody, Message
+from modeswitch.engine.serving.schemas import CompletionBody, Message
 
 #: text longer than this many characters per context token is refused before tokenising
 #: (tokenising 20 MB took 19 s): no tokenizer packs more characters than this into a token

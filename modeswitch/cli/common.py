@@ -30,9 +30,9 @@ import typer
 from rich.markup import escape
 from typer.core import TyperCommand
 
-from dataset.errors import InputError, InputFileError
-from dataset.io import USER_ERRNOS
-from dataset.registry import RegistrationError, UnknownNameError
+from modeswitch.dataset.errors import InputError, InputFileError
+from modeswitch.dataset.io import USER_ERRNOS
+from modeswitch.dataset.registry import RegistrationError, UnknownNameError
 from modeswitch.display import err_console
 
 DEBUG_ENV = "MODESWITCH_DEBUG"
@@ -68,7 +68,9 @@ def debug_enabled() -> bool:
 # ------------------------------------------------------------------ errors
 def input_errors() -> tuple[type[BaseException], ...]:
     """The exception types that mean "the user's input is wrong" (imported when needed)."""
-    from oracle.cells import OracleError  # the oracle pulls pandas: only once an error is raised
+    from modeswitch.oracle.cells import (
+        OracleError,  # the oracle pulls pandas: only once an error is raised
+    )
 
     return (InputError, InputFileError, OracleError, UnknownNameError, RegistrationError,
             FileExistsError, FileNotFoundError)
@@ -140,7 +142,9 @@ Labels = Literal["all", "measured"]
 
 def backend_names() -> list[str]:
     """The registered engine backends (importing the registry only when asked)."""
-    from engine.backends.registry import backend_names as names  # numpy: only when help is shown
+    from modeswitch.engine.backends.registry import (
+        backend_names as names,  # numpy: only when help is shown
+    )
 
     return names()
 
@@ -209,7 +213,9 @@ RayCpus = Annotated[int | None, typer.Option(min=1, help="With --ray on CPU: CPU
 
 def ray_options(ray: bool, address, workers, cpus_per_worker):
     """The :class:`engine.distributed.RayOptions` of a command's Ray options (None: serial)."""
-    from engine.distributed import RayOptions  # the profiler, numpy: only for a command that runs
+    from modeswitch.engine.distributed import (
+        RayOptions,  # the profiler, numpy: only for a command that runs
+    )
 
     if not ray:
         if address is not None or workers is not None or cpus_per_worker is not None:

@@ -8,13 +8,13 @@ from typing import Annotated
 
 import typer
 
-from dataset.io import atomic_path
 from modeswitch.cli.common import (
     _split,
     app,
     friendly_errors,
     reading,
 )
+from modeswitch.dataset.io import atomic_path
 from modeswitch.display import console, frame_table
 
 costmodel_app = typer.Typer(help="Per-mode cost models fitted from measured requests, validated against the interpolation.",
@@ -71,8 +71,8 @@ def costmodel_validate_cmd(
 ):
     """K-fold error of the cost model per metric and mode, next to the interpolation."""
     # pandas, pandera, the cost model: imported when the command runs, so `modeswitch --help` stays quick
-    from dataset.profile_schema import read_profiles
-    from oracle.costmodel import validate
+    from modeswitch.dataset.profile_schema import read_profiles
+    from modeswitch.oracle.costmodel import validate
 
     paths = _split(profiles)
     with reading(", ".join(paths)):
@@ -103,9 +103,9 @@ def costmodel_fit_cmd(
 ):
     """Fit the per-mode cost model on every measured request, with its validation table."""
     # pandas, pandera, the cost model: imported when the command runs, so `modeswitch --help` stays quick
-    from dataset.profile_schema import read_profiles
-    from oracle.costmodel import fit_validated
-    from oracle.training_table import frame_hash
+    from modeswitch.dataset.profile_schema import read_profiles
+    from modeswitch.oracle.costmodel import fit_validated
+    from modeswitch.oracle.training_table import frame_hash
 
     paths = _split(profiles)
     with reading(", ".join(paths)):
@@ -123,7 +123,7 @@ def costmodel_fit_cmd(
     if track:
         import mlflow  # MLflow only when the fit is tracked
 
-        from routers.training.tracking import setup
+        from modeswitch.routers.training.tracking import setup
 
         setup(mlruns, "costmodel")
         with mlflow.start_run(run_name=f"costmodel-{cm.backend}") as run:

@@ -9,12 +9,6 @@ from typing import Annotated
 
 import typer
 
-from dataset.benchmarks import read_benchmark
-from dataset.errors import InputError
-from dataset.io import write_parquet
-from dataset.limits import finite
-from dataset.workloads import get_workload, list_workloads
-from dataset.workloads.conditions import scaled
 from modeswitch.cli.common import (
     Incomplete,
     MissingQuality,
@@ -25,6 +19,12 @@ from modeswitch.cli.common import (
     reading,
 )
 from modeswitch.cli.oracle_options import CONSTRAINTS, constraints, costmodel_for
+from modeswitch.dataset.benchmarks import read_benchmark
+from modeswitch.dataset.errors import InputError
+from modeswitch.dataset.io import write_parquet
+from modeswitch.dataset.limits import finite
+from modeswitch.dataset.workloads import get_workload, list_workloads
+from modeswitch.dataset.workloads.conditions import scaled
 from modeswitch.display import console
 
 dataset_app = typer.Typer(help="Training tables: requests, features, oracle labels, per-mode costs.",
@@ -53,8 +53,8 @@ def dataset_build_cmd(
 ):
     """Draw requests, compute features, label them with the oracle, attach per-mode costs."""
     # pandas, pandera, the oracle: imported when the command runs, so `modeswitch --help` stays quick
-    from dataset.profile_schema import read_profiles
-    from oracle.training_table import build_training_table, profiled_requests
+    from modeswitch.dataset.profile_schema import read_profiles
+    from modeswitch.oracle.training_table import build_training_table, profiled_requests
 
     c = constraints(config, on_incomplete=incomplete, missing_quality=missing_quality,
                      noise_aware=noise_aware)

@@ -14,8 +14,6 @@ from typing import Annotated
 
 import typer
 
-from dataset.errors import InputError
-from engine.models.resolve import MODEL_HELP
 from modeswitch.cli.common import (
     RayAddress,
     RayCpus,
@@ -30,7 +28,9 @@ from modeswitch.cli.common import (
     ray_options,
     reading,
 )
+from modeswitch.dataset.errors import InputError
 from modeswitch.display import console, frame_table
+from modeswitch.engine.models.resolve import MODEL_HELP
 
 #: --checkpoint KEY: the quantized modes a vLLM checkpoint can stand for
 CHECKPOINT_KEYS = ("int8", "gptq_4bit", "awq_4bit")
@@ -64,13 +64,13 @@ def model_build_cmd(
     from rich.progress import Progress
 
     if model == "smollm2":
-        from engine.models.smollm2 import build_smollm2
+        from modeswitch.engine.models.smollm2 import build_smollm2
 
         built = build_smollm2(cache_dir, force=force, log=console.print)
         console.print(f"model: {built.folder}\n{describe_card(built.card)}")
         console.print(json.dumps(built.card["source"], indent=1))
         if draft:
-            from engine.models.draft import build_draft
+            from modeswitch.engine.models.draft import build_draft
 
             with Progress(console=console) as progress:
                 d = build_draft(built.folder, force=force, progress=progress, log=console.print)
@@ -79,7 +79,7 @@ def model_build_cmd(
         return
     if model != "tiny":
         raise InputError(f"--model {model!r}: build takes 'smollm2' or 'tiny' (a checkpoint folder needs no build)")
-    from engine.models.tiny import BuildRecipe, build_models
+    from modeswitch.engine.models.tiny import BuildRecipe, build_models
 
     with Progress(console=console) as progress:
         built = build_models(cache_dir, BuildRecipe(), force=force, progress=progress,
@@ -105,7 +105,7 @@ def describe_card(card: dict) -> str:
 
 
 # ------------------------------------------------------------------ profile
-@app.command("profile", cls=deferred_help("engine.profiler:ProfileSpec", backends=backend_names))
+@app.command("profile", cls=deferred_help("modeswitch.engine.profiler:ProfileSpec", backends=backend_names))
 @friendly_errors
 def profile_cmd(
     output: Annotated[Path, typer.Option("-o", "--output", help="Profile parquet to write (its journal sits beside it).")],
@@ -140,9 +140,9 @@ def profile_cmd(
 
     from rich.progress import Progress
 
-    from dataset.errors import InputError
-    from engine.models.resolve import resolve_models
-    from engine.profiler import ProfileSpec
+    from modeswitch.dataset.errors import InputError
+    from modeswitch.engine.models.resolve import resolve_models
+    from modeswitch.engine.profiler import ProfileSpec
 
     checkpoints = {}
     for item in _split(checkpoint):
@@ -173,12 +173,12 @@ def profile_cmd(
     if card:
         console.print(f"model: {describe_card(card)}")
     spec = dataclasses.replace(spec, model=str(target), draft_model=str(draft) if draft else None)
-    from engine.distributed import make_profiler
+    from modeswitch.engine.distributed import make_profiler
 
     ray_opts = ray_options(ray, ray_address, ray_workers, ray_cpus_per_worker)
     profiler = make_profiler(spec, target, draft, output, console=console, ray=ray_opts)
     df = profiler.run()
-    from engine.noise import clean_trials
+    from modeswitch.engine.noise import clean_trials
 
     summary = clean_trials(df).groupby(["mode", "family"])["latency_ms"].median().unstack("family")
     speed = (summary.loc["fp16_baseline"] / summary).round(2)
@@ -199,8 +199,8 @@ def _conditions(path: Path | None) -> dict | None:
         return None
     import tomllib
 
-    from dataset.errors import InputFileError
-    from dataset.workloads.conditions import ConditionDraw
+    from modeswitch.dataset.errors import InputFileError
+    from modeswitch.dataset.workloads.conditions import ConditionDraw
 
     try:
         table = tomllib.loads(path.read_text()).get("conditions")
@@ -217,9 +217,9 @@ def _conditions(path: Path | None) -> dict | None:
 # -------------------------------------------------------------------- serve
 def _load_exported(uri: str, mlruns, tracking_uri, modes, compiled: bool, trust_pickle: bool):
     """An exported router for the server (its modes checked against ``modes`` when given)."""
-    from engine.serving import LoadedRouter
-    from routers.export import load_router
-    from routers.training.tracking import use_tracking_uri
+    from modeswitch.engine.serving import LoadedRouter
+    from modeswitch.routers.export import load_router
+    from modeswitch.routers.training.tracking import use_tracking_uri
 
     use_tracking_uri(tracking_uri)
     exported = load_router(uri, str(mlruns), available_modes=modes, compiled=compiled,
@@ -262,10 +262,10 @@ def serve_cmd(
 
     import uvicorn
 
-    from dataset.errors import InputError
-    from engine.models.resolve import resolve_models
-    from engine.serving import ServerConfig, create_app, supported_modes
-    from engine.serving.connections import uvicorn_options
+    from modeswitch.dataset.errors import InputError
+    from modeswitch.engine.models.resolve import resolve_models
+    from modeswitch.engine.serving import ServerConfig, create_app, supported_modes
+    from modeswitch.engine.serving.connections import uvicorn_options
 
     # every limit checked before any work (the model path is filled in once resolved)
     cfg = ServerConfig(model_path=str(model), backend=backend, device=device, served_name=served_name,
@@ -295,14 +295,14 @@ def serve_cmd(
 
     def load():
         if router.startswith("mode:"):
-            from routers.reference import FixedModeRouter
+            from modeswitch.routers.reference import FixedModeRouter
 
             fixed = router.split(":", 1)[1]
             if fixed not in modes:
                 raise InputError(f"--router {router}: the {backend} engine here runs {', '.join(modes)}")
             return FixedModeRouter(mode=fixed).fit()
         if router == "rule":
-            from routers.rule_baseline import RuleBaselineRouter
+            from modeswitch.routers.rule_baseline import RuleBaselineRouter
 
             return RuleBaselineRouter(available_modes=modes, unavailable="reference").fit()
         return _load_exported(router, mlruns, tracking_uri, modes, compile_router, trust_pickle)
@@ -310,7 +310,7 @@ def serve_cmd(
     # load once here, so a bad router fails with its reason before the server starts;
     # the server's start-up takes this one, reloads load afresh
     if preloaded:
-        from routers.export import check_available_modes
+        from modeswitch.routers.export import check_available_modes
 
         check_available_modes(preloaded[0].router, router, modes)
     else:

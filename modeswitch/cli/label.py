@@ -8,8 +8,6 @@ from typing import Annotated, Literal
 
 import typer
 
-from dataset.io import write_csv, write_parquet
-from dataset.requests import read_requests, requests_frame
 from modeswitch.cli.common import (
     Incomplete,
     MissingQuality,
@@ -20,6 +18,8 @@ from modeswitch.cli.common import (
     reading,
 )
 from modeswitch.cli.oracle_options import CONSTRAINTS, constraints, costmodel_for
+from modeswitch.dataset.io import write_csv, write_parquet
+from modeswitch.dataset.requests import read_requests, requests_frame
 from modeswitch.display import console, frame_table
 
 
@@ -46,11 +46,11 @@ def label_cmd(
 ):
     """Label each unit (or request) with the fastest mode that meets every constraint."""
     # pandas, pandera, the oracle: imported when the command runs, so `modeswitch --help` stays quick
-    from dataset.profile_schema import read_profiles
-    from oracle import label_profile, label_requests
-    from oracle.explain import print_explanations, print_labels
-    from oracle.mode_table import format_mode_table, mode_table
-    from oracle.quality_floor import self_consistency_floor
+    from modeswitch.dataset.profile_schema import read_profiles
+    from modeswitch.oracle import label_profile, label_requests
+    from modeswitch.oracle.explain import print_explanations, print_labels
+    from modeswitch.oracle.mode_table import format_mode_table, mode_table
+    from modeswitch.oracle.quality_floor import self_consistency_floor
 
     c = constraints(
         config, max_energy_ratio=max_energy_ratio, max_memory_ratio=max_memory_ratio,

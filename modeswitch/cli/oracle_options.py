@@ -12,11 +12,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from dataset.errors import InputError
 from modeswitch.cli.common import reading
+from modeswitch.dataset.errors import InputError
 from modeswitch.display import console
 
-CONSTRAINTS = "oracle.constraints:Constraints"
+CONSTRAINTS = "modeswitch.oracle.constraints:Constraints"
 
 #: flags whose name differs from their Constraints field
 _FLAG_OF = {"on_incomplete": "--incomplete"}
@@ -26,7 +26,7 @@ def constraints(config: Path | None, **flags):
     """Constraints from the TOML ``config`` (or the defaults), then the non-None flags;
     a flag value the constraints refuse is an input error naming the flag."""
     # pandas, scipy: imported when the command runs, so `modeswitch --help` stays quick
-    from oracle import Constraints
+    from modeswitch.oracle import Constraints
 
     if config:
         with reading(config):
@@ -50,7 +50,7 @@ def first_error(exc) -> tuple[str, str]:
 def costmodel_for(choice: str, profile, source):
     """The cost model ``--costmodel`` names: a saved one, one fitted now, or none."""
     # pandas, LightGBM: imported when the command runs, so `modeswitch --help` stays quick
-    from oracle.costmodel import CostModel, enough_requests, fit_validated
+    from modeswitch.oracle.costmodel import CostModel, enough_requests, fit_validated
 
     if choice == "none":
         return None

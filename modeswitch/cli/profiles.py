@@ -26,8 +26,8 @@ def import_profiles_cmd(
 ):
     """Convert external measurements (e.g. the study's A100 CSVs) into a profile table."""
     # pandas and pandera: imported when the command runs, so `modeswitch --help` stays quick
-    from dataset.importers import import_files
-    from dataset.profile_schema import write_profile
+    from modeswitch.dataset.importers import import_files
+    from modeswitch.dataset.profile_schema import write_profile
 
     with reading(", ".join(map(str, files))):
         df = import_files(files, importer)
@@ -46,7 +46,7 @@ def validate_cmd(
 ):
     """Validate profile files against the schema; report every problem with row and column."""
     # pandas, pandera: imported when the command runs, so `modeswitch --help` stays quick
-    from dataset.profile_schema import read_profile
+    from modeswitch.dataset.profile_schema import read_profile
 
     for f in files:
         with reading(f):

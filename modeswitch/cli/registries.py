@@ -11,18 +11,18 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from dataset.errors import InputError
-from dataset.io import write_parquet, write_text
-from dataset.requests import requests_frame
-from dataset.workloads import get_workload, list_workloads
-from engine.modes import get_mode, list_modes
 from modeswitch.cli.common import (
     _split,
     app,
     friendly_errors,
 )
 from modeswitch.cli.oracle_options import first_error
+from modeswitch.dataset.errors import InputError
+from modeswitch.dataset.io import write_parquet, write_text
+from modeswitch.dataset.requests import requests_frame
+from modeswitch.dataset.workloads import get_workload, list_workloads
 from modeswitch.display import console, frame_table
+from modeswitch.engine.modes import get_mode, list_modes
 
 
 @app.command("modes")

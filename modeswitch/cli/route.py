@@ -9,14 +9,14 @@ from typing import Annotated
 
 import typer
 
-from dataset.features import features_frame
-from dataset.requests import read_requests
 from modeswitch.cli.common import (
     _split,
     app,
     friendly_errors,
     reading,
 )
+from modeswitch.dataset.features import features_frame
+from modeswitch.dataset.requests import read_requests
 from modeswitch.display import console, frame_table
 
 
@@ -32,7 +32,7 @@ def route_cmd(
     # pandas, scikit-learn: imported when the command runs, so `modeswitch --help` stays quick
     import pandas as pd
 
-    from routers import get_router
+    from modeswitch.routers import get_router
 
     with reading(requests):
         reqs = read_requests(requests)

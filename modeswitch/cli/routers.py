@@ -14,7 +14,6 @@ from typing import Annotated
 
 import typer
 
-from engine.models.resolve import MODEL_HELP
 from modeswitch.cli.common import (
     Fallback,
     FeatureSet,
@@ -28,6 +27,7 @@ from modeswitch.cli.common import (
     friendly_errors,
 )
 from modeswitch.display import console, frame_table
+from modeswitch.engine.models.resolve import MODEL_HELP
 
 TRACKING_HELP = ("MLflow tracking store, e.g. http://HOST:5000 (an `mlflow server`, PostgreSQL "
                  "backend for several writers) [$MLFLOW_TRACKING_URI, else SQLite in --mlruns].")
@@ -36,13 +36,13 @@ TRACKING_HELP = ("MLflow tracking store, e.g. http://HOST:5000 (an `mlflow serve
 def _read_table(path: Path):
     """A training table from `dataset build`, or your own per-mode cost table (CSV or
     parquet with the columns of :mod:`oracle.external_table`), labelled here."""
-    from oracle.external_table import read_training_table
+    from modeswitch.oracle.external_table import read_training_table
 
     return read_training_table(path)
 
 
 # -------------------------------------------------------------------- train
-@app.command("train", cls=deferred_help("routers.training.trainer:TrainConfig"))
+@app.command("train", cls=deferred_help("modeswitch.routers.training.trainer:TrainConfig"))
 @friendly_errors
 def train_cmd(
     data: Annotated[Path, typer.Option(help="Training table from `modeswitch dataset build`, or your own per-mode cost table (CSV/parquet; columns in docs/training.md 'Bring your own labels').")],
@@ -72,7 +72,7 @@ def train_cmd(
         TimeRemainingColumn,
     )
 
-    from routers.training.trainer import TrainConfig, train
+    from modeswitch.routers.training.trainer import TrainConfig, train
 
     table = _read_table(data)
     # --routers left out: the config's default, every registered learned family
@@ -95,7 +95,7 @@ def train_cmd(
 
 
 # -------------------------------------------------------------------- score
-@app.command("score", cls=deferred_help("routers.scoring.run:ScoreConfig", backends=backend_names))
+@app.command("score", cls=deferred_help("modeswitch.routers.scoring.run:ScoreConfig", backends=backend_names))
 @friendly_errors
 def score_cmd(
     data: Annotated[Path, typer.Option(help="Training table (or cost table) the routers were trained on.")],
@@ -123,7 +123,7 @@ def score_cmd(
     from datetime import datetime
 
     from modeswitch.display import fmt
-    from routers.scoring.run import ScoreConfig, score_routers
+    from modeswitch.routers.scoring.run import ScoreConfig, score_routers
 
     out = output or Path("reports") / f"score-{datetime.now():%Y%m%d-%H%M%S}"
     if out.exists() and any(out.iterdir()):
@@ -183,8 +183,8 @@ def export_cmd(
     tracking_uri: Annotated[str | None, typer.Option(help=TRACKING_HELP)] = None,
 ):
     """Register a trained router in MLflow as a pyfunc model and alias it `champion`."""
-    from dataset.errors import InputError
-    from routers.training.tracking import use_tracking_uri
+    from modeswitch.dataset.errors import InputError
+    from modeswitch.routers.training.tracking import use_tracking_uri
 
     use_tracking_uri(tracking_uri)
 
@@ -193,8 +193,8 @@ def export_cmd(
     import mlflow
     import mlflow.sklearn
 
-    from routers.export import best_from_scoring, export_router
-    from routers.training.tracking import setup
+    from modeswitch.routers.export import best_from_scoring, export_router
+    from modeswitch.routers.training.tracking import setup
 
     extra = {}
     if best is not None:

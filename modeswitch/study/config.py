@@ -17,7 +17,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dataset.errors import InputFileError
+from modeswitch.dataset.errors import InputFileError
 
 DEFAULT_FAMILIES = (
     "short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",
@@ -85,14 +85,14 @@ class StudyConfig:
     decisions: int = 20_000
 
     def __post_init__(self):
-        from routers.training.splits import SPLITS
+        from modeswitch.routers.training.splits import SPLITS
 
         bad = [s for s in self.splits if s not in SPLITS]
         if bad:
             raise ValueError(f"train.splits: unknown split(s) {', '.join(bad)}; choose from {', '.join(SPLITS)}")
         # every number finite, in range and within what this machine can hold, before any
         # step starts (length_scale = inf or requests_per_family = 1e20 failed in the profile)
-        from dataset.limits import count, finite, requests_fit
+        from modeswitch.dataset.limits import count, finite, requests_fit
 
         for name in ("requests_per_family", "trials", "live_trials", "tuning_trials", "decisions"):
             count(name, getattr(self, name))
@@ -152,7 +152,7 @@ class StudyConfig:
 
     # ------------------------------------------------------- what it builds
     def condition_draw(self):
-        from dataset.workloads.conditions import ConditionDraw
+        from modeswitch.dataset.workloads.conditions import ConditionDraw
 
         try:
             return ConditionDraw.from_dict(self.conditions)
@@ -160,7 +160,7 @@ class StudyConfig:
             raise InputFileError(None, None, "conditions", str(exc)) from None
 
     def constraint_set(self):
-        from oracle import Constraints
+        from modeswitch.oracle import Constraints
 
         return Constraints().replace(**self.constraints) if self.constraints else Constraints()
 

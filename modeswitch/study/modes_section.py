@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from modeswitch.oracle.mode_table import format_mode_table, mode_table
+from modeswitch.oracle.quality_floor import self_consistency_floor
 from modeswitch.study.markdown import md_table as _md
-from oracle.mode_table import format_mode_table, mode_table
-from oracle.quality_floor import self_consistency_floor
 
 #: the model card every model build writes into its folder
 CARD = "modeswitch_model.json"
@@ -57,7 +57,7 @@ def _card(folder: str | None) -> dict | None:
 def modes_section(profile: pd.DataFrame, constraints, out: Path, model_dir=None,
                   draft_dir=None) -> tuple[list[str], pd.DataFrame]:
     """(markdown lines, the mode table); writes ``modes.csv`` and ``floor.csv`` to ``out``."""
-    from dataset.io import write_csv
+    from modeswitch.dataset.io import write_csv
 
     table = mode_table(profile, constraints)
     write_csv(table, out / "modes.csv", overwrite=True)

@@ -21,14 +21,14 @@ TARGET_LIVE_ESTIMATE_ERROR_PCT = 15.0
 
 def _write(path: Path, text: str):
     """Atomic; replaces only what an interrupted report step of the same study left."""
-    from dataset.io import atomic_path
+    from modeswitch.dataset.io import atomic_path
 
     with atomic_path(path, overwrite=True) as tmp:
         Path(tmp).write_text(text)
 
 
 def _csv(path: Path, df: pd.DataFrame):
-    from dataset.io import atomic_path
+    from modeswitch.dataset.io import atomic_path
 
     with atomic_path(path, overwrite=True) as tmp:
         df.to_csv(tmp, index=False)
@@ -136,7 +136,7 @@ def write_study_report(study) -> dict:
 def _log(study, fig: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFrame) -> str:
     import mlflow
 
-    from routers.training.tracking import git_commit, setup
+    from modeswitch.routers.training.tracking import git_commit, setup
 
     cfg = study.cfg
     setup(Path(cfg.mlruns), "modeswitch-study")

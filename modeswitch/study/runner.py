@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from dataset.errors import InputError
+from modeswitch.dataset.errors import InputError
 from modeswitch.study.config import StudyConfig
 
 STATE = "study_state.json"
@@ -76,7 +76,7 @@ class Study:
         return state
 
     def _save_state(self):
-        from dataset.io import atomic_path
+        from modeswitch.dataset.io import atomic_path
 
         self.out.mkdir(parents=True, exist_ok=True)
         with atomic_path(self.out / STATE, overwrite=True) as tmp:
@@ -159,13 +159,13 @@ class Study:
 
     # ------------------------------------------------------------- steps
     def _models(self):
-        from engine.models.resolve import resolve_models
+        from modeswitch.engine.models.resolve import resolve_models
 
         return resolve_models(self.cfg.model, self.cfg.draft_model, None, None, lambda *a: None,
                               modes=self.cfg.modes)
 
     def _step_model(self) -> dict:
-        from engine.models.resolve import resolve_models
+        from modeswitch.engine.models.resolve import resolve_models
 
         target, draft, card = resolve_models(self.cfg.model, self.cfg.draft_model, None, None, self.log,
                                              modes=self.cfg.modes)
@@ -173,7 +173,7 @@ class Study:
                 "params": (card or {}).get("target_params")}
 
     def profile_spec(self, target, draft):
-        from engine.profiler import ProfileSpec
+        from modeswitch.engine.profiler import ProfileSpec
 
         c = self.cfg
         return ProfileSpec(
@@ -184,7 +184,7 @@ class Study:
             conditions=c.condition_draw().to_dict(), length_scale=c.length_scale)
 
     def _step_profile(self) -> dict:
-        from engine.distributed import make_profiler
+        from modeswitch.engine.distributed import make_profiler
 
         target, draft, _ = self._models()
         path = self.out / "profile.parquet"
@@ -199,12 +199,12 @@ class Study:
                 if noise is not None and "median_cv" in noise else {}}
 
     def _profile(self):
-        from dataset.profile_schema import read_profile
+        from modeswitch.dataset.profile_schema import read_profile
 
         return read_profile(self.out / "profile.parquet")
 
     def _step_costmodel(self) -> dict:
-        from oracle.costmodel import enough_requests, fit_validated
+        from modeswitch.oracle.costmodel import enough_requests, fit_validated
 
         profile = self._profile()
         why = enough_requests(profile)
@@ -222,13 +222,13 @@ class Study:
                 "ttft_mape": {k: float(x) for k, x in ttft.items()}}
 
     def _costmodel(self):
-        from oracle.costmodel import CostModel
+        from modeswitch.oracle.costmodel import CostModel
 
         return CostModel.load(self.out / "costmodel.json")
 
     def _step_labels(self) -> dict:
-        from dataset.io import write_parquet
-        from oracle import label_profile
+        from modeswitch.dataset.io import write_parquet
+        from modeswitch.oracle import label_profile
 
         labels, cand, skipped = label_profile(self._profile(), self.cfg.constraint_set(),
                                               source=str(self.out / "profile.parquet"))
@@ -245,8 +245,8 @@ class Study:
         and condition draw, ids namespaced apart from the profiled ones."""
         import dataclasses
 
-        from dataset.workloads import get_workload
-        from dataset.workloads.conditions import draw_units, scaled
+        from modeswitch.dataset.workloads import get_workload
+        from modeswitch.dataset.workloads.conditions import draw_units, scaled
 
         c = self.cfg
         if c.drawn_requests <= 0:
@@ -261,8 +261,8 @@ class Study:
         return out
 
     def _step_dataset(self) -> dict:
-        from dataset.io import write_parquet
-        from oracle.training_table import build_training_table, profiled_requests
+        from modeswitch.dataset.io import write_parquet
+        from modeswitch.oracle.training_table import build_training_table, profiled_requests
 
         profile = self._profile()
         reqs = self.drawn_requests() + profiled_requests(profile)
@@ -279,12 +279,14 @@ class Study:
 
     def _table(self):
         """The study's training table (train.parquet), as training and scoring read it."""
-        from routers.training.table import TrainingTable  # heavy (scikit-learn): only when run
+        from modeswitch.routers.training.table import (
+            TrainingTable,  # heavy (scikit-learn): only when run
+        )
 
         return TrainingTable.read(self.out / "train.parquet")
 
     def _step_train(self, split: str) -> dict:
-        from routers.training.trainer import TrainConfig, train
+        from modeswitch.routers.training.trainer import TrainConfig, train
 
         c = self.cfg
         families = {"routers": list(c.routers)} if c.routers else {}
@@ -309,7 +311,7 @@ class Study:
                 "test_oracle_match": {r.router: float(r.test_oracle_match) for r in res.itertuples()}}
 
     def _step_score(self, split: str) -> dict:
-        from routers.scoring.run import ScoreConfig, score_routers
+        from modeswitch.routers.scoring.run import ScoreConfig, score_routers
 
         c = self.cfg
         out = self.out / f"score-{split}"

@@ -41,7 +41,7 @@ C call (the request's fields are read in C). Unseen categories encode as all-zer
 one-hot columns, as the pipeline's ``OneHotEncoder(handle_unknown="ignore")`` does.
 """
 
-from routers.compiler.kernel import kernel_shape_features, library
-from routers.compiler.router import CompiledRouter, compile, compile_state
+from modeswitch.routers.compiler.kernel import kernel_shape_features, library
+from modeswitch.routers.compiler.router import CompiledRouter, compile, compile_state
 
 __all__ = ["CompiledRouter", "compile", "compile_state", "kernel_shape_features", "library"]

@@ -12,9 +12,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
-from dataset.features import FEATURE_FORMULAS, FEATURE_SET_A, NONE_CATEGORY
-from routers.fitted_state import InputLayout, Tree
+from modeswitch.dataset.features import FEATURE_FORMULAS, FEATURE_SET_A, NONE_CATEGORY
+from modeswitch.routers.fitted_state import InputLayout, Tree
 
 
 def float32_boundary(t: float) -> tuple[float, bool]:

@@ -10,10 +10,9 @@ plain-data descriptions, so a new family compiles by describing its model.
 from __future__ import annotations
 
 import numpy as np
-
-from routers.compiler.kernel import NODE, library
-from routers.compiler.tree_checks import check_tree_arrays
-from routers.fitted_state import CostDecision, FittedState, LinearModel, TreeEnsemble
+from modeswitch.routers.compiler.kernel import NODE, library
+from modeswitch.routers.compiler.tree_checks import check_tree_arrays
+from modeswitch.routers.fitted_state import CostDecision, FittedState, LinearModel, TreeEnsemble
 
 #: the kernel's model kinds: averaged trees on float32 inputs (scikit-learn), summed
 #: trees on doubles (LightGBM), a linear model

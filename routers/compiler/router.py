@@ -12,12 +12,11 @@ in one call.
 from __future__ import annotations
 
 import numpy as np
-
-from dataset.features import FEATURE_SET_A, NONE_CATEGORY
-from routers.compiler.codegen import compile_tree
-from routers.compiler.kernel import F64, I32, extension, library, pointer
-from routers.compiler.packing import LINEAR, pack
-from routers.fitted_state import FittedState, TreeEnsemble
+from modeswitch.dataset.features import FEATURE_SET_A, NONE_CATEGORY
+from modeswitch.routers.compiler.codegen import compile_tree
+from modeswitch.routers.compiler.kernel import F64, I32, extension, library, pointer
+from modeswitch.routers.compiler.packing import LINEAR, pack
+from modeswitch.routers.fitted_state import FittedState, TreeEnsemble
 
 #: region-tree budget: nodes, and tree nodes visited while building (~1 ns each)
 REGION_NODES = 1 << 17

@@ -24,15 +24,14 @@ from __future__ import annotations
 import inspect
 
 import numpy as np
+from modeswitch.dataset.features import CATEGORICAL_FEATURES, FEATURE_SETS, features_frame
+from modeswitch.dataset.requests import Request
+from modeswitch.routers.base import RouterMixin
+from modeswitch.routers.compiler import compile as compile_router
+from modeswitch.routers.fitted_state import FittedState
 from sklearn.base import BaseEstimator
 from sklearn.compose import ColumnTransformer
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
-
-from dataset.features import CATEGORICAL_FEATURES, FEATURE_SETS, features_frame
-from dataset.requests import Request
-from routers.base import RouterMixin
-from routers.compiler import compile as compile_router
-from routers.fitted_state import FittedState
 
 
 def column_prep(num: list, cat: list, scale: bool) -> ColumnTransformer:

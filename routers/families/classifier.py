@@ -23,6 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from modeswitch.dataset.features import CATEGORICAL_FEATURES, FEATURE_SET_A
+from modeswitch.engine.modes import reference_mode
+from modeswitch.routers.families.base import LearnedRouter, column_prep
+from modeswitch.routers.fitted_state import FittedState, InputLayout
+from modeswitch.routers.rule_baseline import RuleBaselineRouter
 from sklearn.base import ClassifierMixin
 from sklearn.dummy import DummyClassifier
 from sklearn.pipeline import Pipeline
@@ -34,12 +39,6 @@ from sklearn.utils.validation import (
     check_is_fitted,
     column_or_1d,
 )
-
-from dataset.features import CATEGORICAL_FEATURES, FEATURE_SET_A
-from engine.modes import reference_mode
-from routers.families.base import LearnedRouter, column_prep
-from routers.fitted_state import FittedState, InputLayout
-from routers.rule_baseline import RuleBaselineRouter
 
 
 class ModeClassifier(ClassifierMixin, LearnedRouter):

@@ -32,19 +32,24 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from modeswitch.dataset.features import CATEGORICAL_FEATURES, FEATURE_SET_A, FEATURE_SETS, _shape
+from modeswitch.dataset.requests import Request
+from modeswitch.engine.modes import reference_mode
+from modeswitch.routers.families.base import LearnedRouter, column_prep
+from modeswitch.routers.families.lightgbm_params import LightGBMParameters
+from modeswitch.routers.families.readers import lightgbm_trees
+from modeswitch.routers.fitted_state import (
+    CostDecision,
+    FittedState,
+    InputLayout,
+    LinearModel,
+    TreeEnsemble,
+)
+from modeswitch.routers.registry import RouterFamily, register_router
 from sklearn.base import ClassifierMixin
 from sklearn.compose import ColumnTransformer
 from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.utils.validation import check_is_fitted
-
-from dataset.features import CATEGORICAL_FEATURES, FEATURE_SET_A, FEATURE_SETS, _shape
-from dataset.requests import Request
-from engine.modes import reference_mode
-from routers.families.base import LearnedRouter, column_prep
-from routers.families.lightgbm_params import LightGBMParameters
-from routers.families.readers import lightgbm_trees
-from routers.fitted_state import CostDecision, FittedState, InputLayout, LinearModel, TreeEnsemble
-from routers.registry import RouterFamily, register_router
 
 CONSTRAINTS = ("quality", "energy", "memory")
 #: fewer training rows than this for a (mode, target): predict the rows' mean instead

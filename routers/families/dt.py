@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from modeswitch.routers.families.classifier import ModeClassifier
+from modeswitch.routers.families.readers import sklearn_trees
+from modeswitch.routers.registry import RouterFamily, register_router
 from sklearn.tree import DecisionTreeClassifier
-
-from routers.families.classifier import ModeClassifier
-from routers.families.readers import sklearn_trees
-from routers.registry import RouterFamily, register_router
 
 
 class DecisionTreeRouter(ModeClassifier):

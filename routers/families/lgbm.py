@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from routers.families.classifier import ModeClassifier
-from routers.families.lightgbm_params import LightGBMParameters
-from routers.families.readers import lightgbm_ensemble
-from routers.registry import RouterFamily, register_router
+from modeswitch.routers.families.classifier import ModeClassifier
+from modeswitch.routers.families.lightgbm_params import LightGBMParameters
+from modeswitch.routers.families.readers import lightgbm_ensemble
+from modeswitch.routers.registry import RouterFamily, register_router
 
 
 class LightGBMRouter(LightGBMParameters, ModeClassifier):

@@ -3,7 +3,7 @@ classifier and the ``cost_lgbm`` cost router)."""
 
 from __future__ import annotations
 
-from routers.families.base import LearnedRouter
+from modeswitch.routers.families.base import LearnedRouter
 
 
 class LightGBMParameters(LearnedRouter):

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from modeswitch.routers.families.classifier import ModeClassifier
+from modeswitch.routers.families.readers import linear_model
+from modeswitch.routers.registry import RouterFamily, register_router
 from sklearn.linear_model import LogisticRegression
-
-from routers.families.classifier import ModeClassifier
-from routers.families.readers import linear_model
-from routers.registry import RouterFamily, register_router
 
 
 class LogisticRouter(ModeClassifier):

@@ -9,8 +9,7 @@ trees describes itself with :func:`sklearn_trees` in one line.
 from __future__ import annotations
 
 import numpy as np
-
-from routers.fitted_state import LinearModel, Tree, TreeEnsemble
+from modeswitch.routers.fitted_state import LinearModel, Tree, TreeEnsemble
 
 
 def sklearn_tree(estimator, n_classes: int) -> Tree:

@@ -20,8 +20,7 @@ import math
 
 import numpy as np
 import pandas as pd
-
-from dataset.features import FEATURE_SET_A
+from modeswitch.dataset.features import FEATURE_SET_A
 
 
 def coverage(table: pd.DataFrame, folds) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -57,8 +56,8 @@ def coverage(table: pd.DataFrame, folds) -> tuple[pd.DataFrame, pd.DataFrame]:
 def split_headlines(per_request: pd.DataFrame, overhead: dict, marks: pd.DataFrame) -> dict:
     """Headline tables (equal family weights) over covered and over extrapolated
     held-out requests; a part with no request is left out."""
-    from routers.scoring.offline import aggregate_scores
-    from routers.scoring.report import headline_table
+    from modeswitch.routers.scoring.offline import aggregate_scores
+    from modeswitch.routers.scoring.report import headline_table
 
     pr = per_request if "extrapolated" in per_request else \
         per_request.merge(marks[["request_id", "extrapolated"]], on="request_id", how="left")
@@ -81,7 +80,7 @@ def risk_table(routers: dict, head: pd.DataFrame, live_summary: pd.DataFrame | N
     certificate's delta; the rate is family-weighted, the slack counts requests):
     ``met_offline`` is the rate within target + slack, ``met_strictly`` within target;
     live, ``live_slack`` and ``met_live`` the same over the ``live_requests``."""
-    from routers.risk_control import sampling_slack
+    from modeswitch.routers.risk_control import sampling_slack
 
     live = live_summary.set_index("router") if live_summary is not None else None
     rows = []

@@ -31,8 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-
-from dataset.features import FEATURE_SETS
+from modeswitch.dataset.features import FEATURE_SETS
 
 RISK_MODELS = ("lgbm", "lr")
 
@@ -80,11 +79,10 @@ def frontier(table: pd.DataFrame, split: str = "lofo", feature_set: str = "A", r
     """The capture / violation frontier of ``table`` (a training table: ``request_id``,
     features, ``family``, ``label``, ``reference_mode``, ``latency_ms__<mode>`` and
     ``safe__<mode>``)."""
+    from modeswitch.routers.scoring.coverage import coverage
+    from modeswitch.routers.training.splits import split_indices
     from sklearn.base import clone
     from sklearn.metrics import roc_auc_score
-
-    from routers.scoring.coverage import coverage
-    from routers.training.splits import split_indices
 
     modes = [c.split("__", 1)[1] for c in table.columns
              if c.startswith("safe__") and f"latency_ms__{c.split('__', 1)[1]}" in table.columns]

@@ -53,12 +53,11 @@ import dataclasses
 
 import numpy as np
 import pandas as pd
-
-from dataset.errors import InputError
-from dataset.requests import Request
-from engine.modes import reference_mode
-from engine.noise import clean_trials, flag_contended, unresolved_trials
-from routers.scoring.intervals import (
+from modeswitch.dataset.errors import InputError
+from modeswitch.dataset.requests import Request
+from modeswitch.engine.modes import reference_mode
+from modeswitch.engine.noise import clean_trials, flag_contended, unresolved_trials
+from modeswitch.routers.scoring.intervals import (
     Parts,
     family_bootstrap,
     family_weighted,
@@ -108,12 +107,12 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
     sweep, each trial with no attempt clean by :class:`engine.noise.ContentionRule`
     is measured again, in stream order, up to ``max_remeasure`` more times, as the
     profiler does."""
-    from dataset.benchmarks import score_answer
-    from engine.backends.base import EngineSettings, context_for
-    from engine.backends.registry import get_backend
-    from engine.energy import make_meter
-    from engine.prompts import PromptBuilder
-    from engine.quality import rouge_l
+    from modeswitch.dataset.benchmarks import score_answer
+    from modeswitch.engine.backends.base import EngineSettings, context_for
+    from modeswitch.engine.backends.registry import get_backend
+    from modeswitch.engine.energy import make_meter
+    from modeswitch.engine.prompts import PromptBuilder
+    from modeswitch.engine.quality import rouge_l
 
     if trials < 1:
         raise ValueError(f"live trials {trials}: at least 1")
@@ -197,8 +196,8 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
 def _trial_clock(include_children: bool):
     """A :class:`engine.noise.TrialClock` factory with the profiler's CPU clock (this
     process's, or its process tree's where the engine computes in children)."""
-    from engine.energy import cpu_seconds_clock
-    from engine.noise import TrialClock
+    from modeswitch.engine.energy import cpu_seconds_clock
+    from modeswitch.engine.noise import TrialClock
 
     cpu = cpu_seconds_clock(include_children)
     return lambda: TrialClock(cpu)
@@ -254,7 +253,7 @@ def score_live(runs: pd.DataFrame, stream: list[Request], decisions: dict[str, l
                overhead_us: dict[str, float], constraints, table: pd.DataFrame | None = None,
                reference: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """(per-request live scores per router, per (request, mode) estimate errors, summary figures)."""
-    from oracle.uncertainty import paired_ratio
+    from modeswitch.oracle.uncertainty import paired_ratio
 
     reference = reference or reference_mode().name
     idx, per_trial = _collapse(runs)
@@ -320,7 +319,7 @@ def _judge_quality(per: pd.DataFrame, constraints) -> pd.DataFrame:
     family on their mean ROUGE-L and mean accuracy change, ``request`` each on its own.
     A lossless pick's divergence is the floor where ``lossless_at_floor``. Then the
     combined flags and each violation's cause."""
-    from oracle.family_rule import lossless
+    from modeswitch.oracle.family_rule import lossless
 
     if per.empty:
         return per

@@ -37,11 +37,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-
-from dataset.requests import Request
-from engine.modes import reference_mode
-from oracle.training_table import table_meta
-from routers.scoring.intervals import Parts, family_bootstrap, mean_parts, value
+from modeswitch.dataset.requests import Request
+from modeswitch.engine.modes import reference_mode
+from modeswitch.oracle.training_table import table_meta
+from modeswitch.routers.scoring.intervals import Parts, family_bootstrap, mean_parts, value
 
 VIOLATION_TYPES = ("quality", "energy", "memory", "unmeasured")
 

@@ -115,7 +115,7 @@ def measure(routers: dict, requests, decisions: int = 20_000, pipeline_decisions
             functions: dict | None = None) -> dict[str, Overhead]:
     """Overhead of every router (name -> fitted router) on the same request stream;
     ``functions`` reuses :func:`decision_functions` already built."""
-    from dataset.features import features_frame
+    from modeswitch.dataset.features import features_frame
 
     frame = features_frame(requests, "B", with_context=True)
     functions = functions if functions is not None else decision_functions(routers, compiled)

@@ -227,7 +227,7 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
                  live_per=None, live_summary=None, estimate=None, live_figures=None,
                  live_family=None, intervals=None, coverage=None) -> list[Path]:
     """Write the report folder (which must not exist yet); returns the files written."""
-    from dataset.io import atomic_path
+    from modeswitch.dataset.io import atomic_path
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -279,7 +279,7 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
             md += [f"- {k}: {v}" for k, v in live_figures.items()] + [""]
     if coverage is not None:
         md += _coverage_md(coverage)
-    from routers.scoring.findings import findings
+    from modeswitch.routers.scoring.findings import findings
 
     md[2:2] = ["## Findings (computed from the tables below)", "",
                *findings(head, live_summary), ""]
@@ -328,8 +328,7 @@ def log_to_mlflow(out: Path, mlruns: Path, head: pd.DataFrame, context: dict,
     each). ``table`` (the training table scored on) is logged as every run's input. Returns
     the parent's id."""
     import mlflow
-
-    from routers.training.tracking import git_commit, log_table_input, setup, table_input
+    from modeswitch.routers.training.tracking import git_commit, log_table_input, setup, table_input
 
     setup(Path(mlruns), "modeswitch-score")
     dataset = table_input(table) if table is not None else None

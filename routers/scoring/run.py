@@ -16,26 +16,25 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-from dataset.errors import InputError
-from engine.models.resolve import resolve_models
-from oracle.constraints import Constraints
-from oracle.training_table import frame_hash
-from routers.reference import FixedModeRouter, OracleRouter
-from routers.rule_baseline import RuleBaselineRouter
-from routers.scoring import overhead as oh
-from routers.scoring import report
-from routers.scoring.coverage import coverage, risk_table, split_headlines
-from routers.scoring.live import run_live, score_live, stratified, summarise_live
-from routers.scoring.offline import (
+from modeswitch.dataset.errors import InputError
+from modeswitch.engine.models.resolve import resolve_models
+from modeswitch.oracle.constraints import Constraints
+from modeswitch.oracle.training_table import frame_hash
+from modeswitch.routers.reference import FixedModeRouter, OracleRouter
+from modeswitch.routers.rule_baseline import RuleBaselineRouter
+from modeswitch.routers.scoring import overhead as oh
+from modeswitch.routers.scoring import report
+from modeswitch.routers.scoring.coverage import coverage, risk_table, split_headlines
+from modeswitch.routers.scoring.live import run_live, score_live, stratified, summarise_live
+from modeswitch.routers.scoring.offline import (
     aggregate_scores,
     offline_intervals,
     requests_from_table,
     score_offline,
 )
-from routers.training.splits import split_indices
-from routers.training.table import TrainingTable
-from routers.training.tracking import use_tracking_uri
+from modeswitch.routers.training.splits import split_indices
+from modeswitch.routers.training.table import TrainingTable
+from modeswitch.routers.training.tracking import use_tracking_uri
 
 #: live requests per family by default (the study's issue: at least six)
 LIVE_PER_FAMILY = 6
@@ -108,8 +107,7 @@ class TrainedRouter:
 def find_runs(table: pd.DataFrame, mlruns: str, run_ids=()) -> list[dict]:
     """Training runs to score: the named ones, or the latest per family for this table."""
     import mlflow
-
-    from routers.training.tracking import setup
+    from modeswitch.routers.training.tracking import setup
 
     thash = frame_hash(table.reset_index(drop=True))
     setup(Path(mlruns), f"modeswitch-train-{thash}")

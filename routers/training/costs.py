@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from modeswitch.oracle.training_table import table_meta
 from sklearn.metrics import f1_score
-
-from oracle.training_table import table_meta
 
 UNSAFE_PENALTY = 1.0
 

@@ -33,7 +33,7 @@ import os
 import socket
 import time
 
-from dataset.errors import InputError
+from modeswitch.dataset.errors import InputError
 
 #: a running trial writes a heartbeat this often ...
 HEARTBEAT_INTERVAL_S = 30

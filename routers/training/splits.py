@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from modeswitch.dataset.errors import InputError
 from sklearn.model_selection import GroupShuffleSplit, LeaveOneGroupOut, train_test_split
-
-from dataset.errors import InputError
 
 SPLITS = ("random", "group", "lofo")
 

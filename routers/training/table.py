@@ -17,12 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from modeswitch.dataset.errors import InputError
+from modeswitch.oracle.training_table import frame_hash, table_meta
+from modeswitch.routers.training.costs import UNSAFE_PENALTY, regret_weights
+from modeswitch.routers.training.splits import split_indices
 from sklearn.base import clone
-
-from dataset.errors import InputError
-from oracle.training_table import frame_hash, table_meta
-from routers.training.costs import UNSAFE_PENALTY, regret_weights
-from routers.training.splits import split_indices
 
 #: training-table columns that describe a label, not the request
 NOT_FEATURES = ("label", "label_source", "estimate_basis", "latency_basis", "reference_mode",

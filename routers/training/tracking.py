@@ -157,8 +157,7 @@ def table_input(table, name: str = "training-table"):
     import warnings
 
     import mlflow.data
-
-    from oracle.training_table import frame_hash
+    from modeswitch.oracle.training_table import frame_hash
 
     meta = json.loads(table.attrs.get("modeswitch") or "{}")
     source = str(table.attrs.get("source_path") or "in-memory")

@@ -23,16 +23,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-from dataset.errors import InputError
-from routers.certified import CertifiedRouter, has_risk_score
-from routers.registry import get_family, get_router, learned_families
-from routers.rule_baseline import RuleBaselineRouter
-from routers.training import parallel
-from routers.training.costs import UNSAFE_PENALTY, objective_metrics
-from routers.training.splits import inner_folds
-from routers.training.table import TrainingTable
-from routers.training.tracking import (
+from modeswitch.dataset.errors import InputError
+from modeswitch.routers.certified import CertifiedRouter, has_risk_score
+from modeswitch.routers.registry import get_family, get_router, learned_families
+from modeswitch.routers.rule_baseline import RuleBaselineRouter
+from modeswitch.routers.training import parallel
+from modeswitch.routers.training.costs import UNSAFE_PENALTY, objective_metrics
+from modeswitch.routers.training.splits import inner_folds
+from modeswitch.routers.training.table import TrainingTable
+from modeswitch.routers.training.tracking import (
     git_commit,
     log_table_input,
     setup,

