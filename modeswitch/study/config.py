@@ -51,14 +51,14 @@ class StudyConfig:
     output: str = "runs/study"
     seed: int = 0
     mlruns: str = "mlruns"
-    model: str = "tiny"
+    model: str = "smollm2"
     draft_model: str | None = None
     backend: str = "transformers"
     device: str = "cpu"
     families: tuple[str, ...] = DEFAULT_FAMILIES
     #: None: every mode the backend supports
     modes: tuple[str, ...] | None = None
-    requests_per_family: int = 20
+    requests_per_family: int = 4
     trials: int = 2
     max_remeasure: int = 2
     length_scale: float = 0.25
@@ -80,7 +80,7 @@ class StudyConfig:
     #: certified violation-rate target of the routers that take one (cost-predicting)
     target_violation_rate: float = 0.01
     live: bool = True
-    live_per_family: int = 6
+    live_per_family: int = 3
     live_trials: int = 2
     decisions: int = 20_000
 
