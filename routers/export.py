@@ -42,19 +42,27 @@ stores you trust.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import re
 import tempfile
+import warnings
 from pathlib import Path
 
+import mlflow
 import mlflow.pyfunc
 import numpy as np
 import pandas as pd
+from mlflow.models import infer_signature
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.features import features_frame
 from modeswitch.dataset.io import sha256_file
 from modeswitch.dataset.requests import Request
 from modeswitch.routers.compiler.tree_checks import check_fitted_trees
+from modeswitch.routers.registry import ROUTERS
+from modeswitch.routers.scoring.overhead import decision_function
+from modeswitch.routers.training.tracking import git_commit, setup, tracking_uri
 
 DEFAULT_NAME = "modeswitch-router"
 ALIAS = "champion"
@@ -87,8 +95,6 @@ class RouterPyfunc(mlflow.pyfunc.PythonModel):
     def use_compiled(self, on: bool = True):
         """Route through the compiled predictor (default) or the scikit-learn pipeline
         (also when the router cannot be compiled, e.g. one with a safety guard)."""
-        from modeswitch.routers.scoring.overhead import decision_function
-
         self.route, path, _ = decision_function(self.router_, on)
         self.path_ = "compiled" if path == "compiled" else "pipeline"
         return self
@@ -119,8 +125,6 @@ def allowed_types() -> frozenset[str]:
     """The allow-list, exact fully qualified class names: every registered router family's
     class (built-in and plug-in), :data:`ESTIMATOR_TYPES`, and the comma-separated names in
     ``$MODESWITCH_TRUSTED_TYPES`` (e.g. a plug-in router's helper class)."""
-    from modeswitch.routers.registry import ROUTERS
-
     families = {f"{f.factory.__module__}.{f.factory.__qualname__}" for _, f in ROUTERS.items()
                 if isinstance(f.factory, type)}
     extra = {t.strip() for t in os.environ.get(TRUSTED_TYPES_ENV, "").split(",") if t.strip()}
@@ -130,8 +134,6 @@ def allowed_types() -> frozenset[str]:
 def _is_class(name: str) -> bool:
     """Whether an allow-listed ``module.QualName`` names a class (importing only modules the
     allow-list itself names, never one a file names)."""
-    import importlib
-
     module, _, qual = name.rpartition(".")
     while module:
         try:
@@ -176,7 +178,7 @@ def load_router_file(path: Path, expected_sha256: str | None, trust_pickle: bool
             raise InputError(f"{path}: its SHA-256 {got[:16]}... does not match the one recorded at export "
                              f"({(expected_sha256 or 'none')[:16]}...): the file was changed; refusing to load it")
     if path.suffix == ".skops":
-        import skops.io as sio
+        import skops.io as sio  # lazy: skops pulls scikit-learn
 
         try:
             named = sio.get_untrusted_types(file=path)
@@ -192,7 +194,7 @@ def load_router_file(path: Path, expected_sha256: str | None, trust_pickle: bool
     if not trust_pickle:
         raise InputError(f"{path}: a pickle file (an export made before skops): loading it runs whatever code "
                          "it holds; re-export the router, or pass --trust-pickle if you trust this store")
-    import joblib
+    import joblib  # lazy: joblib comes with scikit-learn
 
     return joblib.load(path)
 
@@ -204,10 +206,6 @@ def _cat(v):
 def export_router(router, *, name: str = DEFAULT_NAME, mlruns: str = "mlruns", source_run_id=None,
                   backend: str = "unknown", extra: dict | None = None) -> dict:
     """Log ``router`` as a pyfunc model, register a new version and alias it ``champion``."""
-    import mlflow
-    from mlflow.models import infer_signature
-    from modeswitch.routers.training.tracking import git_commit, setup
-
     setup(Path(mlruns), "modeswitch-export")
     meta = {"modes": list(router.modes_), "backend": backend,
             "router": type(router).__name__, "feature_set": router.get_params().get("feature_set"),
@@ -216,7 +214,7 @@ def export_router(router, *, name: str = DEFAULT_NAME, mlruns: str = "mlruns", s
     example = pd.DataFrame([{"prompt_tokens": 512.0, "expected_output_tokens": 64.0,
                              "shared_prefix_tokens": 0.0, "concurrent_requests": 1.0,
                              "memory_pressure": 0.0, "family": "none", "benchmark_suite": "none"}])
-    import skops.io as sio
+    import skops.io as sio  # lazy: skops pulls scikit-learn
 
     with tempfile.TemporaryDirectory() as tmp:
         rpath, mpath = Path(tmp) / "router.skops", Path(tmp) / "meta.json"
@@ -229,8 +227,6 @@ def export_router(router, *, name: str = DEFAULT_NAME, mlruns: str = "mlruns", s
         wrapper = RouterPyfunc()
         wrapper.router_, wrapper.meta_ = router, meta
         signature = infer_signature(example, [str(wrapper.predict(None, example)[0])])
-        import warnings
-
         with mlflow.start_run(run_name=f"export-{name}") as run, warnings.catch_warnings():
             # MLflow suggests type hints on predict; the explicit signature covers it
             warnings.filterwarnings("ignore", message=".*type hints to the `predict` method.*")
@@ -257,8 +253,6 @@ _URI_FORMS = ("models:/NAME@ALIAS, models:/NAME/VERSION, runs:/RUN_ID/PATH or a 
 
 def check_router_uri(uri: str) -> None:
     """Refuse a malformed router URI before MLflow turns it into an internal error."""
-    import re
-
     if re.fullmatch(r"models:/[^/@\s]+(@[\w.-]+|/\d+|/latest)", uri) or re.fullmatch(r"runs:/[0-9a-fA-F]+/\S+", uri):
         return
     if "://" not in uri and ":" not in uri.split("/", 1)[0] and Path(uri).is_dir():
@@ -269,8 +263,6 @@ def check_router_uri(uri: str) -> None:
 def _registry_sha256(uri: str) -> dict:
     """The hashes the registry recorded for a ``models:/`` URI's version: {"router_sha256",
     "meta_sha256"} (empty for other URIs); a version without both is refused."""
-    import mlflow
-
     if not uri.startswith("models:/"):
         return {}
     name, _, ref = uri[len("models:/"):].partition("@")
@@ -314,9 +306,6 @@ def load_router(uri: str, mlruns: str = "mlruns", available_modes=None, compiled
     With ``available_modes`` (the serving engine's), a router that can choose a
     mode the engine lacks is refused with the list of missing modes.
     """
-    import mlflow
-    from modeswitch.routers.training.tracking import tracking_uri
-
     check_router_uri(uri)
     mlflow.set_tracking_uri(tracking_uri(Path(mlruns)))
     try:
@@ -359,9 +348,6 @@ def check_available_modes(model: RouterPyfunc, uri: str, available_modes) -> Non
 
 def best_from_scoring(metric: str, mlruns: str = "mlruns", max_violation_rate: float | None = None):
     """(router name, training run id, value) of the best learned router in the latest scoring run."""
-    import mlflow
-    from modeswitch.routers.training.tracking import setup
-
     setup(Path(mlruns), "modeswitch-score")
     client = mlflow.MlflowClient()
     exp = client.get_experiment_by_name("modeswitch-score")

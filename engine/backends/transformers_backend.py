@@ -11,6 +11,9 @@ reference output token for token.
 from __future__ import annotations
 
 import asyncio
+import copy
+import gc
+import inspect
 import itertools
 import logging
 import queue
@@ -22,6 +25,7 @@ from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.backends.base import BackendCapabilities, ModeSupport
 from modeswitch.engine.backends.registry import Backend, register_backend
+from modeswitch.engine.memory import module_bytes
 from modeswitch.engine.modes import ModeConfig, get_mode, reference_mode
 from modeswitch.engine.results import Generation
 
@@ -83,7 +87,7 @@ def capabilities(device: str = "cpu") -> BackendCapabilities:
 
 
 def _quiet_transformers():
-    import transformers
+    import transformers  # lazy: transformers pulls torch
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
@@ -139,7 +143,7 @@ class TransformersEngine:
         engines in one process (``profile --interleave``, the server) exhaust the
         machine as their pages are touched (a 14-engine interleaved profile was killed
         by the OOM killer at 19.6 GB)."""
-        from transformers import ContinuousBatchingConfig
+        from transformers import ContinuousBatchingConfig  # lazy: transformers pulls torch
 
         page = 256
         seqs = self.mode.max_num_seqs or 16
@@ -161,9 +165,12 @@ class TransformersEngine:
         return min(limit, int(self.max_context or self.CB_MAX_CONTEXT), self.CB_MAX_CONTEXT)
 
     def load(self) -> TransformersEngine:
-        import torch
-        from modeswitch.engine.backends import quantize
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        import torch  # lazy: torch is heavy
+        from modeswitch.engine.backends import quantize  # lazy: pulls torch
+        from transformers import (  # lazy: transformers pulls torch
+            AutoModelForCausalLM,
+            AutoTokenizer,
+        )
 
         support = capabilities(self.device).support(self.mode.name)
         if not support.supported:
@@ -195,11 +202,11 @@ class TransformersEngine:
             gc.num_assistant_tokens_schedule = "constant"
             gc.assistant_confidence_threshold = 0.0
         if m.prefix_caching:
-            from modeswitch.engine.backends.prefix_cache import PrefixKVStore
+            from modeswitch.engine.backends.prefix_cache import PrefixKVStore  # lazy: pulls torch
 
             self.prefix_store = PrefixKVStore(self.prefix_cache_mb * 2**20)
         if m.batching == "continuous":
-            from transformers import GenerationConfig
+            from transformers import GenerationConfig  # lazy: transformers pulls torch
 
             gc = GenerationConfig(do_sample=False, max_new_tokens=64,
                                   eos_token_id=self.tokenizer.eos_token_id,
@@ -211,8 +218,6 @@ class TransformersEngine:
                                                 name=f"cb-results-{m.name}", daemon=True)
             self._dispatcher.start()
         self.info["precision"] = str(dtype).replace("torch.", "")
-        import inspect
-
         # newer transformers renamed past_key_values to cache
         self._cache_kw = ("cache" if "cache" in inspect.signature(self.model.forward).parameters
                           else "past_key_values")
@@ -259,9 +264,7 @@ class TransformersEngine:
 
     def _quantized_copy(self, how: str):
         """The model's own weights quantised, as its draft (the copy shares no tensors)."""
-        import copy
-
-        from modeswitch.engine.backends import quantize
+        from modeswitch.engine.backends import quantize  # lazy: pulls torch
 
         draft = copy.deepcopy(self.model)
         if how == "int8":
@@ -274,8 +277,6 @@ class TransformersEngine:
         return draft.eval()
 
     def weights_bytes(self) -> int:
-        from modeswitch.engine.memory import module_bytes
-
         return module_bytes(self.model, self.draft)
 
     def warmup(self, prompt_tokens: int = 64, new_tokens: int = 8) -> None:
@@ -292,8 +293,6 @@ class TransformersEngine:
             self._dispatcher.join(timeout=10)
             self._fail_waiters("the engine was closed")
         self.model = self.draft = None
-        import gc
-
         gc.collect()
 
     # ---------------------------------------------------------------- serving
@@ -312,9 +311,9 @@ class TransformersEngine:
 
     def _generate_one(self, req: Request, ids: list[int], ignore_eos: bool, t0: float,
                       on_token=None) -> Generation:
-        import torch
-        from modeswitch.engine.timing import TokenTimer
-        from transformers import DynamicCache, QuantizedCache
+        import torch  # lazy: torch is heavy
+        from modeswitch.engine.timing import TokenTimer  # lazy: pulls transformers
+        from transformers import DynamicCache, QuantizedCache  # lazy: transformers pulls torch
 
         m = self.mode
         timer = TokenTimer(start=t0, on_token=None if on_token is None else
@@ -507,7 +506,7 @@ class _BatchCall:
 
 
 def _set_torch_threads(n: int) -> None:
-    import torch
+    import torch  # lazy: torch is heavy
 
     torch.set_num_threads(int(n))
 

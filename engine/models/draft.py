@@ -34,15 +34,20 @@ and thread count give the same draft.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
+import inspect
 import json
+import math
 import platform
 import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from modeswitch.dataset.io import atomic_folder
+from modeswitch.dataset.io import atomic_folder, sha256_file
+from modeswitch.dataset.prompt_corpus import load_corpus
 
 CARD = "modeswitch_model.json"
 
@@ -115,8 +120,6 @@ def split_prompts(tokenizer, recipe: DraftRecipe, corpus=None) -> tuple[list[lis
     """(training prompts, held-out prompts, their hash) as token ids in the target's chat
     format, from the corpus's draft split: suites taken in turn, each in a fixed hashed
     order, prompts over ``max_prompt_tokens`` skipped; held-out ones first."""
-    from modeswitch.dataset.prompt_corpus import load_corpus
-
     corpus = corpus or load_corpus()
     chat = bool(getattr(tokenizer, "chat_template", None))
 
@@ -165,10 +168,8 @@ def teacher_answers(model, prompts: list[list[int]], recipe: DraftRecipe, eos: s
     ``dense`` and ``states``, ``states[i]`` the model's final (normed) hidden state there,
     which the lm_head turns into that token (else None). The answer stops at its first
     end-of-sequence token."""
-    import inspect
-
-    import torch
-    from transformers import DynamicCache
+    import torch  # lazy: torch is heavy
+    from transformers import DynamicCache  # lazy: transformers pulls torch
 
     # newer transformers renamed past_key_values to cache
     cache_kw = "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
@@ -223,10 +224,8 @@ def teacher_answers(model, prompts: list[list[int]], recipe: DraftRecipe, eos: s
 def init_draft(target, layers: tuple[int, ...]):
     """A model of the target's architecture with only ``layers`` of its decoder layers,
     every weight copied from the target (embeddings, lm_head, final norm, those layers)."""
-    import copy
-
-    import torch
-    from transformers import AutoModelForCausalLM
+    import torch  # lazy: torch is heavy
+    from transformers import AutoModelForCausalLM  # lazy: transformers pulls torch
 
     n = target.config.num_hidden_layers
     if not layers or any(not 0 <= i < n for i in layers):
@@ -256,7 +255,7 @@ def _batch(seqs, rows: list[int], recipe: DraftRecipe, rng: random.Random):
     """Right-padded ids, the target's hidden states, and the (row, position, label) triples
     taught by cross-entropy in this batch: every answer position, and
     ``prompt_positions`` sampled prompt positions per sequence."""
-    import torch
+    import torch  # lazy: torch is heavy
 
     width = max(len(seqs[r][0]) for r in rows)
     x = torch.zeros(len(rows), width, dtype=torch.long)
@@ -283,10 +282,7 @@ def train_draft(draft, seqs, recipe: DraftRecipe, progress=None) -> dict:
     """Cross-entropy of the draft's next token on the target's greedy tokens (plus, with
     ``hidden_weight``, the distance to the target's final hidden states); the tied
     embeddings / lm_head stay frozen, the draft's layers and final norm learn."""
-    import contextlib
-    import math
-
-    import torch
+    import torch  # lazy: torch is heavy
 
     torch.manual_seed(recipe.seed)
     rng = random.Random(recipe.seed)
@@ -346,7 +342,7 @@ def train_draft(draft, seqs, recipe: DraftRecipe, progress=None) -> dict:
 def acceptance(draft, seqs) -> dict:
     """The fraction of answer positions where the draft's greedy token equals the target's
     (each sequence run whole, as speculative decoding's draft sees it)."""
-    import torch
+    import torch  # lazy: torch is heavy
 
     agree = total = 0
     with torch.inference_mode():
@@ -369,8 +365,8 @@ BUILD_THREADS = 1
 def build_draft(target: Path, recipe: DraftRecipe = DraftRecipe(), force: bool = False,
                 progress=None, log=print, corpus=None, threads: int = BUILD_THREADS) -> BuiltDraft:
     """Distil (or reuse) a draft for the checkpoint folder ``target``; see the module doc."""
-    import torch
-    from transformers import AutoTokenizer
+    import torch  # lazy: torch is heavy
+    from transformers import AutoTokenizer  # lazy: transformers pulls torch
 
     target = Path(target)
     tokenizer = AutoTokenizer.from_pretrained(target)
@@ -388,10 +384,9 @@ def build_draft(target: Path, recipe: DraftRecipe = DraftRecipe(), force: bool =
 
 def _build(target: Path, folder: Path, recipe: DraftRecipe, tokenizer, train_p, held_p, prompts_key,
            progress, log) -> BuiltDraft:
-    import torch
-    import transformers
-    from modeswitch.dataset.io import sha256_file
-    from transformers import AutoModelForCausalLM
+    import torch  # lazy: torch is heavy
+    import transformers  # lazy: transformers pulls torch
+    from transformers import AutoModelForCausalLM  # lazy: transformers pulls torch
 
     t0 = time.perf_counter()
     torch.manual_seed(recipe.seed)

@@ -14,6 +14,11 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+import modeswitch.engine.models.draft as draft_models
+import modeswitch.engine.models.smollm2 as smollm2
+import modeswitch.engine.models.tiny as tiny
+from modeswitch.engine.modes import get_mode, mode_names
+
 DEFAULT_MODEL = "smollm2"
 MODEL_ENV = "MODESWITCH_MODEL"
 #: the --model option's help, shared by every command that takes one
@@ -38,8 +43,6 @@ def check_checkpoint(path: Path, flag: str) -> Path:
 
 def needs_draft(modes: Iterable[str] | None) -> bool:
     """Whether any of ``modes`` (None: every registered mode) drafts with a draft model."""
-    from modeswitch.engine.modes import get_mode, mode_names
-
     return any(get_mode(m).missing_draft(None) for m in (mode_names() if modes is None else modes))
 
 
@@ -53,17 +56,11 @@ def resolve_models(model: str | None = None, draft_model: str | None = None, cac
     model = model or default_model()
     draft = check_checkpoint(Path(draft_model), "--draft-model") if draft_model else None
     if model == "smollm2":
-        from modeswitch.engine.models.smollm2 import build_smollm2
-
-        built = build_smollm2(cache_dir, log=log)
+        built = smollm2.build_smollm2(cache_dir, log=log)
         if draft is None and needs_draft(modes):
-            from modeswitch.engine.models.draft import build_draft
-
-            draft = build_draft(built.folder, progress=progress, log=log).folder
+            draft = draft_models.build_draft(built.folder, progress=progress, log=log).folder
         return built.folder, draft, built.card
     if model == "tiny":
-        from modeswitch.engine.models.tiny import build_models
-
-        built = build_models(cache_dir, progress=progress, log=log)
+        built = tiny.build_models(cache_dir, progress=progress, log=log)
         return built.target, draft or built.draft, built.card
     return check_checkpoint(Path(model), "--model"), draft, None

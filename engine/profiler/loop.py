@@ -10,11 +10,23 @@ import socket
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pandas as pd
+from modeswitch.dataset.io import write_parquet
 from modeswitch.dataset.profile_schema import validate_profile
+from modeswitch.engine import noise, prompts
+from modeswitch.engine.backends import registry
+from modeswitch.engine.backends.base import EngineSettings, context_for
+from modeswitch.engine.energy import cpu_seconds_clock, make_meter
 from modeswitch.engine.hardware import hardware_string
+from modeswitch.engine.memory import GpuMemoryPeak, PeakRSS
+from modeswitch.engine.noise import (
+    ThreadChoice,
+    TrialClock,
+    calibrate_threads,
+    noise_floor,
+    unresolved_trials,
+)
 from modeswitch.engine.profiler.journal import Journal
 from modeswitch.engine.profiler.plan import ProfileSpec, Unit, build_units
 from modeswitch.engine.profiler.rows import (
@@ -29,9 +41,16 @@ from modeswitch.engine.profiler.rows import (
     model_id,
     software_string,
 )
+from modeswitch.engine.quality import rouge_l
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
-if TYPE_CHECKING:  # the engine side loads lazily: building units needs none of it
-    from modeswitch.engine.noise import ThreadChoice
 
 @dataclass
 class ProfileRun:
@@ -100,16 +119,12 @@ class Profiler:
     def backend(self):
         """The registered backend named by the spec. Looked up on first use, so an
         unknown name fails when the run starts (the registry's error lists the known ones)."""
-        from modeswitch.engine.backends.registry import get_backend
-
-        return get_backend(self.spec.backend)
+        return registry.get_backend(self.spec.backend)
 
     @cached_property
     def settings(self):
         """What every engine of this run is built with (memory pressure: none; a
         ballast-applying backend gets its own per pressure level, see :meth:`_load`)."""
-        from modeswitch.engine.backends.base import EngineSettings, context_for
-
         # caches sized for the longest request measured, not for the model's limit
         requests = [r for u in build_units(self.spec) for r in u.requests + u.prime]
         return EngineSettings(str(self.model_path), str(self.draft_path) if self.draft_path else None,
@@ -150,8 +165,6 @@ class Profiler:
             journal.close()
 
     def _start(self, journal: Journal, reference: str, units: list[Unit]) -> ProfileRun:
-        from modeswitch.engine.energy import make_meter
-
         return ProfileRun(
             journal=journal,
             meter=make_meter(self.spec.device, self.nvml_index, watts_per_core=self.spec.watts_per_core,
@@ -167,15 +180,6 @@ class Profiler:
         )
 
     def _progress(self):
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
         columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
         return Progress(*columns, console=self.console, transient=False)
@@ -198,8 +202,6 @@ class Profiler:
     def _choose_threads(self, modes, bar: _Bar):
         """Fix the thread count for the whole run: the spec's, the journal's (a resumed
         run), or one measured now on the reference engine (see engine.noise)."""
-        from modeswitch.engine.noise import ThreadChoice, calibrate_threads
-
         run, backend = self._run, self.backend
         if backend.set_threads is None or self._cuda():
             return
@@ -230,8 +232,6 @@ class Profiler:
     def _frame(self, modes=None) -> pd.DataFrame:
         """The journal's rows (of ``modes``, or all) as a table, with the contention flag
         worked out (it compares a unit's trials within one mode, so a subset is exact)."""
-        from modeswitch.engine.noise import flag_contended
-
         df = pd.DataFrame([{k: v for k, v in r.items() if k != "output_text"}
                            for r in self._run.journal.rows if modes is None or r["mode"] in modes])
         if df.empty:
@@ -240,14 +240,12 @@ class Profiler:
             df["attempt"] = 0
         df["attempt"] = df["attempt"].fillna(0).astype(int)
         threads = self._run.threads
-        df["contended"] = flag_contended(df, expected_share=threads.clean_share if threads else None)
+        df["contended"] = noise.flag_contended(df, expected_share=threads.clean_share if threads else None)
         return df
 
     def _to_remeasure(self, modes=None, units=None) -> pd.DataFrame:
         """(request_id, mode, trial, attempts) of trials the journal holds only contended
         attempts of and that have attempts left, within ``modes`` and ``units``."""
-        from modeswitch.engine.noise import unresolved_trials
-
         df = self._frame(modes)
         if df.empty or not self.spec.max_remeasure:
             return pd.DataFrame(columns=["request_id", "mode", "trial", "attempts"])
@@ -344,17 +342,12 @@ class Profiler:
         return engine
 
     def _prepare(self, tokenizer):
-        from modeswitch.engine.prompts import PromptBuilder
-
-        builder = PromptBuilder(tokenizer)
+        builder = prompts.PromptBuilder(tokenizer)
         units = self._run.units
         self._run.prepared = {u.id: [builder.prepare(r) for r in u.requests] for u in units}
         self._run.primers = {u.id: [builder.prepare(r) for r in u.prime] for u in units}
 
     def _cpu_clock(self):
-        from modeswitch.engine.energy import cpu_seconds_clock
-        from modeswitch.engine.noise import TrialClock
-
         return TrialClock(cpu_seconds_clock(self.backend.child_processes))
 
     def _measure(self, engine, mode, unit, trial, bar: _Bar, attempt: int = 0):
@@ -367,8 +360,6 @@ class Profiler:
         """Score ``row``'s output against the reference's (ROUGE-L), journal it, tell
         ``on_row``. The reference mode's first trial sets the unit's reference text, so
         a unit's reference row must be journalled before its other modes' rows."""
-        from modeswitch.engine.quality import rouge_l
-
         run = self._run
         uid = row["request_id"]
         if row["mode"] == run.reference and row["trial"] == 0 and not row.get("attempt"):
@@ -415,10 +406,8 @@ class Profiler:
         """A peak-memory sampler for one engine call. An engine that computes in child
         processes allocates there: on CUDA its device memory is read through NVML,
         on CPU the children's RSS counts too."""
-        from modeswitch.engine.memory import GpuMemoryPeak, PeakRSS
-
         if self._cuda():
-            import torch
+            import torch  # lazy: torch is heavy
 
             torch.cuda.reset_peak_memory_stats()
             if self.backend.child_processes:
@@ -433,21 +422,16 @@ class Profiler:
             return engine.weights_mb + sampler.peak_growth_mb
         if self.backend.child_processes:
             return sampler.peak_mb - engine.info.get("ballast_bytes", 0) / 2**20
-        import torch
+        import torch  # lazy: torch is heavy
 
         return torch.cuda.max_memory_allocated() / 2**20
 
     def finish(self, journal: Journal) -> pd.DataFrame:
         """Rebuild the profile from the journal (contention flags worked out over every
         unit's trials), validate it and write it; ``noise_`` holds its noise floor."""
-        from modeswitch.dataset.io import write_parquet
-        from modeswitch.engine.noise import noise_floor
-
         if self._run is None:  # finishing a journal without measuring (tests, tools)
             self._run = ProfileRun(journal, None, None, [], journal.keys(), {})
             if "threads" in journal.meta:
-                from modeswitch.engine.noise import ThreadChoice
-
                 self._run.threads = ThreadChoice.from_dict(journal.meta["threads"])
         df = validate_profile(self._frame(), path=self.journal_path)
         self.noise_ = noise_floor(df)

@@ -9,11 +9,19 @@ tests/test_cli_options.py holds them to that, and lists the fields left out on p
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
+import tomllib
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.progress import Progress
 
+import modeswitch.engine.models.draft as draft_models
+import modeswitch.engine.models.resolve as model_resolve
+import modeswitch.engine.models.smollm2 as smollm2
 from modeswitch.cli.common import (
     RayAddress,
     RayCpus,
@@ -28,9 +36,11 @@ from modeswitch.cli.common import (
     ray_options,
     reading,
 )
-from modeswitch.dataset.errors import InputError
+from modeswitch.dataset.errors import InputError, InputFileError
+from modeswitch.dataset.workloads.conditions import ConditionDraw
 from modeswitch.display import console, frame_table
 from modeswitch.engine.models.resolve import MODEL_HELP
+from modeswitch.engine.models.tiny import BuildRecipe, build_models
 
 #: --checkpoint KEY: the quantized modes a vLLM checkpoint can stand for
 CHECKPOINT_KEYS = ("int8", "gptq_4bit", "awq_4bit")
@@ -59,28 +69,18 @@ def model_build_cmd(
     draft: Annotated[bool, typer.Option(help="smollm2: also distil its speculative draft now (a few minutes; otherwise built when a mode first needs it).")] = False,
 ):
     """Convert the default model into the cache once (about 25 s), or train the tiny test model (about 4 minutes)."""
-    import json
-
-    from rich.progress import Progress
-
     if model == "smollm2":
-        from modeswitch.engine.models.smollm2 import build_smollm2
-
-        built = build_smollm2(cache_dir, force=force, log=console.print)
+        built = smollm2.build_smollm2(cache_dir, force=force, log=console.print)
         console.print(f"model: {built.folder}\n{describe_card(built.card)}")
         console.print(json.dumps(built.card["source"], indent=1))
         if draft:
-            from modeswitch.engine.models.draft import build_draft
-
             with Progress(console=console) as progress:
-                d = build_draft(built.folder, force=force, progress=progress, log=console.print)
+                d = draft_models.build_draft(built.folder, force=force, progress=progress, log=console.print)
             console.print(f"draft: {d.folder}\n" + json.dumps({k: d.card[k] for k in (
                 "layers", "draft_params", "final_loss", "held_out_acceptance_rate", "build_seconds")}, indent=1))
         return
     if model != "tiny":
         raise InputError(f"--model {model!r}: build takes 'smollm2' or 'tiny' (a checkpoint folder needs no build)")
-    from modeswitch.engine.models.tiny import BuildRecipe, build_models
-
     with Progress(console=console) as progress:
         built = build_models(cache_dir, BuildRecipe(), force=force, progress=progress,
                              log=console.print)
@@ -136,13 +136,9 @@ def profile_cmd(
     ray_cpus_per_worker: RayCpus = None,
 ):
     """Measure modes on workloads and write a validated, resumable profile table."""
-    import dataclasses
-
-    from rich.progress import Progress
-
-    from modeswitch.dataset.errors import InputError
-    from modeswitch.engine.models.resolve import resolve_models
-    from modeswitch.engine.profiler import ProfileSpec
+    from modeswitch.engine.profiler import (
+        ProfileSpec,  # lazy: pandas and pandera; the CLI starts without them
+    )
 
     checkpoints = {}
     for item in _split(checkpoint):
@@ -168,17 +164,17 @@ def profile_cmd(
         **{k: v for k, v in defaults.items() if v is not None},
     )
     with Progress(console=console) as progress:
-        target, draft, card = resolve_models(model, draft_model, cache_dir, progress, console.print,
+        target, draft, card = model_resolve.resolve_models(model, draft_model, cache_dir, progress, console.print,
                                              modes=spec.modes)
     if card:
         console.print(f"model: {describe_card(card)}")
     spec = dataclasses.replace(spec, model=str(target), draft_model=str(draft) if draft else None)
-    from modeswitch.engine.distributed import make_profiler
+    from modeswitch.engine.distributed import make_profiler  # lazy: pandas (and Ray when asked for)
 
     ray_opts = ray_options(ray, ray_address, ray_workers, ray_cpus_per_worker)
     profiler = make_profiler(spec, target, draft, output, console=console, ray=ray_opts)
     df = profiler.run()
-    from modeswitch.engine.noise import clean_trials
+    from modeswitch.engine.noise import clean_trials  # lazy: pandas
 
     summary = clean_trials(df).groupby(["mode", "family"])["latency_ms"].median().unstack("family")
     speed = (summary.loc["fp16_baseline"] / summary).round(2)
@@ -197,11 +193,6 @@ def _conditions(path: Path | None) -> dict | None:
     """The [conditions] table of a TOML file, checked (None: no file)."""
     if path is None:
         return None
-    import tomllib
-
-    from modeswitch.dataset.errors import InputFileError
-    from modeswitch.dataset.workloads.conditions import ConditionDraw
-
     try:
         table = tomllib.loads(path.read_text()).get("conditions")
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -217,9 +208,9 @@ def _conditions(path: Path | None) -> dict | None:
 # -------------------------------------------------------------------- serve
 def _load_exported(uri: str, mlruns, tracking_uri, modes, compiled: bool, trust_pickle: bool):
     """An exported router for the server (its modes checked against ``modes`` when given)."""
-    from modeswitch.engine.serving import LoadedRouter
-    from modeswitch.routers.export import load_router
-    from modeswitch.routers.training.tracking import use_tracking_uri
+    from modeswitch.engine.serving import LoadedRouter  # lazy: FastAPI and numpy
+    from modeswitch.routers.export import load_router  # lazy: MLflow, scikit-learn, pandas
+    from modeswitch.routers.training.tracking import use_tracking_uri  # lazy: MLflow
 
     use_tracking_uri(tracking_uri)
     exported = load_router(uri, str(mlruns), available_modes=modes, compiled=compiled,
@@ -257,15 +248,14 @@ def serve_cmd(
     trust_pickle: Annotated[bool, typer.Option(help="Also load a router stored as a pickle (exports made before skops): it runs whatever code the file holds.")] = False,
 ):
     """Serve an OpenAI-compatible API with the router in front of one engine per mode."""
-    import dataclasses
-    import logging
+    import uvicorn  # lazy: the server stack, only for serve
 
-    import uvicorn
-
-    from modeswitch.dataset.errors import InputError
-    from modeswitch.engine.models.resolve import resolve_models
-    from modeswitch.engine.serving import ServerConfig, create_app, supported_modes
-    from modeswitch.engine.serving.connections import uvicorn_options
+    from modeswitch.engine.serving import (  # lazy: FastAPI, numpy
+        ServerConfig,
+        create_app,
+        supported_modes,
+    )
+    from modeswitch.engine.serving.connections import uvicorn_options  # lazy: FastAPI, uvicorn
 
     # every limit checked before any work (the model path is filled in once resolved)
     cfg = ServerConfig(model_path=str(model), backend=backend, device=device, served_name=served_name,
@@ -287,7 +277,7 @@ def serve_cmd(
     # a second, not a model load; its modes are checked against the engine's below
     preloaded = [_load_exported(router, mlruns, tracking_uri, None, compile_router, trust_pickle)] \
         if exported else []
-    target, draft, _ = resolve_models(model, draft_model, None, None, console.print,
+    target, draft, _ = model_resolve.resolve_models(model, draft_model, None, None, console.print,
                                       modes=[router.split(":", 1)[1]] if router.startswith("mode:") else None)
     cfg = dataclasses.replace(cfg, model_path=str(target), draft_path=str(draft) if draft else None,
                               api_key=api_key)
@@ -295,14 +285,14 @@ def serve_cmd(
 
     def load():
         if router.startswith("mode:"):
-            from modeswitch.routers.reference import FixedModeRouter
+            from modeswitch.routers.reference import FixedModeRouter  # lazy: numpy
 
             fixed = router.split(":", 1)[1]
             if fixed not in modes:
                 raise InputError(f"--router {router}: the {backend} engine here runs {', '.join(modes)}")
             return FixedModeRouter(mode=fixed).fit()
         if router == "rule":
-            from modeswitch.routers.rule_baseline import RuleBaselineRouter
+            from modeswitch.routers.rule_baseline import RuleBaselineRouter  # lazy: numpy
 
             return RuleBaselineRouter(available_modes=modes, unavailable="reference").fit()
         return _load_exported(router, mlruns, tracking_uri, modes, compile_router, trust_pickle)
@@ -310,7 +300,7 @@ def serve_cmd(
     # load once here, so a bad router fails with its reason before the server starts;
     # the server's start-up takes this one, reloads load afresh
     if preloaded:
-        from modeswitch.routers.export import check_available_modes
+        from modeswitch.routers.export import check_available_modes  # lazy: MLflow, scikit-learn
 
         check_available_modes(preloaded[0].router, router, modes)
     else:
