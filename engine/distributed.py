@@ -38,6 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from modeswitch.dataset.errors import InputError
+from modeswitch.engine import profiler
+from modeswitch.engine.energy import make_meter
+from modeswitch.engine.hardware import hardware_string
+from modeswitch.engine.noise import ThreadChoice
 from modeswitch.engine.profiler import (
     Journal,
     Profiler,
@@ -45,6 +49,8 @@ from modeswitch.engine.profiler import (
     ProfileSpec,
     RowProvenance,
     build_units,
+    model_id,
+    software_string,
 )
 
 #: an actor's cells: (unit id, mode, trial, attempt)
@@ -73,11 +79,7 @@ class ProfileWorker:
 
     def __init__(self, spec: dict, model_path: str, draft_path: str | None, run_id: str,
                  reference: str, threads: int | None):
-        import ray
-        from modeswitch.engine.energy import make_meter
-        from modeswitch.engine.hardware import hardware_string
-        from modeswitch.engine.noise import ThreadChoice
-        from modeswitch.engine.profiler import model_id, software_string
+        import ray  # lazy: Ray is optional
 
         spec = ProfileSpec(**spec)
         self.profiler = p = Profiler(spec, Path(model_path), Path(draft_path) if draft_path else None,
@@ -138,8 +140,7 @@ def make_profiler(spec: ProfileSpec, model_path, draft_path, out, console=None,
                   ray: RayOptions | None = None) -> Profiler:
     """A serial :class:`Profiler`, or with ``ray`` a :class:`RayProfiler`."""
     if ray is None:
-        from modeswitch.engine import profiler  # looked up at call time (tests replace it)
-
+        # profiler.Profiler, looked up at call time (tests replace it)
         return profiler.Profiler(spec, model_path, draft_path, out, console=console)
     return RayProfiler(spec, model_path, draft_path, out, console=console, address=ray.address,
                        workers=ray.workers, cpus_per_worker=ray.cpus_per_worker)
@@ -183,7 +184,7 @@ class RayProfiler(Profiler):
     # ----------------------------------------------------------------- set-up
     def _connect(self):
         try:
-            import ray
+            import ray  # lazy: Ray is optional
         except ImportError:
             raise InputError("--ray needs Ray: pip install 'modeswitch[distributed]' (or `pip install ray`)") from None
         if not ray.is_initialized():
@@ -283,8 +284,6 @@ class RayProfiler(Profiler):
             journal.close()
 
     def _record_threads(self, plan: RayPlan):
-        from modeswitch.engine.noise import ThreadChoice
-
         run = self._run
         if plan.threads is None or self.backend.set_threads is None:
             return
@@ -310,6 +309,7 @@ class RayProfiler(Profiler):
 
     def _dispatch(self, ray, plan: RayPlan, cells: list[Cell]):
         """Run ``cells`` on the actors until every one is journalled."""
+        # lazy: Ray is optional
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
         lost = (RayActorError, ActorDiedError, ActorUnavailableError)

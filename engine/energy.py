@@ -20,6 +20,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+import psutil
+
 #: NVML updates its energy counter roughly every 100 ms on recent GPUs.
 NVML_UPDATE_PERIOD_S = 0.1
 #: Assumed average power of one busy server core for the CPU estimate (W).
@@ -57,7 +59,7 @@ class CpuTimeEstimate:
 
 def _sync():
     try:
-        import torch
+        import torch  # lazy: torch is heavy, and absent on a CPU-only install
 
         if torch.cuda.is_available():
             torch.cuda.synchronize()
@@ -133,8 +135,6 @@ def trapezoid_joules(samples: list[tuple[float, float]]) -> float:
 
 def process_tree_cpu_seconds() -> float:
     """CPU seconds of this process and its live children (vLLM's engine core is a child)."""
-    import psutil
-
     me = psutil.Process()
     total = sum(me.cpu_times()[:2])
     for c in me.children(recursive=True):

@@ -138,7 +138,7 @@ class GpuBallast:
     def __enter__(self):
         torch = self._torch
         if torch is None:
-            import torch
+            import torch  # lazy: torch is heavy
         self._torch = torch
         free, total = torch.cuda.mem_get_info(self.device_index)
         self.bytes = int(free * self.fraction)

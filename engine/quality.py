@@ -24,7 +24,7 @@ class WordAndSymbolTokenizer:
 
 @lru_cache(maxsize=1)
 def _scorer():
-    from rouge_score import rouge_scorer
+    from rouge_score import rouge_scorer  # lazy: rouge-score is optional
 
     return rouge_scorer.RougeScorer(["rougeL"], tokenizer=WordAndSymbolTokenizer())
 

@@ -24,6 +24,8 @@ import warnings
 
 import torch
 from torch import nn
+from torch.ao.nn.quantized.dynamic import Linear as DynLinear
+from torch.ao.quantization import default_dynamic_qconfig
 
 
 def _decoder_linears(model) -> list[tuple[nn.Module, str, nn.Linear]]:
@@ -39,9 +41,6 @@ def _decoder_linears(model) -> list[tuple[nn.Module, str, nn.Linear]]:
 
 def quantize_int8_dynamic(model) -> int:
     """Replace decoder linear layers with dynamic-int8 ones in place; return the count."""
-    from torch.ao.nn.quantized.dynamic import Linear as DynLinear
-    from torch.ao.quantization import default_dynamic_qconfig
-
     n = 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

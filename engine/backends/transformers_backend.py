@@ -167,10 +167,9 @@ class TransformersEngine:
     def load(self) -> TransformersEngine:
         import torch  # lazy: torch is heavy
         from modeswitch.engine.backends import quantize  # lazy: pulls torch
-        from transformers import (  # lazy: transformers pulls torch
-            AutoModelForCausalLM,
-            AutoTokenizer,
-        )
+
+        # lazy: transformers pulls torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         support = capabilities(self.device).support(self.mode.name)
         if not support.supported:

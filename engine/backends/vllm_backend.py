@@ -34,12 +34,15 @@ import os
 import threading
 import time
 import uuid
+from contextlib import aclosing
 from pathlib import Path
 
+import psutil
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.backends.base import BackendCapabilities, ModeSupport
 from modeswitch.engine.backends.registry import Backend, register_backend
-from modeswitch.engine.modes import ModeConfig, get_mode, list_modes
+from modeswitch.engine.memory import GpuBallast
+from modeswitch.engine.modes import ModeConfig, get_mode, list_modes, reference_mode
 from modeswitch.engine.results import Generation
 
 NAME = "vllm"
@@ -145,15 +148,11 @@ def capabilities(device: str = "cpu", checkpoints: dict | None = None, draft: bo
             support[m.name] = ModeSupport(m.name, True, how=how)
         else:
             support[m.name] = ModeSupport(m.name, False, reason=why)
-    from modeswitch.engine.modes import reference_mode
-
     return BackendCapabilities(NAME, reference_mode().name, "float32" if cpu else "float16", support)
 
 
 def _max_len(model_path, draft_path=None, cap: int = 4096) -> int:
     """The longest context both the model and its draft take (vLLM refuses more)."""
-    import json
-
     lens = [cap]
     for p in (model_path, draft_path):
         cfg = Path(p) / "config.json" if p else None
@@ -164,8 +163,6 @@ def _max_len(model_path, draft_path=None, cap: int = 4096) -> int:
 
 def reap_children(grace_s: float = 5.0) -> int:
     """Terminate (then kill) child processes still alive; returns how many were reaped."""
-    import psutil
-
     kids = psutil.Process().children(recursive=True)
     for k in kids:
         try:
@@ -219,15 +216,13 @@ class VllmEngine:
 
     # --------------------------------------------------------------- lifecycle
     def load(self) -> VllmEngine:
-        from transformers import AutoTokenizer
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
+        from transformers import AutoTokenizer  # lazy: transformers pulls torch
+        from vllm.engine.arg_utils import AsyncEngineArgs  # lazy: vLLM is optional (GPU only)
+        from vllm.v1.engine.async_llm import AsyncLLM  # lazy: vLLM is optional (GPU only)
 
         if not self.device.startswith("cuda"):
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         elif self.memory_pressure > 0:
-            from modeswitch.engine.memory import GpuBallast
-
             index = int(self.device.split(":")[1]) if ":" in self.device else 0
             self.ballast = GpuBallast(self.memory_pressure, index).__enter__()
             self.args["gpu_memory_utilization"] = self.ballast.engine_utilization()
@@ -302,7 +297,7 @@ class VllmEngine:
             return blocks * cfg.block_size * per_token / 2**20
         if not self.device.startswith("cuda"):
             return float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 1) * 1024
-        import torch
+        import torch  # lazy: torch is heavy
 
         index = int(self.device.split(":")[1]) if ":" in self.device else 0
         total_mb = torch.cuda.get_device_properties(index).total_memory / 2**20
@@ -378,8 +373,8 @@ class VllmEngine:
     @staticmethod
     def _params(req: Request, ignore_eos: bool):
         """Greedy decoding of ``req``'s expected output, streamed as deltas."""
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm import SamplingParams  # lazy: vLLM is optional (GPU only)
+        from vllm.sampling_params import RequestOutputKind  # lazy: vLLM is optional (GPU only)
 
         # detokenize=False: the text is decoded once at the end (``_one``) or by the server's
         # stream as it goes; vLLM's own per-token detokenizing would be a second copy of it
@@ -387,8 +382,6 @@ class VllmEngine:
                               output_kind=RequestOutputKind.DELTA, detokenize=False)
 
     async def _one(self, req: Request, ids: list[int], ignore_eos: bool, t0: float, on_token):
-        from contextlib import aclosing
-
         out_ids, times = [], []
         # closed at once when on_token raises (the server's client is gone): vLLM aborts the
         # request on close instead of generating it to the end for nobody
@@ -431,8 +424,6 @@ class VllmEngine:
     async def _stream(self, req: Request, ids: list[int], ignore_eos: bool):
         """``req`` submitted to vLLM, its new token ids yielded as they come (empty outputs
         skipped); closing it aborts the request. ``_one`` and ``astream`` both read it."""
-        from contextlib import aclosing
-
         async with aclosing(self.engine.generate(prompt={"prompt_token_ids": list(ids)},
                                                  sampling_params=self._params(req, ignore_eos),
                                                  request_id=f"{req.id}-{uuid.uuid4().hex[:8]}")) as stream:

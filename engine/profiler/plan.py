@@ -10,8 +10,10 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from modeswitch.dataset.benchmarks import read_benchmark
+from modeswitch.dataset.limits import count, finite, requests_fit
 from modeswitch.dataset.requests import Request
 from modeswitch.dataset.workloads import get_workload
+from modeswitch.dataset.workloads.conditions import ConditionDraw, draw_units, scaled
 
 DEFAULT_WORKLOADS = (
     "short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",
@@ -56,8 +58,6 @@ class ProfileSpec:
 
     def __post_init__(self):
         """Refuse counts and scales no run could use before anything is measured."""
-        from modeswitch.dataset.limits import count, finite, requests_fit
-
         count("requests", self.requests)
         count("trials", self.trials)
         count("max_remeasure", self.max_remeasure, minimum=0)
@@ -92,8 +92,6 @@ class Unit:
 
 
 def build_units(spec: ProfileSpec) -> list[Unit]:
-    from modeswitch.dataset.workloads.conditions import scaled
-
     units = []
     for i, name in enumerate(spec.workloads):
         w = scaled(get_workload(name), spec.length_scale)
@@ -125,8 +123,6 @@ def _drawn_units(spec: ProfileSpec, w, i: int) -> list[Unit]:
     the family's spread, each unit its own concurrency (a group of that many requests),
     shared prefix (primed first by an untimed request with the same prefix) and
     memory pressure."""
-    from modeswitch.dataset.workloads.conditions import ConditionDraw, draw_units
-
     draw = ConditionDraw.from_dict(spec.conditions)
     units = []
     for du in draw_units(w, spec.requests, draw, seed=spec.seed * 1000 + i, stratified=True):

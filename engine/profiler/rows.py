@@ -25,8 +25,8 @@ def _nan(x):
 
 
 def software_string() -> str:
-    import torch
-    import transformers
+    import torch  # lazy: torch is heavy
+    import transformers  # lazy: transformers pulls torch
 
     return json.dumps({"python": platform.python_version(), "torch": torch.__version__,
                        "transformers": transformers.__version__})

@@ -40,6 +40,7 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException
 from fastapi import Request as HttpRequest
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import Response
 from modeswitch.engine.serving.config import EngineFactory, ServerConfig, supported_modes
 from modeswitch.engine.serving.generate import serve
@@ -348,8 +349,6 @@ async def openapi_schema(http: HttpRequest):
 
 @keyed.get("/docs", include_in_schema=False)
 async def docs():
-    from fastapi.openapi.docs import get_swagger_ui_html
-
     return get_swagger_ui_html(openapi_url="/openapi.json", title="ModeSwitch API")
 
 

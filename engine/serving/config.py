@@ -14,6 +14,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from modeswitch.dataset.errors import InputError
+from modeswitch.engine.backends import registry
 from modeswitch.engine.backends.base import EngineSettings
 from modeswitch.engine.modes import reference_mode
 
@@ -97,15 +98,11 @@ def supported_modes(cfg: ServerConfig) -> list[str]:
     (``ModeConfig.missing_draft``), as the profiler does, so the server never offers
     a mode the profiler would skip.
     """
-    from modeswitch.engine.backends.registry import get_backend
-
-    return get_backend(cfg.backend).runnable_modes(cfg.engine_settings())
+    return registry.get_backend(cfg.backend).runnable_modes(cfg.engine_settings())
 
 
 def backend_engine_factory(cfg: ServerConfig, loop=None) -> EngineFactory:
     """``factory(mode)`` building the configured backend's engine for that mode, loaded and
     warmed up (the first request to a mode pays for its load, later ones do not);
     ``loop``: the server's event loop, which engines that can serve on it use."""
-    from modeswitch.engine.backends.registry import get_backend
-
-    return partial(get_backend(cfg.backend).load, settings=cfg.engine_settings(), loop=loop)
+    return partial(registry.get_backend(cfg.backend).load, settings=cfg.engine_settings(), loop=loop)

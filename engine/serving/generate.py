@@ -408,8 +408,8 @@ def _decode_stream(tokenizer):
     if raw is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return None
     try:
-        from tokenizers import Tokenizer
-        from tokenizers.decoders import DecodeStream
+        from tokenizers import Tokenizer  # lazy: comes with transformers; optional fast path
+        from tokenizers.decoders import DecodeStream  # lazy: tokenizers 0.21 and later
     except ImportError:  # tokenizers before 0.21
         return None
     if not isinstance(raw, Tokenizer):

@@ -18,6 +18,7 @@ class Metrics:
     (the tests and ``bench/serve_batching.py`` run two side by side) without clashing."""
 
     def __init__(self):
+        # lazy: prometheus_client, only when serving
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
@@ -54,6 +55,7 @@ class Metrics:
 
     def exposition(self) -> tuple[bytes, str]:
         """(body, content type) of the text exposition format."""
+        # lazy: prometheus_client, only when serving
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

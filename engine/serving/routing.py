@@ -112,7 +112,7 @@ def memory_pressure(device: str) -> float:
     """The fraction of the accelerator's memory taken (0 on CPU, as in the profiler: no
     accelerator memory to be short of)."""
     if device.startswith("cuda"):
-        import torch
+        import torch  # lazy: torch is heavy
 
         free, total = torch.cuda.mem_get_info(torch.device(device))
         return 1.0 - free / total

@@ -8,10 +8,12 @@ tests and benches can read the same typed state (``app.state.serving``).
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol
 
+import psutil
 from fastapi import Depends
 from fastapi import Request as HttpRequest
 from fastapi.concurrency import run_in_threadpool
@@ -112,7 +114,7 @@ async def start_state(cfg: ServerConfig, metrics: Metrics, router_loader: Router
 def _context_of(model_path: str) -> int:
     """The model's context length from its config; 4,096 when it does not say."""
     try:
-        from transformers import AutoConfig
+        from transformers import AutoConfig  # lazy: transformers pulls torch
 
         conf = AutoConfig.from_pretrained(model_path)
     except (OSError, ValueError):
@@ -125,7 +127,7 @@ def _context_of(model_path: str) -> int:
 
 
 def _load_tokenizer(model_path: str):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers pulls torch
 
     return AutoTokenizer.from_pretrained(model_path)
 
@@ -153,8 +155,6 @@ def freeze_heap() -> None:
     garbage is collected first, so none is kept. Engines load later and are frozen after
     their load; the heap is thawed, collected and frozen again after the pool unloads one
     (``app._FrozenHeap``). The app's shutdown calls ``gc.unfreeze()``."""
-    import gc
-
     gc.collect()
     gc.freeze()
 
@@ -166,6 +166,4 @@ def process_base_mb(device: str) -> float:
 
 
 def process_rss_mb() -> float:
-    import psutil
-
     return psutil.Process().memory_info().rss / 2**20
