@@ -39,6 +39,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from modeswitch.dataset.errors import InputFileError
+from modeswitch.dataset.io import atomic_path
+from modeswitch.engine.modes import get_mode
 from modeswitch.oracle.cells import (
     MODELLED,
     Cells,
@@ -49,6 +52,7 @@ from modeswitch.oracle.cells import (
     summarise,
 )
 from modeswitch.oracle.estimate import estimate
+from scipy.optimize import least_squares
 
 #: metrics validate() reports (tokens/s follows from latency, so it is not listed)
 VALIDATED = ("latency_ms", "ttft_ms", "energy_per_token_j", "peak_memory_mb")
@@ -57,8 +61,6 @@ VERSION = 1
 
 
 def _prefix_cached(mode: str) -> bool:
-    from modeswitch.engine.modes import get_mode
-
     try:
         return bool(get_mode(mode).prefix_caching)
     except KeyError:
@@ -111,8 +113,6 @@ def _from_target(pred: np.ndarray, shape: pd.DataFrame, metric: str) -> np.ndarr
 
 def fit_structural(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Non-negative coefficients minimising a robust loss of the relative residuals."""
-    from scipy.optimize import least_squares
-
     w = 1.0 / np.maximum(np.abs(y), 1e-12)
     A = X * w[:, None]
     start, *_ = np.linalg.lstsq(A, np.ones_like(y), rcond=None)
@@ -142,7 +142,7 @@ def _gbm_frame(shape: pd.DataFrame, mode: str) -> np.ndarray:
 
 
 def _fit_gbm(Z: np.ndarray, y: np.ndarray, seed: int = 0):
-    import lightgbm as lgb
+    import lightgbm as lgb  # lazy: LightGBM is optional
 
     params = dict(objective="regression", n_estimators=200, learning_rate=0.05, num_leaves=7,
                   min_child_samples=3, monotone_constraints=[1] * Z.shape[1],
@@ -169,7 +169,7 @@ class GroupModel:
             raw = design(shape, self.mode, self.metric) @ np.asarray(self.coef)
         else:
             if self._gbm is None:
-                import lightgbm as lgb
+                import lightgbm as lgb  # lazy: LightGBM is optional
 
                 self._gbm = lgb.Booster(model_str=self.booster)
             raw = np.exp(self._gbm.predict(_gbm_frame(shape, self.mode)))
@@ -317,8 +317,6 @@ class CostModel:
 
     def save(self, path, overwrite: bool = False) -> Path:
         """Write atomically as JSON (its validation table inside, and beside it as CSV)."""
-        from modeswitch.dataset.io import atomic_path
-
         path = Path(path)
         with atomic_path(path, overwrite=overwrite) as tmp:
             Path(tmp).write_text(json.dumps(self.to_dict(), indent=1, default=_json))
@@ -329,8 +327,6 @@ class CostModel:
 
     @classmethod
     def load(cls, path) -> CostModel:
-        from modeswitch.dataset.errors import InputFileError
-
         path = Path(path)
         try:
             d = json.loads(path.read_text())
@@ -380,7 +376,7 @@ def _with_condition(requests: pd.DataFrame) -> pd.DataFrame:
 def grouped_folds(rows: pd.DataFrame, k: int = 5, seed: int = 0):
     """K folds of request ids, stratified by family: every trial of a request falls in
     the same fold. Yields ``(train_ids, test_ids)``."""
-    from sklearn.model_selection import StratifiedGroupKFold
+    from sklearn.model_selection import StratifiedGroupKFold  # lazy: scikit-learn is heavy
 
     ids = rows["request_id"].astype(str).to_numpy()
     fam = rows["family"].astype(str).to_numpy()

@@ -41,6 +41,7 @@ import pandas as pd
 from modeswitch.dataset.errors import InputError, read_table
 from modeswitch.dataset.features import features_frame
 from modeswitch.dataset.requests import Request
+from modeswitch.engine.modes import list_modes, reference_mode
 from modeswitch.oracle.constraints import Constraints
 from modeswitch.oracle.training_table import PER_MODE, frame_hash
 
@@ -121,8 +122,6 @@ def read_cost_table(path, constraints: Constraints | None = None) -> pd.DataFram
 
 def cost_table(raw: pd.DataFrame, path: Path, constraints: Constraints | None = None) -> pd.DataFrame:
     """The training table for a read cost table ``raw`` (``path`` names it in errors)."""
-    from modeswitch.engine.modes import list_modes, reference_mode
-
     c = constraints or Constraints()
     missing = [col for col in REQUIRED if col not in raw.columns]
     if missing:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from modeswitch.oracle import family_rule
+from modeswitch.oracle import family_rule, noise_aware
 from modeswitch.oracle.cells import Cells, OracleError, summarise
 from modeswitch.oracle.constraints import Constraints
 from modeswitch.oracle.estimate import estimate
@@ -73,8 +73,6 @@ def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constrai
         family_rule.attach(cand, family_table, groups)
     noisy = trials is not None and c.noise_aware and not trials.empty
     if noisy:
-        from modeswitch.oracle import noise_aware
-
         noise_aware.add_intervals(cand, trials, c.confidence_level)
     needs = _needed_signals(cand, r)
     cand["missing"] = _missing_metrics(cand, needs, c)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from modeswitch.engine.modes import get_mode
 from modeswitch.oracle.uncertainty import DEFAULT_BOOT, paired_ratio, resamples
 
 
@@ -39,8 +40,6 @@ def safety_rank(mode: str, reference: str) -> int:
     """0 the reference, 1 a lossless mode, 2 a lossy one (or unknown)."""
     if mode == reference:
         return 0
-    from modeswitch.engine.modes import get_mode
-
     try:
         return 1 if get_mode(mode).lossless else 2
     except KeyError:

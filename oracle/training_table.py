@@ -20,6 +20,7 @@ import pandas as pd
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.features import features_frame
 from modeswitch.dataset.requests import Request, requests_frame
+from modeswitch.oracle.cells import request_rows, summarise
 from modeswitch.oracle.constraints import Constraints
 from modeswitch.oracle.label import label_requests
 
@@ -36,8 +37,6 @@ def profiled_requests(profile: pd.DataFrame) -> list[Request]:
     arriving together, with its mean shape), as requests to put in a training table:
     their labels come from their own measurements (the median of their clean
     trials), marked ``measured``."""
-    from modeswitch.oracle.cells import request_rows, summarise
-
     rows = request_rows(profile)
     if rows.empty:
         return []

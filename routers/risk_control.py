@@ -43,7 +43,7 @@ DELTA = 0.1
 def binomial_p_value(k: int, n: int, alpha: float) -> float:
     """P(Binomial(n, alpha) <= k): small when k violations in n are unlikely under a
     violation rate of alpha or more (the null)."""
-    from scipy.stats import binom
+    from scipy.stats import binom  # lazy: scipy is heavy
 
     return float(binom.cdf(k, n, alpha)) if n > 0 else 1.0
 
@@ -86,7 +86,7 @@ def sampling_slack(alpha: float, n: int, delta: float = DELTA) -> float:
     by chance alone, for a router whose true rate is ``alpha``: the (1 - delta)
     quantile of Binomial(n, alpha), as a rate, minus alpha. A certified router whose
     held-out rate exceeds ``alpha + slack`` broke its certificate beyond test noise."""
-    from scipy.stats import binom
+    from scipy.stats import binom  # lazy: scipy is heavy
 
     if n <= 0:
         return math.inf
@@ -95,7 +95,7 @@ def sampling_slack(alpha: float, n: int, delta: float = DELTA) -> float:
 
 def upper_bound(k: int, n: int, delta: float) -> float:
     """Clopper-Pearson one-sided (1 - delta) upper bound of a rate from k of n."""
-    from scipy.stats import beta
+    from scipy.stats import beta  # lazy: scipy is heavy
 
     if n == 0:
         return 1.0

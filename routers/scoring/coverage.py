@@ -21,6 +21,9 @@ import math
 import numpy as np
 import pandas as pd
 from modeswitch.dataset.features import FEATURE_SET_A
+from modeswitch.routers.risk_control import sampling_slack
+from modeswitch.routers.scoring.offline import aggregate_scores
+from modeswitch.routers.scoring.report import headline_table
 
 
 def coverage(table: pd.DataFrame, folds) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -56,9 +59,6 @@ def coverage(table: pd.DataFrame, folds) -> tuple[pd.DataFrame, pd.DataFrame]:
 def split_headlines(per_request: pd.DataFrame, overhead: dict, marks: pd.DataFrame) -> dict:
     """Headline tables (equal family weights) over covered and over extrapolated
     held-out requests; a part with no request is left out."""
-    from modeswitch.routers.scoring.offline import aggregate_scores
-    from modeswitch.routers.scoring.report import headline_table
-
     pr = per_request if "extrapolated" in per_request else \
         per_request.merge(marks[["request_id", "extrapolated"]], on="request_id", how="left")
     pr = pr.copy()
@@ -80,8 +80,6 @@ def risk_table(routers: dict, head: pd.DataFrame, live_summary: pd.DataFrame | N
     certificate's delta; the rate is family-weighted, the slack counts requests):
     ``met_offline`` is the rate within target + slack, ``met_strictly`` within target;
     live, ``live_slack`` and ``met_live`` the same over the ``live_requests``."""
-    from modeswitch.routers.risk_control import sampling_slack
-
     live = live_summary.set_index("router") if live_summary is not None else None
     rows = []
     for name, r in routers.items():

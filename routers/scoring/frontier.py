@@ -32,20 +32,22 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from modeswitch.dataset.features import FEATURE_SETS
+from modeswitch.routers.scoring import coverage
 
 RISK_MODELS = ("lgbm", "lr")
 
 
 def _risk_model(name: str, seed: int) -> object:
     if name == "lgbm":
-        from lightgbm import LGBMClassifier
+        from lightgbm import LGBMClassifier  # lazy: LightGBM is optional
 
         return LGBMClassifier(n_estimators=200, num_leaves=15, learning_rate=0.05, min_child_samples=10,
                               verbose=-1, random_state=seed)
     if name == "lr":
+        # lazy: scikit-learn is heavy
         from sklearn.compose import make_column_selector, make_column_transformer
-        from sklearn.linear_model import LogisticRegression
-        from sklearn.pipeline import make_pipeline
+        from sklearn.linear_model import LogisticRegression  # lazy: scikit-learn is heavy
+        from sklearn.pipeline import make_pipeline  # lazy: scikit-learn is heavy
         from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
         return make_pipeline(make_column_transformer(
@@ -79,10 +81,9 @@ def frontier(table: pd.DataFrame, split: str = "lofo", feature_set: str = "A", r
     """The capture / violation frontier of ``table`` (a training table: ``request_id``,
     features, ``family``, ``label``, ``reference_mode``, ``latency_ms__<mode>`` and
     ``safe__<mode>``)."""
-    from modeswitch.routers.scoring.coverage import coverage
-    from modeswitch.routers.training.splits import split_indices
-    from sklearn.base import clone
-    from sklearn.metrics import roc_auc_score
+    from modeswitch.routers.training.splits import split_indices  # lazy: pulls scikit-learn, scipy
+    from sklearn.base import clone  # lazy: scikit-learn is heavy
+    from sklearn.metrics import roc_auc_score  # lazy: scikit-learn is heavy
 
     modes = [c.split("__", 1)[1] for c in table.columns
              if c.startswith("safe__") and f"latency_ms__{c.split('__', 1)[1]}" in table.columns]
@@ -103,7 +104,7 @@ def frontier(table: pd.DataFrame, split: str = "lofo", feature_set: str = "A", r
     folds = split_indices(table, split, test_size=test_size, seed=seed)
     inside = np.ones(len(table), bool)
     if inside_only:
-        marks = coverage(table, folds)[0].set_index("request_id")["extrapolated"]
+        marks = coverage.coverage(table, folds)[0].set_index("request_id")["extrapolated"]
         inside = ~table["request_id"].astype(str).map(marks).fillna(True).to_numpy(bool)
     for tr, te in folds:
         tested[te] = True

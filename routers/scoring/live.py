@@ -53,10 +53,18 @@ import dataclasses
 
 import numpy as np
 import pandas as pd
+from modeswitch.dataset.benchmarks import score_answer
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.requests import Request
+from modeswitch.engine import prompts
+from modeswitch.engine.backends import registry
+from modeswitch.engine.backends.base import EngineSettings, context_for
+from modeswitch.engine.energy import cpu_seconds_clock, make_meter
 from modeswitch.engine.modes import reference_mode
-from modeswitch.engine.noise import clean_trials, flag_contended, unresolved_trials
+from modeswitch.engine.noise import TrialClock, clean_trials, flag_contended, unresolved_trials
+from modeswitch.engine.quality import rouge_l
+from modeswitch.oracle.family_rule import lossless
+from modeswitch.oracle.uncertainty import paired_ratio
 from modeswitch.routers.scoring.intervals import (
     Parts,
     family_bootstrap,
@@ -107,19 +115,12 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
     sweep, each trial with no attempt clean by :class:`engine.noise.ContentionRule`
     is measured again, in stream order, up to ``max_remeasure`` more times, as the
     profiler does."""
-    from modeswitch.dataset.benchmarks import score_answer
-    from modeswitch.engine.backends.base import EngineSettings, context_for
-    from modeswitch.engine.backends.registry import get_backend
-    from modeswitch.engine.energy import make_meter
-    from modeswitch.engine.prompts import PromptBuilder
-    from modeswitch.engine.quality import rouge_l
-
     if trials < 1:
         raise ValueError(f"live trials {trials}: at least 1")
     ids = [r.id for r in stream]
     if len(set(ids)) != len(ids):
         raise InputError("the live stream repeats request ids: " + ", ".join(sorted({i for i in ids if ids.count(i) > 1})))
-    be = get_backend(backend)
+    be = registry.get_backend(backend)
     settings = EngineSettings(str(model_path), str(draft_path) if draft_path else None, device,
                               threads=int(threads) if threads else None, max_context=context_for(stream))
     reference = reference or reference_mode().name
@@ -134,7 +135,7 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
             if progress:
                 progress(f"live: loading {m}")
             engines[m] = be.load(m, settings)
-        builder = PromptBuilder(engines[reference].tokenizer)
+        builder = prompts.PromptBuilder(engines[reference].tokenizer)
         meter = make_meter(device, watts_per_core=watts_per_core, include_children=be.child_processes)
         clock = _trial_clock(be.child_processes)
         plans = []  # per request: what each of its runs needs
@@ -196,9 +197,6 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
 def _trial_clock(include_children: bool):
     """A :class:`engine.noise.TrialClock` factory with the profiler's CPU clock (this
     process's, or its process tree's where the engine computes in children)."""
-    from modeswitch.engine.energy import cpu_seconds_clock
-    from modeswitch.engine.noise import TrialClock
-
     cpu = cpu_seconds_clock(include_children)
     return lambda: TrialClock(cpu)
 
@@ -253,8 +251,6 @@ def score_live(runs: pd.DataFrame, stream: list[Request], decisions: dict[str, l
                overhead_us: dict[str, float], constraints, table: pd.DataFrame | None = None,
                reference: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """(per-request live scores per router, per (request, mode) estimate errors, summary figures)."""
-    from modeswitch.oracle.uncertainty import paired_ratio
-
     reference = reference or reference_mode().name
     idx, per_trial = _collapse(runs)
     trows = table.set_index("request_id") if table is not None else None
@@ -319,8 +315,6 @@ def _judge_quality(per: pd.DataFrame, constraints) -> pd.DataFrame:
     family on their mean ROUGE-L and mean accuracy change, ``request`` each on its own.
     A lossless pick's divergence is the floor where ``lossless_at_floor``. Then the
     combined flags and each violation's cause."""
-    from modeswitch.oracle.family_rule import lossless
-
     if per.empty:
         return per
     c, eps = constraints, 1e-9

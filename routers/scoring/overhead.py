@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from modeswitch.dataset.features import features_frame
 
 
 @dataclass
@@ -115,8 +116,6 @@ def measure(routers: dict, requests, decisions: int = 20_000, pipeline_decisions
             functions: dict | None = None) -> dict[str, Overhead]:
     """Overhead of every router (name -> fitted router) on the same request stream;
     ``functions`` reuses :func:`decision_functions` already built."""
-    from modeswitch.dataset.features import features_frame
-
     frame = features_frame(requests, "B", with_context=True)
     functions = functions if functions is not None else decision_functions(routers, compiled)
     fast = {name: f[0] for name, f in functions.items() if not f[1].startswith("pipeline")}

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from modeswitch.dataset.io import atomic_path
+from modeswitch.routers.scoring.findings import findings
+from modeswitch.routers.training.tracking import git_commit, log_table_input, setup, table_input
 
 #: The study's per-decision overhead (arXiv 2605.23057), drawn for comparison.
 STUDY_OVERHEAD_US = {"rule (study)": 9.6, "dt/lr (study)": 4500.0, "rf (study)": 50000.0}
@@ -44,10 +47,10 @@ def headline_table(overall: pd.DataFrame, overhead: dict, weighting: str = "fami
 def _pyplot():
     """pyplot on the non-interactive backend: reports are written on machines without
     a display (and from worker threads)."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib is heavy
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib is heavy
 
     return plt
 
@@ -168,7 +171,7 @@ def _per_family_plot(per_family):
 
 def _confusion_plot(router, picks):
     """One router's picks against the oracle labels, over every mode either names."""
-    from sklearn.metrics import ConfusionMatrixDisplay
+    from sklearn.metrics import ConfusionMatrixDisplay  # lazy: scikit-learn is heavy
 
     labels = sorted(set(picks["label"].astype(str)) | set(picks["pick"].astype(str)))
     fig, ax = _fig(1.0 + 0.7 * len(labels), 1.0 + 0.6 * len(labels))
@@ -227,8 +230,6 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
                  live_per=None, live_summary=None, estimate=None, live_figures=None,
                  live_family=None, intervals=None, coverage=None) -> list[Path]:
     """Write the report folder (which must not exist yet); returns the files written."""
-    from modeswitch.dataset.io import atomic_path
-
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} already holds a report; choose a new folder (results are never overwritten)")
@@ -279,8 +280,6 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
             md += [f"- {k}: {v}" for k, v in live_figures.items()] + [""]
     if coverage is not None:
         md += _coverage_md(coverage)
-    from modeswitch.routers.scoring.findings import findings
-
     md[2:2] = ["## Findings (computed from the tables below)", "",
                *findings(head, live_summary), ""]
     md += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in files if p.suffix == ".png"]
@@ -327,8 +326,7 @@ def log_to_mlflow(out: Path, mlruns: Path, head: pd.DataFrame, context: dict,
     per-router metrics: prefixed copies, ``lgbm.speedup``, made 140 charts of one bar
     each). ``table`` (the training table scored on) is logged as every run's input. Returns
     the parent's id."""
-    import mlflow
-    from modeswitch.routers.training.tracking import git_commit, log_table_input, setup, table_input
+    import mlflow  # lazy: MLflow is slow to import
 
     setup(Path(mlruns), "modeswitch-score")
     dataset = table_input(table) if table is not None else None

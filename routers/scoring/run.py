@@ -34,7 +34,7 @@ from modeswitch.routers.scoring.offline import (
 )
 from modeswitch.routers.training.splits import split_indices
 from modeswitch.routers.training.table import TrainingTable
-from modeswitch.routers.training.tracking import use_tracking_uri
+from modeswitch.routers.training.tracking import setup, use_tracking_uri
 
 #: live requests per family by default (the study's issue: at least six)
 LIVE_PER_FAMILY = 6
@@ -106,8 +106,7 @@ class TrainedRouter:
 
 def find_runs(table: pd.DataFrame, mlruns: str, run_ids=()) -> list[dict]:
     """Training runs to score: the named ones, or the latest per family for this table."""
-    import mlflow
-    from modeswitch.routers.training.tracking import setup
+    import mlflow  # lazy: MLflow is slow to import
 
     thash = frame_hash(table.reset_index(drop=True))
     setup(Path(mlruns), f"modeswitch-train-{thash}")
@@ -145,8 +144,8 @@ def find_runs(table: pd.DataFrame, mlruns: str, run_ids=()) -> list[dict]:
 
 
 def load_routers(table, mlruns, run_ids=()) -> list[TrainedRouter]:
-    import mlflow
-    import mlflow.sklearn
+    import mlflow  # lazy: MLflow is slow to import
+    import mlflow.sklearn  # lazy: MLflow is slow to import
 
     out = []
     for r in find_runs(table, mlruns, run_ids):

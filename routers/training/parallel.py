@@ -50,6 +50,8 @@ def optuna_storage(url: str, shared: bool = True, attempts: int = 5):
     (PostgreSQL then refuses the loser's ``CREATE TYPE``): the loser waits and
     connects to the tables the winner made."""
     from optuna.storages import RDBStorage  # heavy (optuna, SQLAlchemy): only when tuning
+
+    # lazy: SQLAlchemy comes with MLflow
     from sqlalchemy.exc import IntegrityError, ProgrammingError
 
     engine_kwargs = {"pool_pre_ping": True} if url.startswith("postgresql") else {}

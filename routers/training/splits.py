@@ -11,7 +11,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from modeswitch.dataset.errors import InputError
-from sklearn.model_selection import GroupShuffleSplit, LeaveOneGroupOut, train_test_split
+from sklearn.model_selection import (
+    GroupKFold,
+    GroupShuffleSplit,
+    KFold,
+    LeaveOneGroupOut,
+    StratifiedKFold,
+    train_test_split,
+)
 
 SPLITS = ("random", "group", "lofo")
 
@@ -46,8 +53,6 @@ def split_indices(table: pd.DataFrame, split: str = "group", test_size: float = 
 
 def inner_folds(table: pd.DataFrame, split: str, seed: int, n_folds: int = 3):
     """Validation folds inside a training part, of the same kind as the outer split."""
-    from sklearn.model_selection import GroupKFold, StratifiedKFold
-
     idx = np.arange(len(table))
     groups = table["family"].astype(str).to_numpy()
     if split in ("group", "lofo") and len(set(groups)) >= 2:
@@ -57,8 +62,6 @@ def inner_folds(table: pd.DataFrame, split: str, seed: int, n_folds: int = 3):
     k = max(2, min(n_folds, pd.Series(y).value_counts().min()))
     if pd.Series(y).value_counts().min() >= 2:
         return list(StratifiedKFold(n_splits=k, shuffle=True, random_state=seed).split(idx, y))
-    from sklearn.model_selection import KFold
-
     if len(idx) < 2:
         raise InputError(f"the training part has {len(idx)} row(s): tuning needs at least 2 to validate on")
     return list(KFold(n_splits=min(n_folds, len(idx)), shuffle=True, random_state=seed).split(idx))

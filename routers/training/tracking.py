@@ -19,11 +19,16 @@ store) is left alone, as is one started on another host or without the tag.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import socket
 import subprocess
 import time
+import warnings
 from pathlib import Path
+
+import psutil
 
 _USER_URI = os.environ.get("MLFLOW_TRACKING_URI")
 
@@ -51,9 +56,7 @@ def tracking_uri(mlruns: Path) -> str:
 
 def setup(mlruns: Path, experiment: str) -> str:
     """Point MLflow at the store and select (or create) ``experiment``; return its id."""
-    import logging
-
-    import mlflow
+    import mlflow  # lazy: MLflow is slow to import
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -86,15 +89,11 @@ ORPHANED_TAG = "modeswitch.orphaned"
 
 
 def _this_process() -> str:
-    import psutil
-
     return f"{socket.gethostname()} {os.getpid()} {psutil.Process().create_time():.3f}"
 
 
 def _owner_alive(owner: str) -> bool:
     """Whether the process that ``owner`` names (see :data:`OWNER_TAG`) still runs."""
-    import psutil
-
     _host, pid, started = owner.split()
     try:
         return abs(psutil.Process(int(pid)).create_time() - float(started)) < 0.01
@@ -105,8 +104,12 @@ def _owner_alive(owner: str) -> bool:
 def _tag_owner() -> None:
     """Every run this process starts carries :data:`OWNER_TAG` (an MLflow run-context
     provider: ``mlflow.start_run`` asks each for its tags)."""
-    from mlflow.tracking.context.abstract_context import RunContextProvider
-    from mlflow.tracking.context.registry import _run_context_provider_registry as providers
+    from mlflow.tracking.context.abstract_context import (  # lazy: MLflow is slow to import
+        RunContextProvider,  # lazy: MLflow is slow to import
+    )
+    from mlflow.tracking.context.registry import (  # lazy: MLflow is slow to import
+        _run_context_provider_registry as providers,  # lazy: MLflow is slow to import
+    )
 
     class OwnerContext(RunContextProvider):
         def in_context(self):
@@ -122,7 +125,7 @@ def _tag_owner() -> None:
 def mark_orphaned_runs() -> list[str]:
     """Mark FAILED every RUNNING run of the store whose owning process on this host is
     gone (killed before it could end the run); return their ids."""
-    import mlflow
+    import mlflow  # lazy: MLflow is slow to import
 
     client = mlflow.MlflowClient()
     experiments = [e.experiment_id for e in client.search_experiments()]
@@ -153,11 +156,8 @@ def table_input(table, name: str = "training-table"):
     hash as the digest, where it was read from as the source (``in-memory`` when it was
     built in Python), the source profile's hash and path as tags. Built once and logged
     on every run that used it (:func:`log_table_input`): MLflow profiles the whole frame."""
-    import json
-    import warnings
-
-    import mlflow.data
-    from modeswitch.oracle.training_table import frame_hash
+    import mlflow.data  # lazy: MLflow is slow to import
+    from modeswitch.oracle.training_table import frame_hash  # lazy: pulls scipy
 
     meta = json.loads(table.attrs.get("modeswitch") or "{}")
     source = str(table.attrs.get("source_path") or "in-memory")
@@ -174,7 +174,7 @@ def table_input(table, name: str = "training-table"):
 def log_table_input(table, context: str, prepared=None) -> None:
     """Log ``table`` as the open run's input (the UI's Dataset column); ``prepared``: a
     :func:`table_input` result already built for it."""
-    import mlflow
+    import mlflow  # lazy: MLflow is slow to import
 
     ds, tags = prepared or table_input(table)
     for attempt in range(3):

@@ -38,6 +38,7 @@ from modeswitch.routers.training.tracking import (
     tracking_uri,
     use_tracking_uri,
 )
+from sklearn.metrics import ConfusionMatrixDisplay
 
 #: The study's learned-router setup (arXiv 2605.23057): random 75/25 split, seed 42,
 #: scaler + one-hot pipeline, fixed hyperparameters.
@@ -128,7 +129,7 @@ def tune(family, cfg: TrainConfig, table: TrainingTable, train_idx, study_name, 
     ``cfg.workers > 1`` starts the other workers on the same study first
     (:mod:`routers.training.parallel`)."""
     import optuna  # heavy: only when tuning
-    from optuna.study import MaxTrialsCallback
+    from optuna.study import MaxTrialsCallback  # lazy: Optuna is slow to import
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if cfg.storage is None:
@@ -199,8 +200,7 @@ def _plots(out: Path, family, y_true, y_pred, est) -> list[Path]:
     import matplotlib  # heavy: only for the plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from sklearn.metrics import ConfusionMatrixDisplay
+    import matplotlib.pyplot as plt  # lazy: matplotlib is heavy
 
     paths = []
     labels = sorted(set(y_true) | set(y_pred))
@@ -437,8 +437,8 @@ def log_model(est, features: pd.DataFrame) -> str:
     first rows of ``features``); returns its URI (also tagged on the run, so the scorer
     can find the model from the run)."""
     import mlflow  # heavy: only when logging a model
-    import mlflow.sklearn
-    from mlflow.models import infer_signature
+    import mlflow.sklearn  # lazy: MLflow is slow to import
+    from mlflow.models import infer_signature  # lazy: MLflow is slow to import
 
     example = features.iloc[:3]
     signature = infer_signature(example, est.predict(example))
