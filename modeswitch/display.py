@@ -25,7 +25,7 @@ def fmt(value, digits: int = 3) -> str:
             return f"{value:.{digits}g}"
         return f"{value:.{digits}f}".rstrip("0").rstrip(".") if digits else f"{value:.0f}"
     try:
-        import pandas as pd
+        import pandas as pd  # lazy: the CLI starts without pandas; only values it made reach here
 
         if pd.isna(value):
             return "-"

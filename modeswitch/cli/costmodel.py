@@ -72,7 +72,7 @@ def costmodel_validate_cmd(
     """K-fold error of the cost model per metric and mode, next to the interpolation."""
     # pandas, pandera, the cost model: imported when the command runs, so `modeswitch --help` stays quick
     from modeswitch.dataset.profile_schema import read_profiles
-    from modeswitch.oracle.costmodel import validate
+    from modeswitch.oracle.costmodel import validate  # lazy: pulls scipy, pandas, numpy
 
     paths = _split(profiles)
     with reading(", ".join(paths)):
@@ -123,7 +123,7 @@ def costmodel_fit_cmd(
     if track:
         import mlflow  # MLflow only when the fit is tracked
 
-        from modeswitch.routers.training.tracking import setup
+        from modeswitch.routers.training.tracking import setup  # lazy: pulls numpy
 
         setup(mlruns, "costmodel")
         with mlflow.start_run(run_name=f"costmodel-{cm.backend}") as run:

@@ -136,9 +136,8 @@ def profile_cmd(
     ray_cpus_per_worker: RayCpus = None,
 ):
     """Measure modes on workloads and write a validated, resumable profile table."""
-    from modeswitch.engine.profiler import (
-        ProfileSpec,  # lazy: pandas and pandera; the CLI starts without them
-    )
+    # lazy: pandas and pandera, which the CLI starts without
+    from modeswitch.engine.profiler import ProfileSpec
 
     checkpoints = {}
     for item in _split(checkpoint):
@@ -250,11 +249,8 @@ def serve_cmd(
     """Serve an OpenAI-compatible API with the router in front of one engine per mode."""
     import uvicorn  # lazy: the server stack, only for serve
 
-    from modeswitch.engine.serving import (  # lazy: FastAPI, numpy
-        ServerConfig,
-        create_app,
-        supported_modes,
-    )
+    # lazy: FastAPI, numpy
+    from modeswitch.engine.serving import ServerConfig, create_app, supported_modes
     from modeswitch.engine.serving.connections import uvicorn_options  # lazy: FastAPI, uvicorn
 
     # every limit checked before any work (the model path is filled in once resolved)

@@ -32,7 +32,7 @@ def route_cmd(
     # pandas, scikit-learn: imported when the command runs, so `modeswitch --help` stays quick
     import pandas as pd
 
-    from modeswitch.routers import get_router
+    from modeswitch.routers import get_router  # lazy: pulls numpy
 
     with reading(requests):
         reqs = read_requests(requests)

@@ -9,10 +9,18 @@ tests/test_cli_options.py holds them to that, and lists the fields left out on p
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
 from modeswitch.cli.common import (
     Fallback,
@@ -26,7 +34,8 @@ from modeswitch.cli.common import (
     deferred_help,
     friendly_errors,
 )
-from modeswitch.display import console, frame_table
+from modeswitch.dataset.errors import InputError
+from modeswitch.display import console, fmt, frame_table
 from modeswitch.engine.models.resolve import MODEL_HELP
 
 TRACKING_HELP = ("MLflow tracking store, e.g. http://HOST:5000 (an `mlflow server`, PostgreSQL "
@@ -36,7 +45,7 @@ TRACKING_HELP = ("MLflow tracking store, e.g. http://HOST:5000 (an `mlflow serve
 def _read_table(path: Path):
     """A training table from `dataset build`, or your own per-mode cost table (CSV or
     parquet with the columns of :mod:`oracle.external_table`), labelled here."""
-    from modeswitch.oracle.external_table import read_training_table
+    from modeswitch.oracle.external_table import read_training_table  # lazy: pulls scipy, pandas
 
     return read_training_table(path)
 
@@ -64,14 +73,7 @@ def train_cmd(
     preset: Annotated[str | None, typer.Option(help="modeswitch-paper: the study's setup (split, test size, seed, feature set).")] = None,
 ):
     """Tune and train learned routers with Optuna; track everything in MLflow."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
+    # lazy: pulls scikit-learn, scipy, pandas
     from modeswitch.routers.training.trainer import TrainConfig, train
 
     table = _read_table(data)
@@ -120,9 +122,7 @@ def score_cmd(
     labels: Annotated[Labels, typer.Option(help="Score on all rows, or only measured labels (as the routers were trained with `train --labels`).")] = "all",
 ):
     """Score trained routers against the rule baseline: overhead, violations, speedup, energy, quality."""
-    from datetime import datetime
-
-    from modeswitch.display import fmt
+    # lazy: pulls scikit-learn, scipy, pandas
     from modeswitch.routers.scoring.run import ScoreConfig, score_routers
 
     out = output or Path("reports") / f"score-{datetime.now():%Y%m%d-%H%M%S}"
@@ -183,18 +183,18 @@ def export_cmd(
     tracking_uri: Annotated[str | None, typer.Option(help=TRACKING_HELP)] = None,
 ):
     """Register a trained router in MLflow as a pyfunc model and alias it `champion`."""
-    from modeswitch.dataset.errors import InputError
-    from modeswitch.routers.training.tracking import use_tracking_uri
+    from modeswitch.routers.training.tracking import use_tracking_uri  # lazy: pulls numpy
 
     use_tracking_uri(tracking_uri)
 
     if (run is None) == (best is None):
         raise InputError("give exactly one of --run RUN_ID or --best METRIC")
-    import mlflow
-    import mlflow.sklearn
+    import mlflow  # lazy: MLflow is slow to import
+    import mlflow.sklearn  # lazy: MLflow is slow to import
 
+    # lazy: pulls MLflow, scikit-learn, scipy
     from modeswitch.routers.export import best_from_scoring, export_router
-    from modeswitch.routers.training.tracking import setup
+    from modeswitch.routers.training.tracking import setup  # lazy: pulls numpy
 
     extra = {}
     if best is not None:

@@ -19,7 +19,7 @@ from modeswitch.cli.common import (
     ray_options,
     reading,
 )
-from modeswitch.display import console
+from modeswitch.display import console, frame_table
 
 study_app = typer.Typer(help="The study end to end, from one TOML file; resumable.", no_args_is_help=True)
 app.add_typer(study_app, name="study")
@@ -39,6 +39,7 @@ def study_run_cmd(
     ray_cpus_per_worker: RayCpus = None,
 ):
     """Run (or resume) the study: every step not finished yet, each step's time printed."""
+    # lazy: the study pulls pandas, scikit-learn and MLflow
     from modeswitch.study import Study, StudyConfig
 
     with reading(config):
@@ -56,9 +57,7 @@ def study_run_cmd(
         console.print(f"report: {study.out}/README.md")
         table = study.out / "opening_table.csv"
         if table.exists():
-            import pandas as pd
-
-            from modeswitch.display import frame_table
+            import pandas as pd  # lazy: pandas is heavy
 
             df = pd.read_csv(table).set_index("router")
             console.print(frame_table(df, title="opening table (offline and live, 95 % intervals)"))

@@ -17,7 +17,13 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import TypeAdapter, ValidationError
+
 from modeswitch.dataset.errors import InputFileError
+from modeswitch.dataset.limits import count, finite, requests_fit
+from modeswitch.dataset.workloads.conditions import ConditionDraw
+from modeswitch.oracle import Constraints
+from modeswitch.routers.training.splits import SPLITS
 
 DEFAULT_FAMILIES = (
     "short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",
@@ -85,15 +91,11 @@ class StudyConfig:
     decisions: int = 20_000
 
     def __post_init__(self):
-        from modeswitch.routers.training.splits import SPLITS
-
         bad = [s for s in self.splits if s not in SPLITS]
         if bad:
             raise ValueError(f"train.splits: unknown split(s) {', '.join(bad)}; choose from {', '.join(SPLITS)}")
         # every number finite, in range and within what this machine can hold, before any
         # step starts (length_scale = inf or requests_per_family = 1e20 failed in the profile)
-        from modeswitch.dataset.limits import count, finite, requests_fit
-
         for name in ("requests_per_family", "trials", "live_trials", "tuning_trials", "decisions"):
             count(name, getattr(self, name))
         for name in ("max_remeasure", "drawn_requests", "live_per_family"):
@@ -132,8 +134,6 @@ class StudyConfig:
 
     @classmethod
     def from_dict(cls, flat: dict, path=None) -> StudyConfig:
-        from pydantic import TypeAdapter, ValidationError
-
         try:
             cfg = TypeAdapter(cls).validate_python(flat)
         except ValidationError as exc:
@@ -152,16 +152,12 @@ class StudyConfig:
 
     # ------------------------------------------------------- what it builds
     def condition_draw(self):
-        from modeswitch.dataset.workloads.conditions import ConditionDraw
-
         try:
             return ConditionDraw.from_dict(self.conditions)
         except (TypeError, ValueError) as exc:
             raise InputFileError(None, None, "conditions", str(exc)) from None
 
     def constraint_set(self):
-        from modeswitch.oracle import Constraints
-
         return Constraints().replace(**self.constraints) if self.constraints else Constraints()
 
     def to_dict(self) -> dict:

@@ -21,6 +21,7 @@ the report lists them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -28,8 +29,33 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
+
+import modeswitch.engine.models.resolve as model_resolve
 from modeswitch.dataset.errors import InputError
+from modeswitch.dataset.io import atomic_path, write_parquet
+from modeswitch.dataset.profile_schema import read_profile
+from modeswitch.dataset.workloads import get_workload
+from modeswitch.dataset.workloads.conditions import draw_units, scaled
+from modeswitch.engine.distributed import make_profiler
+from modeswitch.engine.profiler import ProfileSpec
+from modeswitch.oracle import label_profile
+from modeswitch.oracle.costmodel import CostModel, enough_requests, fit_validated
+from modeswitch.oracle.training_table import build_training_table, profiled_requests
+from modeswitch.routers.scoring.run import ScoreConfig, score_routers
+from modeswitch.routers.training.table import (
+    TrainingTable,  # heavy (scikit-learn): only when run
+)
+from modeswitch.routers.training.trainer import TrainConfig, train
 from modeswitch.study.config import StudyConfig
+from modeswitch.study.report import write_study_report
 
 STATE = "study_state.json"
 
@@ -60,8 +86,6 @@ class Study:
         self.state = self._load_state()
 
     def _print(self, msg: str):
-        from rich.markup import escape
-
         self.console.print(escape(msg))
 
     # ------------------------------------------------------------- state
@@ -76,8 +100,6 @@ class Study:
         return state
 
     def _save_state(self):
-        from modeswitch.dataset.io import atomic_path
-
         self.out.mkdir(parents=True, exist_ok=True)
         with atomic_path(self.out / STATE, overwrite=True) as tmp:
             Path(tmp).write_text(json.dumps(self.state, indent=1, default=str))
@@ -159,22 +181,16 @@ class Study:
 
     # ------------------------------------------------------------- steps
     def _models(self):
-        from modeswitch.engine.models.resolve import resolve_models
-
-        return resolve_models(self.cfg.model, self.cfg.draft_model, None, None, lambda *a: None,
+        return model_resolve.resolve_models(self.cfg.model, self.cfg.draft_model, None, None, lambda *a: None,
                               modes=self.cfg.modes)
 
     def _step_model(self) -> dict:
-        from modeswitch.engine.models.resolve import resolve_models
-
-        target, draft, card = resolve_models(self.cfg.model, self.cfg.draft_model, None, None, self.log,
+        target, draft, card = model_resolve.resolve_models(self.cfg.model, self.cfg.draft_model, None, None, self.log,
                                              modes=self.cfg.modes)
         return {"target": str(target), "draft": str(draft) if draft else None,
                 "params": (card or {}).get("target_params")}
 
     def profile_spec(self, target, draft):
-        from modeswitch.engine.profiler import ProfileSpec
-
         c = self.cfg
         return ProfileSpec(
             model=str(target), draft_model=str(draft) if draft else None, backend=c.backend,
@@ -184,8 +200,6 @@ class Study:
             conditions=c.condition_draw().to_dict(), length_scale=c.length_scale)
 
     def _step_profile(self) -> dict:
-        from modeswitch.engine.distributed import make_profiler
-
         target, draft, _ = self._models()
         path = self.out / "profile.parquet"
         profiler = make_profiler(self.profile_spec(target, draft), target, draft, path,
@@ -199,13 +213,9 @@ class Study:
                 if noise is not None and "median_cv" in noise else {}}
 
     def _profile(self):
-        from modeswitch.dataset.profile_schema import read_profile
-
         return read_profile(self.out / "profile.parquet")
 
     def _step_costmodel(self) -> dict:
-        from modeswitch.oracle.costmodel import enough_requests, fit_validated
-
         profile = self._profile()
         why = enough_requests(profile)
         if why:
@@ -222,14 +232,9 @@ class Study:
                 "ttft_mape": {k: float(x) for k, x in ttft.items()}}
 
     def _costmodel(self):
-        from modeswitch.oracle.costmodel import CostModel
-
         return CostModel.load(self.out / "costmodel.json")
 
     def _step_labels(self) -> dict:
-        from modeswitch.dataset.io import write_parquet
-        from modeswitch.oracle import label_profile
-
         labels, cand, skipped = label_profile(self._profile(), self.cfg.constraint_set(),
                                               source=str(self.out / "profile.parquet"))
         path = self.out / "labels.parquet"
@@ -243,11 +248,6 @@ class Study:
     def drawn_requests(self) -> list:
         """The requests labelled from estimates: the profile's families at the same scale
         and condition draw, ids namespaced apart from the profiled ones."""
-        import dataclasses
-
-        from modeswitch.dataset.workloads import get_workload
-        from modeswitch.dataset.workloads.conditions import draw_units, scaled
-
         c = self.cfg
         if c.drawn_requests <= 0:
             return []
@@ -261,9 +261,6 @@ class Study:
         return out
 
     def _step_dataset(self) -> dict:
-        from modeswitch.dataset.io import write_parquet
-        from modeswitch.oracle.training_table import build_training_table, profiled_requests
-
         profile = self._profile()
         reqs = self.drawn_requests() + profiled_requests(profile)
         table = build_training_table(profile, reqs, self.cfg.constraint_set(),
@@ -279,15 +276,9 @@ class Study:
 
     def _table(self):
         """The study's training table (train.parquet), as training and scoring read it."""
-        from modeswitch.routers.training.table import (
-            TrainingTable,  # heavy (scikit-learn): only when run
-        )
-
         return TrainingTable.read(self.out / "train.parquet")
 
     def _step_train(self, split: str) -> dict:
-        from modeswitch.routers.training.trainer import TrainConfig, train
-
         c = self.cfg
         families = {"routers": list(c.routers)} if c.routers else {}
         cfg = TrainConfig(feature_set=c.feature_set, split=split, test_size=c.test_size,
@@ -296,14 +287,6 @@ class Study:
         if self.console is None:
             res = train(self._table(), cfg, None)
         else:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeRemainingColumn,
-            )
-
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeRemainingColumn(), console=self.console, transient=True) as bar:
                 res = train(self._table(), cfg, bar)
@@ -311,8 +294,6 @@ class Study:
                 "test_oracle_match": {r.router: float(r.test_oracle_match) for r in res.itertuples()}}
 
     def _step_score(self, split: str) -> dict:
-        from modeswitch.routers.scoring.run import ScoreConfig, score_routers
-
         c = self.cfg
         out = self.out / f"score-{split}"
         if out.exists() and any(out.iterdir()):  # an interrupted earlier attempt, or a redo
@@ -336,6 +317,4 @@ class Study:
                    if k.startswith(("estimate_mape_pct_", "estimate_median_signed_pct_", "estimate_pairs_"))}}
 
     def _step_report(self) -> dict:
-        from modeswitch.study.report import write_study_report
-
         return write_study_report(self)
