@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -87,8 +88,6 @@ def main():
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--length-scale", type=float, default=0.25)
     args = ap.parse_args()
-
-    import json
 
     import numpy as np
     import torch

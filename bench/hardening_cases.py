@@ -28,7 +28,9 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -175,8 +177,6 @@ def cli_cases(tmp: Path, mlruns: Path, uri: str):
 def _half_written_runs(mlruns: Path) -> int:
     """RUNNING runs in the SQLite store, read with sqlite3 itself (read-only): an MLflow
     client opening a store another process is still creating races its schema set-up."""
-    import sqlite3
-
     db = mlruns / "mlflow.db"
     if not db.exists():
         return 0
@@ -628,8 +628,6 @@ def second_pass_cases(tmp: Path, mlruns: Path, uri: str):
              must_say="prompt_tokens")
     [meta] = [p for p in mlruns.rglob("meta.json")][:1]
     garbage = tmp / "sp-garbage-meta"
-    import shutil
-
     shutil.copytree(meta.parent.parent, garbage)
     (garbage / "artifacts" / "meta.json").write_text("{not json" + "\x00" * 8)
     cli_case("data", "serve a stored router whose meta.json is garbage", ["serve", "--router", str(garbage),

@@ -21,7 +21,9 @@ requests: the stream is drawn with other seeds than the training requests).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -42,9 +44,6 @@ def main():
     ap.add_argument("--trees", type=int, default=100,
                     help="trees in the forest / boosting rounds (the routers' defaults: 100)")
     args = ap.parse_args()
-
-    import sys
-    from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from modeswitch.dataset.features import features_frame

@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -53,8 +56,6 @@ def vllm_flags(args: dict) -> list[str]:
         if isinstance(v, bool):
             out.append(flag if v else "--no-" + flag[2:])
         elif isinstance(v, dict):
-            import json
-
             out += [flag, json.dumps(v)]
         else:
             out += [flag, str(v)]
@@ -199,8 +200,6 @@ def main():
     ap.add_argument("--mlruns", default=str(REPO / "mlruns"))
     ap.add_argument("--log-dir", default=None, help="server logs [a temporary folder]")
     args = ap.parse_args()
-    import tempfile
-
     from modeswitch.engine.models.resolve import resolve_models
 
     target, _, _ = resolve_models(args.model, None, None, None, print, modes=())
@@ -316,8 +315,6 @@ def main():
 def majority_mode(router: str, mlruns: str, levels) -> str:
     """The mode ``router`` picks for most of the bench's requests (as the server sees them:
     prompt tokens, max_tokens, concurrency = the level)."""
-    import collections
-
     from modeswitch.dataset.requests import Request
     from modeswitch.routers.export import load_router
 

@@ -27,6 +27,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -61,8 +62,6 @@ def main():
 
     # the server's own routing function, each row on a state with what it reads; the
     # stages it times go to lists, so a row shows what the server's histogram records
-    from types import SimpleNamespace
-
     from modeswitch.engine.serving.routing import route
 
     modes = set(table["label"].astype(str)) | {"fp16", "continuous_batching"}
