@@ -12,7 +12,8 @@ for every mode the profile measured,
 * ``accuracy`` (with its interval) and ``accuracy_delta_pp``: benchmark accuracy on the
   requests with a gold answer, and its paired change against the reference in points;
 * ``families_passing``: in how many families the study's rule (mean ROUGE-L, accuracy
-  drop) accepts the mode, of how many were measured;
+  drop) accepts the mode, of how many were measured (a lossless mode's divergence is
+  the floor under ``lossless_at_floor``, as in the labels: it passes);
 * ``lossless``: whether its divergence is the reference's own floor.
 
 Built from the oracle's own cell summary (:func:`oracle.cells.summarise`), so the
@@ -65,7 +66,8 @@ def mode_table(profile: pd.DataFrame, constraints: Constraints | None = None, so
             "divergence_rate": float((r < c.min_rouge_vs_baseline - 1e-9).mean()) if len(r) and not is_ref else 0.0,
             "accuracy_requests": acc.n, "accuracy": acc.estimate, "accuracy_low": acc.low,
             "accuracy_high": acc.high, "accuracy_delta_pp": float(g["accuracy_delta_pp"].mean()),
-            "families_passing": len(f) if is_ref else int(f["passes"].sum()), "families": len(f),
+            "families_passing": len(f) if is_ref or (c.lossless_at_floor and lossless(mode))
+            else int(f["passes"].sum()), "families": len(f),
         })
     out = pd.DataFrame(rows, columns=COLUMNS)
     out["_ref"] = ~out["mode"].isin(references)

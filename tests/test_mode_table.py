@@ -25,6 +25,7 @@ def test_every_mode_gets_its_ratio_similarity_accuracy_and_verdicts():
     assert (g["families_passing"], g["families"]) == (0, 1)  # the accuracy drop fails the rule
     cb = t.loc["continuous_batching"]
     assert bool(cb["lossless"]) and cb["latency_ratio"] == pytest.approx(1.1)
+    assert (cb["families_passing"], cb["divergence_rate"]) == (1, 1.0)  # the floor, as the labels judge it
     shown = format_mode_table(t.reset_index()).set_index("mode")
     assert shown.loc["gptq_4bit", "latency / reference (median)"].startswith("0.50 [")
     assert shown.loc["gptq_4bit", "families passing"] == "0/1"
