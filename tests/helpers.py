@@ -210,6 +210,7 @@ def pandas_live_figures(g) -> dict:
         "speedup": g["reference_latency_ms"].sum() / g["effective_latency_ms"].sum(),
         "energy_ratio": g["energy_ratio"].mean(), "rouge_delta": g["rouge_delta"].mean(),
         "violation_rate_quality": g["violates_quality"].mean(),
+        "divergence_rate": g["diverges"].mean(),
         "violation_rate_energy": g["violates_energy"].mean(),
         "violation_rate_any": g["violates_any"].mean(),
         "violation_rate_beyond_noise": g["violates_any_beyond_noise"].mean(),

@@ -30,7 +30,7 @@ def per_request(seed=0, missing=True) -> pd.DataFrame:
                 "energy_ratio": np.nan if fam == "e" else float(rng.uniform(0.3, 1.1)),
                 "rouge_delta": -float(rng.uniform(0, 0.4)),
                 "violates_quality": v[0], "violates_energy": v[1], "violates_any": v[0] | v[1] | v[2],
-                "violates_any_beyond_noise": v[0] | v[3],
+                "violates_any_beyond_noise": v[0] | v[3], "diverges": v[2],
                 # the rest of an offline score's row (routers.scoring.offline.score_requests)
                 "oracle_energy_ratio": 0.5, "memory_ratio": 0.8, "accuracy_delta_pp": 0.0,
                 "charged": False, "oracle_match": v[3], "regret": 0.1, "fallback": False,

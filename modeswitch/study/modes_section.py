@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from modeswitch.dataset.io import write_csv
 from modeswitch.oracle.mode_table import format_mode_table, mode_table
 from modeswitch.oracle.quality_floor import self_consistency_floor
 from modeswitch.study.markdown import md_table as _md
@@ -57,8 +58,6 @@ def _card(folder: str | None) -> dict | None:
 def modes_section(profile: pd.DataFrame, constraints, out: Path, model_dir=None,
                   draft_dir=None) -> tuple[list[str], pd.DataFrame]:
     """(markdown lines, the mode table); writes ``modes.csv`` and ``floor.csv`` to ``out``."""
-    from modeswitch.dataset.io import write_csv
-
     table = mode_table(profile, constraints)
     write_csv(table, out / "modes.csv", overwrite=True)
     floor = self_consistency_floor(profile)

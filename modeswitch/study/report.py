@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from modeswitch.dataset.io import atomic_path
+from modeswitch.routers.training.tracking import git_commit, setup
 from modeswitch.study.markdown import md_table as _md
 from modeswitch.study.modes_section import beside_section, modes_section
 from modeswitch.study.table import figures, findings, generalisation_table, opening_table
@@ -21,15 +23,11 @@ TARGET_LIVE_ESTIMATE_ERROR_PCT = 15.0
 
 def _write(path: Path, text: str):
     """Atomic; replaces only what an interrupted report step of the same study left."""
-    from modeswitch.dataset.io import atomic_path
-
     with atomic_path(path, overwrite=True) as tmp:
         Path(tmp).write_text(text)
 
 
 def _csv(path: Path, df: pd.DataFrame):
-    from modeswitch.dataset.io import atomic_path
-
     with atomic_path(path, overwrite=True) as tmp:
         df.to_csv(tmp, index=False)
 
@@ -134,9 +132,7 @@ def write_study_report(study) -> dict:
 
 
 def _log(study, fig: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFrame) -> str:
-    import mlflow
-
-    from modeswitch.routers.training.tracking import git_commit, setup
+    import mlflow  # the tracking store: loaded when the report is logged, not when the study is read
 
     cfg = study.cfg
     setup(Path(cfg.mlruns), "modeswitch-study")
