@@ -19,7 +19,10 @@ Columns (one row per request):
   ``memory_ratio__<mode>``, ``rouge_l_vs_baseline__<mode>``,
   ``accuracy_delta_pp__<mode>``; violations follow from them and the constraints
   (energy above ``max_energy_ratio``, memory above ``max_memory_ratio``, ROUGE-L
-  below ``min_rouge_vs_baseline``, accuracy more than ``max_accuracy_drop_pp`` below);
+  below ``min_rouge_vs_baseline``, accuracy more than ``max_accuracy_drop_pp`` below;
+  quality judged as the oracle judges it, on each (mode, family)'s mean under
+  ``quality_scope="family"``, a lossless mode's divergence left to the floor under
+  ``lossless_at_floor``: :mod:`oracle.family_rule`);
   or give ``violates_{quality,energy,memory}__<mode>`` (true/false) yourself, which
   wins over the ratios. A mode with no quality evidence at all follows
   ``missing_quality`` (the study's rule: unsafe). A latency left empty means the
@@ -43,6 +46,7 @@ from modeswitch.dataset.features import features_frame
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.modes import list_modes, reference_mode
 from modeswitch.oracle.constraints import Constraints
+from modeswitch.oracle.family_rule import lossless
 from modeswitch.oracle.training_table import PER_MODE, frame_hash
 
 REQUIRED = ("request_id", "prompt_tokens", "expected_output_tokens")
@@ -162,6 +166,7 @@ def cost_table(raw: pd.DataFrame, path: Path, constraints: Constraints | None = 
                             memory_pressure=float(get.get("memory_pressure", 0.0)),
                             family=str(fam), workload=str(fam),
                             benchmark_suite=None if suite is None or pd.isna(suite) else str(suite)))
+    families = np.asarray([r.family for r in reqs], dtype=object)
     table = features_frame(reqs, "B", with_context=True)
     table.index.name = "request_id"
     table = table.reset_index()
@@ -184,13 +189,20 @@ def cost_table(raw: pd.DataFrame, path: Path, constraints: Constraints | None = 
                 vals[metric] = np.full(n, 1.0 if is_ref and metric != "accuracy_delta_pp" else np.nan)
             table[col] = vals[metric]
         rouge, acc = vals["rouge_l_vs_baseline"], vals["accuracy_delta_pp"]
+        judged_rouge, judged_acc = rouge, acc
+        if c.quality_scope == "family":  # the study's rule: each family's mean
+            judged_rouge = pd.Series(rouge).groupby(families).transform("mean").to_numpy()
+            judged_acc = pd.Series(acc).groupby(families).transform("mean").to_numpy()
+        at_floor = c.lossless_at_floor and lossless(m)
         computed = {
             "energy": np.nan_to_num(vals["energy_ratio"], nan=0.0) > c.max_energy_ratio + 1e-12,
             "memory": np.nan_to_num(vals["memory_ratio"], nan=0.0) > c.max_memory_ratio + 1e-12,
-            "quality": (np.nan_to_num(rouge, nan=1.0) < c.min_rouge_vs_baseline - 1e-12)
-            | (np.nan_to_num(acc, nan=0.0) < -c.max_accuracy_drop_pp - 1e-12)
+            "quality": (((np.nan_to_num(judged_rouge, nan=1.0) < c.min_rouge_vs_baseline - 1e-12)
+                         | (np.nan_to_num(judged_acc, nan=0.0) < -c.max_accuracy_drop_pp - 1e-12)) & (not at_floor))
             | (np.isnan(rouge) & np.isnan(acc) & (c.missing_quality == "unsafe")),
         }
+        # the per-request view beside the verdict (offline scoring's divergence rate)
+        table[f"diverges__{m}"] = ~np.asarray(is_ref) & (np.nan_to_num(rouge, nan=1.0) < c.min_rouge_vs_baseline - 1e-12)
         violates = {}
         for k in CONSTRAINT_NAMES:
             col = f"violates_{k}__{m}"
