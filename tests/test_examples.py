@@ -76,11 +76,9 @@ def _cost_csv(path: Path, n=240, **constraints) -> pd.DataFrame:
 
 
 def test_your_own_cost_table_labels_like_the_oracle_and_trains(tmp_path):
-    from modeswitch.oracle import read_cost_table
+    from modeswitch.oracle import Constraints, read_cost_table
     from modeswitch.oracle.training_table import table_meta
     from modeswitch.routers import api
-
-    from modeswitch.oracle import Constraints
 
     # judged per request, the same costs and limits give the oracle's labels (bar its
     # noise and tie rules); per family, the oracle pools its measured cells, the cost
