@@ -48,8 +48,7 @@ from pathlib import Path
 
 from modeswitch.dataset.io import atomic_folder, sha256_file
 from modeswitch.dataset.prompt_corpus import load_corpus
-
-CARD = "modeswitch_model.json"
+from modeswitch.engine.models.cache import CARD
 
 
 @dataclass(frozen=True)

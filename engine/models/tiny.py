@@ -27,10 +27,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from modeswitch.dataset.io import atomic_folder
-from modeswitch.engine.models.cache import default_cache_dir
+from modeswitch.engine.models.cache import CARD, default_cache_dir
 from modeswitch.engine.models.tiny_corpus import corpus_hash, stdlib_text
-
-CARD = "modeswitch_model.json"
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,8 @@ class Profiler:
         """What every engine of this run is built with (memory pressure: none; a
         ballast-applying backend gets its own per pressure level, see :meth:`_load`)."""
         # caches sized for the longest request measured, not for the model's limit
-        requests = [r for u in build_units(self.spec) for r in u.requests + u.prime]
+        units = self._run.units if self._run is not None else build_units(self.spec)
+        requests = [r for u in units for r in u.requests + u.prime]
         return EngineSettings(str(self.model_path), str(self.draft_path) if self.draft_path else None,
                               self.spec.device, threads=self.spec.threads,
                               checkpoints=dict(self.spec.checkpoints), max_context=context_for(requests))

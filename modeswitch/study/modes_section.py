@@ -19,12 +19,10 @@ from pathlib import Path
 import pandas as pd
 
 from modeswitch.dataset.io import write_csv
+from modeswitch.engine.models.cache import CARD
 from modeswitch.oracle.mode_table import format_mode_table, mode_table
 from modeswitch.oracle.quality_floor import self_consistency_floor
 from modeswitch.study.markdown import md_table as _md
-
-#: the model card every model build writes into its folder
-CARD = "modeswitch_model.json"
 
 
 def model_lines(profile: pd.DataFrame, model_dir: str | None, draft_dir: str | None) -> list[str]:
