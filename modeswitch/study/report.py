@@ -91,7 +91,10 @@ def write_study_report(study) -> dict:
                                     model.get("target"), model.get("draft"))
     beside = beside_section(modes, fig, Path(study.beside)) if getattr(study, "beside", None) else []
     ds, cm, prof = study.outputs("dataset"), study.outputs("costmodel"), study.outputs("profile")
-    lat = pd.Series(cm["latency_mape"])
+    lat = pd.Series(cm.get("latency_mape") or {}, dtype=float)
+    cm_line = (f"- cost model latency MAPE (5-fold, grouped by request): median {lat.median():.1%}, "
+               f"worst {lat.idxmax()} {lat.max():.1%}" if len(lat) else
+               f"- cost model: not fitted ({cm.get('not_fitted')}); every estimate is interpolated")
     md = [f"# Study {cfg.name}", "",
           "Every figure below is read from the split reports linked at the end; speedup and energy "
           "are vs the reference mode, family-weighted, with 95 % bootstrap intervals (requests "
@@ -120,8 +123,7 @@ def write_study_report(study) -> dict:
           f"- training table: {ds['n']} requests; label source "
           + ", ".join(f"{k} {v}" for k, v in ds["label_source"].items())
           + "; labels " + ", ".join(f"{k} {v}" for k, v in ds["labels"].items()),
-          f"- cost model latency MAPE (5-fold, grouped by request): median {lat.median():.1%}, "
-          f"worst {lat.idxmax()} {lat.max():.1%}",
+          cm_line,
           "", "## Step timings", "", _md(steps.assign(minutes=(steps["seconds"] / 60).round(1))), "",
           f"Total: {steps['seconds'].sum() / 60:.1f} min.", "",
           "## Split reports", "", *[f"- {s}: [{p}]({p.relative_to(out) if p.is_relative_to(out) else p}/README.md)"

@@ -218,9 +218,10 @@ class Study:
     def _step_costmodel(self) -> dict:
         profile = self._profile()
         why = enough_requests(profile)
-        if why:
-            raise InputError(f"cost model: cannot fit on the study's profile ({why}); raise "
-                             "[profile] requests_per_family")
+        if why:  # as `--costmodel auto` does: the estimates are interpolated instead
+            self.log(f"cost model: not fitted ({why}); estimates are interpolated (raise "
+                     "[profile] requests_per_family for one)")
+            return {"costmodel": None, "not_fitted": why}
         cm = fit_validated(profile, seed=self.cfg.seed, source=str(self.out / "profile.parquet"))
         path = cm.save(self.out / "costmodel.json", overwrite=True)
         v = cm.validation
@@ -232,7 +233,9 @@ class Study:
                 "ttft_mape": {k: float(x) for k, x in ttft.items()}}
 
     def _costmodel(self):
-        return CostModel.load(self.out / "costmodel.json")
+        """The step's cost model, or None where the profile was too small to fit one."""
+        path = self.out / "costmodel.json"
+        return CostModel.load(path) if path.exists() else None
 
     def _step_labels(self) -> dict:
         labels, cand, skipped = label_profile(self._profile(), self.cfg.constraint_set(),
