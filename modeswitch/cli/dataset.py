@@ -13,7 +13,6 @@ from modeswitch.cli.common import (
     Incomplete,
     MissingQuality,
     _split,
-    app,
     deferred_help,
     friendly_errors,
     reading,
@@ -23,9 +22,14 @@ from modeswitch.dataset.benchmarks import read_benchmark
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.io import write_parquet
 from modeswitch.dataset.limits import finite
+from modeswitch.dataset.profile_schema import read_profiles
 from modeswitch.dataset.workloads import get_workload, list_workloads
 from modeswitch.dataset.workloads.conditions import scaled
 from modeswitch.display import console
+from modeswitch.oracle.training_table import build_training_table, profiled_requests
+
+#: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
+app = typer.Typer()
 
 dataset_app = typer.Typer(help="Training tables: requests, features, oracle labels, per-mode costs.",
                           no_args_is_help=True)
@@ -52,10 +56,6 @@ def dataset_build_cmd(
     costmodel: Annotated[str, typer.Option(help="Cost model for estimated requests: a file from `modeswitch costmodel fit`, 'auto' (fit and validate on the profile now) or 'none' (interpolation only). Used per (mode, metric) only where it validated better.")] = "auto",
 ):
     """Draw requests, compute features, label them with the oracle, attach per-mode costs."""
-    # pandas, pandera, the oracle: imported when the command runs, so `modeswitch --help` stays quick
-    from modeswitch.dataset.profile_schema import read_profiles
-    from modeswitch.oracle.training_table import build_training_table, profiled_requests
-
     c = constraints(config, on_incomplete=incomplete, missing_quality=missing_quality,
                      noise_aware=noise_aware)
     paths = _split(profiles)

@@ -12,15 +12,22 @@ from modeswitch.cli.common import (
     Incomplete,
     MissingQuality,
     _split,
-    app,
     deferred_help,
     friendly_errors,
     reading,
 )
 from modeswitch.cli.oracle_options import CONSTRAINTS, constraints, costmodel_for
 from modeswitch.dataset.io import write_csv, write_parquet
+from modeswitch.dataset.profile_schema import read_profiles
 from modeswitch.dataset.requests import read_requests, requests_frame
 from modeswitch.display import console, frame_table
+from modeswitch.oracle import label_profile, label_requests
+from modeswitch.oracle.explain import print_explanations, print_labels
+from modeswitch.oracle.mode_table import format_mode_table, mode_table
+from modeswitch.oracle.quality_floor import self_consistency_floor
+
+#: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
+app = typer.Typer()
 
 
 @app.command("label", cls=deferred_help(CONSTRAINTS))
@@ -45,13 +52,6 @@ def label_cmd(
     costmodel: Annotated[str, typer.Option(help="Cost model for estimated requests: a file from `modeswitch costmodel fit`, 'auto' (fit and validate on the profile now) or 'none' (interpolation only). Used per (mode, metric) only where it validated better.")] = "auto",
 ):
     """Label each unit (or request) with the fastest mode that meets every constraint."""
-    # pandas, pandera, the oracle: imported when the command runs, so `modeswitch --help` stays quick
-    from modeswitch.dataset.profile_schema import read_profiles
-    from modeswitch.oracle import label_profile, label_requests
-    from modeswitch.oracle.explain import print_explanations, print_labels
-    from modeswitch.oracle.mode_table import format_mode_table, mode_table
-    from modeswitch.oracle.quality_floor import self_consistency_floor
-
     c = constraints(
         config, max_energy_ratio=max_energy_ratio, max_memory_ratio=max_memory_ratio,
         max_accuracy_drop_pp=max_accuracy_drop_pp, min_rouge_vs_baseline=min_rouge_vs_baseline,
