@@ -59,6 +59,10 @@ def test_import_and_label_with_explain(tmp_path, a100_dir):
     labels = pd.read_parquet(tmp_path / "labels.parquet")
     assert len(labels) == 7
     assert (tmp_path / "labels.candidates.parquet").exists()
+    # each family's divergence rates beside the rule's verdict on its mean
+    families = pd.read_csv(tmp_path / "labels.families.csv")
+    assert {"quality_group", "mode", "units", "divergence_rate", "rouge_l_mean", "passes_rule"} <= set(families)
+    assert "fp16_baseline" not in set(families["mode"]) and families["divergence_rate"].between(0, 1).all()
     # a second run does not overwrite
     res = runner.invoke(app, ["import-profiles", str(a100_dir / "profiles_a100_curated_sweep_trials.csv"),
                               "-o", str(out_profile)])
