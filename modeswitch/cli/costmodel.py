@@ -22,7 +22,7 @@ from modeswitch.oracle.training_table import frame_hash
 from modeswitch.routers.training.tracking import setup
 
 #: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
-app = typer.Typer()
+app = typer.Typer(add_completion=False)
 
 costmodel_app = typer.Typer(help="Per-mode cost models fitted from measured requests, validated against the interpolation.",
                             no_args_is_help=True)

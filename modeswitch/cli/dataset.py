@@ -29,7 +29,7 @@ from modeswitch.display import console
 from modeswitch.oracle.training_table import build_training_table, profiled_requests
 
 #: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
-app = typer.Typer()
+app = typer.Typer(add_completion=False)
 
 dataset_app = typer.Typer(help="Training tables: requests, features, oracle labels, per-mode costs.",
                           no_args_is_help=True)

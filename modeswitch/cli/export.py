@@ -17,7 +17,7 @@ from modeswitch.routers.export import best_from_scoring, export_router
 from modeswitch.routers.training.tracking import setup, use_tracking_uri
 
 #: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
-app = typer.Typer()
+app = typer.Typer(add_completion=False)
 
 
 @app.command("export")

@@ -28,7 +28,7 @@ from modeswitch.oracle.mode_table import format_mode_table, mode_table
 from modeswitch.oracle.quality_floor import self_consistency_floor
 
 #: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
-app = typer.Typer()
+app = typer.Typer(add_completion=False)
 
 
 @app.command("label", cls=deferred_help(CONSTRAINTS))

@@ -18,7 +18,7 @@ from modeswitch.display import console
 from modeswitch.engine.models.tiny import BuildRecipe, build_models
 
 #: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
-app = typer.Typer()
+app = typer.Typer(add_completion=False)
 model_app = typer.Typer(help="The default model (converted from its PyPI wheel) or the project's own test model.",
                         no_args_is_help=True)
 app.add_typer(model_app, name="model")

@@ -38,7 +38,7 @@ from modeswitch.engine.noise import clean_trials
 from modeswitch.engine.profiler import ProfileSpec
 
 #: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
-app = typer.Typer()
+app = typer.Typer(add_completion=False)
 
 #: --checkpoint KEY: the quantized modes a vLLM checkpoint can stand for
 CHECKPOINT_KEYS = ("int8", "gptq_4bit", "awq_4bit")

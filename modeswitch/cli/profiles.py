@@ -17,7 +17,7 @@ from modeswitch.dataset.profile_schema import read_profile, write_profile
 from modeswitch.display import console
 
 #: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
-app = typer.Typer()
+app = typer.Typer(add_completion=False)
 
 
 @app.command("import-profiles")

@@ -25,7 +25,7 @@ from modeswitch.display import console, frame_table
 from modeswitch.engine.modes import get_mode, list_modes
 
 #: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
-app = typer.Typer()
+app = typer.Typer(add_completion=False)
 
 
 @app.command("modes")

@@ -21,7 +21,7 @@ from modeswitch.display import console, frame_table
 from modeswitch.routers import get_router
 
 #: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
-app = typer.Typer()
+app = typer.Typer(add_completion=False)
 
 
 @app.command("route")

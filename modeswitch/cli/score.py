@@ -29,7 +29,7 @@ from modeswitch.oracle.external_table import read_training_table
 from modeswitch.routers.scoring.run import ScoreConfig, score_routers
 
 #: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
-app = typer.Typer()
+app = typer.Typer(add_completion=False)
 
 
 @app.command("score", cls=deferred_help("modeswitch.routers.scoring.run:ScoreConfig", backends=backend_names))

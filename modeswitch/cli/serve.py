@@ -34,7 +34,7 @@ from modeswitch.routers.rule_baseline import RuleBaselineRouter
 from modeswitch.routers.training.tracking import use_tracking_uri
 
 #: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
-app = typer.Typer()
+app = typer.Typer(add_completion=False)
 
 
 def _load_exported(uri: str, mlruns, tracking_uri, modes, compiled: bool, trust_pickle: bool):

@@ -23,7 +23,7 @@ from modeswitch.display import console, frame_table
 from modeswitch.study import Study, StudyConfig
 
 #: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
-app = typer.Typer()
+app = typer.Typer(add_completion=False)
 
 study_app = typer.Typer(help="The study end to end, from one TOML file; resumable.", no_args_is_help=True)
 app.add_typer(study_app, name="study")

@@ -30,7 +30,7 @@ from modeswitch.oracle.external_table import read_training_table
 from modeswitch.routers.training.trainer import TrainConfig, train
 
 #: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
-app = typer.Typer()
+app = typer.Typer(add_completion=False)
 
 
 @app.command("train", cls=deferred_help("modeswitch.routers.training.trainer:TrainConfig"))
