@@ -88,5 +88,10 @@ def dataset_build_cmd(
         f"{k} {v}" for k, v in table["latency_basis"].value_counts().items()))
     outside = table["estimate_basis"].astype(str).str.contains("outside measured range").sum()
     if outside:
+        # the likelier cause first: a profile of one or two requests per family spans no range
+        per_family = profile[profile["family"].isin(names)].groupby("family")["request_id"].nunique()
+        fewest = int(per_family.min()) if len(per_family) else 0
+        why = (f"the profile measured as few as {fewest} request(s) in a family (`profile --requests` widens "
+               "the range)" if 0 < fewest <= 2 else "does --length-scale match the profile's?")
         console.print(f"[yellow]{outside} of {len(table)} requests lie outside the profile's measured "
-                      "range; their costs are extrapolated (does --length-scale match the profile's?)[/]")
+                      f"range; their costs are extrapolated ({why})[/]")
