@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                         "Convert external measurements (e.g. the study's A100 CSVs) into a profile table."),
     "validate": ("profiles",
                  "Validate profile files against the schema; report every problem with row and column."),
+    "quality-sweep": ("sweep", "Measure each lossy mode's quality per request (ROUGE-L against the reference, "
+                               "accuracy), batched."),
     "label": ("label", "Label each unit (or request) with the fastest mode that meets every constraint."),
     "costmodel": ("costmodel",
                   "Per-mode cost models fitted from measured requests, validated against the interpolation."),
