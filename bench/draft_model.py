@@ -37,6 +37,14 @@ import statistics
 import sys
 from pathlib import Path
 
+import numpy as np
+import torch
+from modeswitch.dataset.workloads import get_workload
+from modeswitch.engine.backends.transformers_backend import TransformersEngine
+from modeswitch.engine.models.resolve import resolve_models
+from modeswitch.engine.noise import ContentionRule, TrialClock
+from modeswitch.engine.prompts import PromptBuilder
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MODES = ("fp16_baseline", "speculative_decoding", "quantized_draft_speculative")
@@ -66,7 +74,6 @@ def count_steps(model) -> dict:
 
 def draft_acceptance(draft, prompts, answers) -> float:
     """Teacher-forced: the share of answer positions where the draft's argmax is the model's token."""
-    import torch
 
     agree = total = 0
     with torch.inference_mode():
@@ -88,14 +95,6 @@ def main():
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--length-scale", type=float, default=0.25)
     args = ap.parse_args()
-
-    import numpy as np
-    import torch
-    from modeswitch.dataset.workloads import get_workload
-    from modeswitch.engine.backends.transformers_backend import TransformersEngine
-    from modeswitch.engine.models.resolve import resolve_models
-    from modeswitch.engine.noise import ContentionRule, TrialClock
-    from modeswitch.engine.prompts import PromptBuilder
 
     torch.set_num_threads(1)
     target, draft, card = resolve_models(args.model, args.draft_model, log=print, modes=["speculative_decoding"])

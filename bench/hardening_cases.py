@@ -38,9 +38,21 @@ import threading
 import time
 from pathlib import Path
 
+import mlflow
+import numpy as np
+import pandas as pd
+import skops.io as sio
+from modeswitch.dataset.io import sha256_file
+from modeswitch.dataset.requests import requests_frame
+from modeswitch.dataset.workloads import get_workload
+from modeswitch.engine.models.tiny import TEST_RECIPE, build_models
+from modeswitch.routers import get_router
+from modeswitch.routers.export import export_router, load_router
+from modeswitch.routers.training.tracking import tracking_uri
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from tests.helpers import CODE_RUNNERS, crafted_skops, free_port, synthetic_table  # noqa: E402
+from tests.helpers import CODE_RUNNERS, crafted_skops, free_port, synthetic_profile, synthetic_table  # noqa: E402
 
 #: the workload families of the training tables the CLI cases and the exported router use
 FAMILIES = ("short_prompt_short_output", "batch_pressure")
@@ -83,10 +95,6 @@ def cli_case(group: str, case: str, args: list[str], cwd: Path, want_exit: int |
 
 def tables(tmp: Path) -> dict[str, Path]:
     """Training tables and profile files for the CLI cases (the tests' synthetic profile)."""
-    import numpy as np
-    import pandas as pd
-
-    from tests.helpers import synthetic_profile
 
     table = synthetic_table(FAMILIES, 30)
     out = {}
@@ -498,9 +506,6 @@ def connection_cases(srv: Server, key: str):
 def _rewrite_registered(mlruns: Path, stored: Path, data: bytes) -> None:
     """Replace a registered router's file and rewrite every recorded hash to match, as an
     attacker who can write the store would (the hashes are integrity, not authentication)."""
-    import mlflow
-    from modeswitch.dataset.io import sha256_file
-    from modeswitch.routers.training.tracking import tracking_uri
 
     old = sha256_file(stored)
     stored.write_bytes(data)
@@ -531,13 +536,11 @@ def loading_cases(tmp: Path):
                 code == 2 and named and not marker.exists())
     mlruns, uri = exported_router(tmp / "cyclic")
     [stored] = list(mlruns.rglob("router.skops"))
-    import skops.io as sio
 
     est = sio.load(stored, trusted=sio.get_untrusted_types(file=stored))
     tr = est.pipeline_.named_steps["clf"].tree_
     tr.children_left[int(max(i for i in range(tr.node_count) if tr.children_left[i] >= 0))] = 0
     _rewrite_registered(mlruns, stored, sio.dumps(est))
-    from modeswitch.routers.export import load_router
 
     t0 = time.perf_counter()
     try:
@@ -599,7 +602,6 @@ def second_pass_cases(tmp: Path, mlruns: Path, uri: str):
         cli_case("os", "requests -n 5000 on a full disk (a 256 KiB tmpfs)",
                  ["requests", "-n", "5000", "-o", str(full / "r.jsonl")], tmp, must_say="no space left")
         synthetic_profile_path = tmp / "sp-profile.parquet"
-        from tests.helpers import synthetic_profile
 
         synthetic_profile().to_parquet(synthetic_profile_path)
         cli_case("os", "dataset build on a full disk", ["dataset", "build", "-p", str(synthetic_profile_path),
@@ -617,8 +619,6 @@ def second_pass_cases(tmp: Path, mlruns: Path, uri: str):
                                                                "--trials", "1", "--split", "random", "--mlruns",
                                                                str(tmp / "sp-m1")], tmp, must_say="1 row")
     huge = tmp / "sp-huge.parquet"
-    from modeswitch.dataset.requests import requests_frame
-    from modeswitch.dataset.workloads import get_workload
 
     reqs = requests_frame(get_workload("batch_pressure").sample(2, 0))
     reqs["prompt_tokens"] = reqs["prompt_tokens"].astype(float)
@@ -668,7 +668,6 @@ def second_pass_cases(tmp: Path, mlruns: Path, uri: str):
         traceback="Traceback" in text + first_out)
     print("second pass: interrupted exports and runs")
     nohash, nohash_uri = exported_router(tmp / "sp-nohash")
-    import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{nohash.resolve() / 'mlflow.db'}")
     client.delete_model_version_tag("modeswitch-router", "1", "router_sha256")
@@ -696,8 +695,6 @@ def second_pass_cases(tmp: Path, mlruns: Path, uri: str):
 
 
 def exported_router(tmp: Path) -> tuple[Path, str]:
-    from modeswitch.routers import get_router
-    from modeswitch.routers.export import export_router
 
     table = synthetic_table(FAMILIES, 30)
     est = get_router("dt").fit(table, table["label"].astype(str))
@@ -724,8 +721,6 @@ def main():
         tmp = Path(d)
         model = args.model
         if model == "test-fixture":
-            from modeswitch.engine.models.tiny import TEST_RECIPE, build_models
-
             model = str(build_models(tmp / "models", TEST_RECIPE, log=lambda *a: None).target)
         os.environ["MODESWITCH_MODEL"] = model  # every child command's default --model
         try:

@@ -19,6 +19,10 @@ import tempfile
 from pathlib import Path
 
 import pandas as pd
+from modeswitch.engine.models.resolve import resolve_models
+from modeswitch.engine.modes import reference_mode
+from modeswitch.engine.profiler import DEFAULT_WORKLOADS, Profiler, ProfileSpec
+from rich.console import Console
 
 
 def main():
@@ -31,11 +35,6 @@ def main():
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--keep", default=None, help="also keep the profile parquet here")
     args = ap.parse_args()
-
-    from modeswitch.engine.models.resolve import resolve_models
-    from modeswitch.engine.modes import reference_mode
-    from modeswitch.engine.profiler import DEFAULT_WORKLOADS, Profiler, ProfileSpec
-    from rich.console import Console
 
     console = Console(width=200)
     target, draft, card = resolve_models(args.model, args.draft_model, log=console.print)

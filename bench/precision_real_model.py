@@ -35,12 +35,18 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+from modeswitch.dataset.workloads import get_workload
+from modeswitch.engine.backends import quantize as q
+from modeswitch.engine.models.resolve import resolve_models
+from modeswitch.engine.prompts import PromptBuilder
+from modeswitch.engine.quality import rouge_l
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def variants(base):
-    import torch
-    from modeswitch.engine.backends import quantize as q
 
     def quantized(fn, *args, **kw):
         m = copy.deepcopy(base)
@@ -72,13 +78,6 @@ def main():
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--length-scale", type=float, default=0.25)
     args = ap.parse_args()
-
-    import torch
-    from modeswitch.dataset.workloads import get_workload
-    from modeswitch.engine.models.resolve import resolve_models
-    from modeswitch.engine.prompts import PromptBuilder
-    from modeswitch.engine.quality import rouge_l
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(1)
     folder, _, card = resolve_models(args.model, log=print, modes=())

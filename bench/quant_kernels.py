@@ -15,6 +15,7 @@ import time
 import warnings
 
 import torch
+from modeswitch.engine.backends.quantize import Int4WeightOnlyLinear
 
 
 def time_cycle(objs, call, x, n=300) -> float:
@@ -41,7 +42,6 @@ def int4_fp32_activations(m, x):
 
 
 def main():
-    from modeswitch.engine.backends.quantize import Int4WeightOnlyLinear
 
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)

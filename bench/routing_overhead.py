@@ -26,6 +26,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+from modeswitch.dataset.features import features_frame
+from modeswitch.dataset.workloads import get_workload
+from modeswitch.oracle.training_table import build_training_table
+from modeswitch.routers import get_router
+from modeswitch.routers.compiler import compile
+from modeswitch.routers.rule_baseline import RuleBaselineRouter
+from modeswitch.routers.scoring.overhead import time_decisions, time_side_by_side
 
 
 def pct(t):
@@ -46,12 +53,8 @@ def main():
     args = ap.parse_args()
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from modeswitch.dataset.features import features_frame
-    from modeswitch.dataset.workloads import get_workload
-    from modeswitch.oracle.training_table import build_training_table
-    from modeswitch.routers import get_router
-    from modeswitch.routers.compiler import compile
-    from modeswitch.routers.rule_baseline import RuleBaselineRouter
+
+    # the repository's test helpers: importable once the repo root is on sys.path
 
     from tests.helpers import synthetic_profile
 
@@ -62,8 +65,6 @@ def main():
     y = table["label"].astype(str)
     rule = RuleBaselineRouter().fit()
     stream = [r for i, n in enumerate(names) for r in get_workload(n).sample(500, seed=100 + i)]
-
-    from modeswitch.routers.scoring.overhead import time_decisions, time_side_by_side
 
     big = features_frame(stream, args.feature_set)
     reps = max(1, args.batch // len(big))

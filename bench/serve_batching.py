@@ -22,6 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import openai
+from modeswitch.engine.models.resolve import resolve_models
+from modeswitch.engine.serving import ServerConfig, create_app
+from modeswitch.routers.reference import FixedModeRouter
 
 
 def load_round(client, n: int, concurrency: int, max_tokens: int, seed: int):
@@ -51,10 +55,8 @@ def main():
     args = ap.parse_args()
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import openai
-    from modeswitch.engine.models.resolve import resolve_models
-    from modeswitch.engine.serving import ServerConfig, create_app
-    from modeswitch.routers.reference import FixedModeRouter
+
+    # the repository's test helpers: importable once the repo root is on sys.path
 
     from tests.helpers import start
 

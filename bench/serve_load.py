@@ -18,6 +18,8 @@ import time
 import urllib.request
 
 import numpy as np
+import openai
+from modeswitch.engine.serving.metrics import STAGES
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
@@ -57,11 +59,9 @@ def routing_buckets(base: str, stage: str | None = None, text: str | None = None
 
 
 async def run(args):
-    import openai
 
     base = args.url.rsplit("/v1", 1)[0]
     before = routing_buckets(base)
-    from modeswitch.engine.serving.metrics import STAGES
 
     text = metrics_text(base)
     before_stage = {st: routing_buckets(base, st, text) for st in STAGES}

@@ -40,6 +40,13 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import openai
+from modeswitch.dataset.errors import InputError
+from modeswitch.dataset.requests import Request
+from modeswitch.engine.backends.vllm_backend import _max_len, engine_args
+from modeswitch.engine.models.resolve import resolve_models
+from modeswitch.oracle.uncertainty import paired_ratio
+from modeswitch.routers.export import load_router
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -98,7 +105,6 @@ class Server:
 
 async def load(url: str, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
     """Every prompt once, at most ``concurrency`` in flight; streamed completions."""
-    import openai
 
     # the client's own connection pool (up to 1,000 connections) holds 256 streams
     client = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
@@ -148,6 +154,7 @@ ROUTING_STAGES = ("prefix", "features", "route", "serving_route")
 
 def server_stages(base: str) -> dict:
     """``modeswitch serve``'s routing-stage histograms now ({} from a server without them)."""
+    # the sibling bench (bench/ leads sys.path when run as a script)
     from serve_load import metrics_text, routing_buckets
 
     try:
@@ -159,6 +166,7 @@ def server_stages(base: str) -> dict:
 
 def stage_quantiles(before: dict, after: dict) -> dict:
     """(p50, p99) in microseconds per routing stage over the requests between two reads."""
+    # the sibling bench (bench/ leads sys.path when run as a script)
     from serve_load import histogram_quantile
 
     out = {}
@@ -200,7 +208,6 @@ def main():
     ap.add_argument("--mlruns", default=str(REPO / "mlruns"))
     ap.add_argument("--log-dir", default=None, help="server logs [a temporary folder]")
     args = ap.parse_args()
-    from modeswitch.engine.models.resolve import resolve_models
 
     target, _, _ = resolve_models(args.model, None, None, None, print, modes=())
     levels = [int(x) for x in args.levels.split(",")]
@@ -210,8 +217,6 @@ def main():
     ms = [sys.executable, "-m", "modeswitch", "serve", "--model", str(target), "--backend", args.backend,
           "--served-name", "modeswitch", "--max-in-flight", str(max(levels) * 2 + 64), "--mlruns", args.mlruns]
     if args.backend == "vllm":
-        from modeswitch.engine.backends.vllm_backend import _max_len, engine_args
-
         eargs = engine_args(args.mode, target, max_model_len=_max_len(Path(target), None))
         base = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target),
                 "--served-model-name", "modeswitch", "--no-enable-log-requests", *vllm_flags(eargs)]
@@ -219,8 +224,6 @@ def main():
                 ("modeswitch serve", lambda p: ms + ["--router", f"mode:{args.mode}", "--port", str(p)])]
         print("engine settings (both servers):", eargs)
     else:
-        from modeswitch.dataset.errors import InputError
-
         try:
             mode = majority_mode(args.router, args.mlruns, levels)
         except InputError as exc:
@@ -297,7 +300,6 @@ def main():
               f"{ma['p99']:5.0f} / {mb['p99']:5.0f} | {ma['ttft_p50']:5.0f} / {mb['ttft_p50']:5.0f}")
     # each round measured both servers back to back: the per-round ratio pairs them, so a
     # slow spell of the machine falls on both sides of one ratio (the medians above do not)
-    from modeswitch.oracle.uncertainty import paired_ratio
 
     print("\nper-round paired ratios (b / a), median [95% bootstrap interval over rounds]:")
     for lv in levels:
@@ -315,8 +317,6 @@ def main():
 def majority_mode(router: str, mlruns: str, levels) -> str:
     """The mode ``router`` picks for most of the bench's requests (as the server sees them:
     prompt tokens, max_tokens, concurrency = the level)."""
-    from modeswitch.dataset.requests import Request
-    from modeswitch.routers.export import load_router
 
     r = load_router(router, mlruns)
     picks = collections.Counter()

@@ -30,6 +30,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+from modeswitch.dataset.requests import Request, serving_request
+from modeswitch.engine.serving.pool import PrefixTracker
+from modeswitch.engine.serving.routing import route
+from modeswitch.routers import get_router
+from modeswitch.routers.rule_baseline import RuleBaselineRouter
 
 
 def main():
@@ -39,10 +44,8 @@ def main():
     args = ap.parse_args()
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from modeswitch.dataset.requests import Request, serving_request
-    from modeswitch.engine.serving.pool import PrefixTracker
-    from modeswitch.routers import get_router
-    from modeswitch.routers.rule_baseline import RuleBaselineRouter
+
+    # the repository's test helpers: importable once the repo root is on sys.path
 
     from tests.helpers import synthetic_table
 
@@ -62,7 +65,6 @@ def main():
 
     # the server's own routing function, each row on a state with what it reads; the
     # stages it times go to lists, so a row shows what the server's histogram records
-    from modeswitch.engine.serving.routing import route
 
     modes = set(table["label"].astype(str)) | {"fp16", "continuous_batching"}
     fixed = get_router("reference", mode="continuous_batching").fit()

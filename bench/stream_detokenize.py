@@ -18,6 +18,10 @@ import sys
 import time
 from pathlib import Path
 
+from modeswitch.engine.models.resolve import resolve_models
+from modeswitch.engine.serving.generate import _decode_stream, _Detokenizer
+from transformers import AutoTokenizer
+
 
 class _WindowOnly:
     """The tokenizer seen without its Rust core: the detokenizer's window path."""
@@ -37,9 +41,6 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from modeswitch.engine.models.resolve import resolve_models
-    from modeswitch.engine.serving.generate import _decode_stream, _Detokenizer
-    from transformers import AutoTokenizer
 
     target, _, _ = resolve_models(args.model, None, None, None, print, modes=())
     tok = AutoTokenizer.from_pretrained(str(target))

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from modeswitch.dataset.profile_schema import read_profiles
+from modeswitch.dataset.workloads import get_workload, list_workloads
+from modeswitch.oracle import Constraints, build_training_table
+from modeswitch.oracle.external_table import read_training_table
+
 
 def table_from_args(description: str):
     """Parse ``--profiles PATH`` (a profile from `modeswitch profile` or `import-profiles`)
@@ -17,12 +22,7 @@ def table_from_args(description: str):
     ap.add_argument("--mlruns", default="mlruns")
     args = ap.parse_args()
     if args.table:
-        from modeswitch.oracle.external_table import read_training_table
-
         return read_training_table(args.table), args
-    from modeswitch.dataset.profile_schema import read_profiles
-    from modeswitch.dataset.workloads import get_workload, list_workloads
-    from modeswitch.oracle import Constraints, build_training_table
 
     profile = read_profiles([args.profiles])
     families = sorted(set(profile["family"]) & {w.name for w in list_workloads()})

@@ -216,6 +216,7 @@ def cost_table(raw: pd.DataFrame, path: Path, constraints: Constraints | None = 
     table["label_source"] = "external"
     table["estimate_basis"] = "external"
     table["latency_basis"] = "external"
+    table["quality_basis"] = "external"
     table["reference_mode"] = ref
     table["condition"] = "external"
     table.attrs["modeswitch"] = json.dumps({

@@ -99,7 +99,8 @@ def divergence_rates(cand: pd.DataFrame, threshold: float) -> pd.DataFrame:
     """Per (group, mode): the share of units whose own ROUGE-L against the reference
     output is below ``threshold`` (the per-request divergence rate), beside the group's
     mean (the rule's figure). Reference rows are left out."""
-    c = cand[~cand["is_reference"] & cand["rouge_l_vs_baseline"].notna()]
+    needed = {"quality_group", "mode", "is_reference", "rouge_l_vs_baseline"}
+    c = cand[~cand["is_reference"] & cand["rouge_l_vs_baseline"].notna()] if needed <= set(cand) else cand[:0]
     if c.empty:
         return pd.DataFrame(columns=["quality_group", "mode", "units", "divergence_rate",
                                      "rouge_l_mean", "passes_rule"])

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from modeswitch.oracle import family_rule, noise_aware
+from modeswitch.oracle import family_rule, noise_aware, sweep_quality
 from modeswitch.oracle.cells import Cells, OracleError, summarise
 from modeswitch.oracle.constraints import Constraints
 from modeswitch.oracle.estimate import estimate
@@ -367,22 +367,28 @@ def _family_inputs(cells: Cells, requests: pd.DataFrame | None = None):
 
 
 def label_requests(profile: pd.DataFrame, requests: pd.DataFrame,
-                   constraints: Constraints | None = None, source=None, costmodel=None):
+                   constraints: Constraints | None = None, source=None, costmodel=None,
+                   quality: pd.DataFrame | None = None):
     """Label requests (a DataFrame of Request fields) from a profile, estimating
     metrics at each request's features where it was not measured itself (with a
     :class:`~oracle.costmodel.CostModel`, from it where it validated better).
-    ``latency_basis`` says where the label's latency came from."""
+    ``latency_basis`` says where the label's latency came from. ``quality``: a quality
+    sweep's table (:func:`engine.quality_sweep.read_sweep`), whose per-request quality
+    replaces the estimate's and whose family means the rule judges
+    (:mod:`oracle.sweep_quality`); ``quality_basis`` says which each request has."""
     constraints = constraints or Constraints()
     cells = summarise(profile, source)
     est, basis = estimate(cells, requests, costmodel=costmodel)
+    est, basis = sweep_quality.apply(est, basis, quality)
     groups, table = _family_inputs(cells, requests)
+    table = sweep_quality.family_table(quality, requests, table)
     labels, cand, skipped = decide(est, basis["reference_mode"], constraints, trials=cells.trials,
                                    groups=groups, family_table=table)
     req = requests.set_index("id")
     cols = [c for c in ("workload", "family", "benchmark_suite", "prompt_tokens",
                         "expected_output_tokens", "shared_prefix_tokens",
                         "concurrent_requests", "memory_pressure") if c in req.columns]
-    labels = labels.join(req[cols]).join(basis[["condition", "label_source", "estimate_basis"]])
+    labels = labels.join(req[cols]).join(basis[["condition", "label_source", "estimate_basis", "quality_basis"]])
     chosen = cand[cand["chosen"]].set_index("unit")["latency_basis"]
     labels["latency_basis"] = chosen.reindex(labels.index)
     return labels, cand, skipped

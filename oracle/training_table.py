@@ -2,7 +2,9 @@
 estimated cost, so training and scoring can compute regret for any pick.
 
 One row per request. Columns: the request's fields and features (sets A and B),
-``label`` / ``label_source`` / ``estimate_basis``, and for every mode ``m``:
+``label`` / ``label_source`` / ``estimate_basis`` / ``latency_basis`` /
+``quality_basis`` (``measured (sweep)``, ``measured (profile)`` or ``estimated``:
+:mod:`oracle.sweep_quality`), and for every mode ``m``:
 ``latency_ms__m``, ``energy_ratio__m``, ``memory_ratio__m``, ``rouge_l_vs_baseline__m``,
 ``accuracy_delta_pp__m`` (benchmark requests),
 ``safe__m`` and ``violates_{quality,energy,memory}__m``. The table's provenance
@@ -60,11 +62,11 @@ def profiled_requests(profile: pd.DataFrame) -> list[Request]:
 
 def build_training_table(profile: pd.DataFrame, requests: list[Request],
                          constraints: Constraints | None = None, source=None,
-                         costmodel=None) -> pd.DataFrame:
+                         costmodel=None, quality: pd.DataFrame | None = None) -> pd.DataFrame:
     constraints = constraints or Constraints()
     reqs_df = requests_frame(requests)
     labels, cand, skipped = label_requests(profile, reqs_df, constraints, source=source,
-                                           costmodel=costmodel)
+                                           costmodel=costmodel, quality=quality)
     cand = cand.copy()
     cand["violates_quality"] = cand[[c for c in cand.columns if c.startswith("violates_quality_")]].any(axis=1)
     wide = {}
@@ -77,7 +79,7 @@ def build_training_table(profile: pd.DataFrame, requests: list[Request],
     wide = pd.DataFrame(wide)
     feats = features_frame([r for r in requests if r.id in labels.index], "B", with_context=True)
     table = feats.join(labels[["label", "label_source", "estimate_basis", "latency_basis",
-                               "reference_mode", "condition"]])
+                               "quality_basis", "reference_mode", "condition"]])
     table = table.join(wide)
     table.index.name = "request_id"
     table = table.reset_index()
@@ -91,6 +93,7 @@ def build_training_table(profile: pd.DataFrame, requests: list[Request],
         if "backend" in profile else [],
         "skipped": skipped,
         "label_sources": {str(k): int(v) for k, v in table["label_source"].value_counts().items()},
+        "quality_sources": {str(k): int(v) for k, v in table["quality_basis"].value_counts().items()},
         # the engines' compute threads the profile measured with (a live check must match)
         "threads": sorted({int(x) for x in profile["threads"].dropna().unique()})
         if "threads" in profile else [],

@@ -13,6 +13,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
+from modeswitch.dataset.prompt_corpus import load_corpus
 from rich.console import Console
 from rich.table import Table
 
@@ -30,7 +31,6 @@ QUESTIONS = ["What is the capital of France?",
 
 def benchmark_question(suite: str) -> str:
     """One real question of ``suite`` from the benchmark samples (dataset.prompt_corpus)."""
-    from modeswitch.dataset.prompt_corpus import load_corpus
 
     return load_corpus().pick((suite,))[0].prompt
 

@@ -19,6 +19,9 @@ import json
 import subprocess
 from pathlib import Path
 
+import mlflow
+from modeswitch.routers.training.tracking import tracking_uri
+
 
 class Page:
     def __init__(self, ws):
@@ -43,7 +46,7 @@ class Page:
 
 
 async def run(url: str, score_exp: str, train_exp: str, out: Path, port: int = 9333):
-    import aiohttp
+    import aiohttp  # optional: comes with MLflow's server, only this check needs it
 
     proc = subprocess.Popen(["chromium", "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                              "--window-size=1600,1100", f"--remote-debugging-port={port}", "about:blank"],
@@ -104,8 +107,6 @@ def main():
     ap.add_argument("--mlruns", default="mlruns")
     ap.add_argument("--out", default="ui-shots")
     args = ap.parse_args()
-    import mlflow
-    from modeswitch.routers.training.tracking import tracking_uri
 
     client = mlflow.MlflowClient(tracking_uri(Path(args.mlruns)))
     exps = {e.name: e for e in client.search_experiments()}

@@ -15,10 +15,12 @@ import argparse
 import sys
 from pathlib import Path
 
+import pandas as pd
+from modeswitch.routers.scoring.frontier import RISK_MODELS, frontier
+
 
 def main():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from modeswitch.routers.scoring.frontier import RISK_MODELS, frontier
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="runs/study/train.parquet")
@@ -30,7 +32,6 @@ def main():
     ap.add_argument("--all", dest="inside", action="store_false",
                     help="score every held-out request, not only those inside the training ranges")
     args = ap.parse_args()
-    import pandas as pd
 
     table = pd.read_parquet(args.data)
     print(f"{args.data}: {len(table)} requests; feature set {args.feature_set}, risk model {args.risk_model}")

@@ -20,6 +20,8 @@ import json
 from pathlib import Path
 
 import pandas as pd
+from modeswitch.routers.scoring.run import ScoreConfig, score_routers
+from modeswitch.routers.training.trainer import TrainConfig, train
 
 
 def main():
@@ -30,9 +32,6 @@ def main():
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--live", action="store_true")
     args = ap.parse_args()
-
-    from modeswitch.routers.scoring.run import ScoreConfig, score_routers
-    from modeswitch.routers.training.trainer import TrainConfig, train
 
     study = Path(args.study)
     state = json.loads((study / "study_state.json").read_text())

@@ -1,9 +1,15 @@
+import importlib
 import json
+from pathlib import Path
 
+import click
 import pandas as pd
+from typer.main import get_command
 from typer.testing import CliRunner
 
+import modeswitch.cli as cli
 from modeswitch.cli import app
+from modeswitch.cli.lazy import COMMANDS, load_command
 from tests.helpers import row
 
 runner = CliRunner()
@@ -14,6 +20,31 @@ def test_help_lists_the_commands():
     assert out.exit_code == 0
     for cmd in ("import-profiles", "label", "modes", "route", "validate", "requests"):
         assert cmd in out.output
+
+
+def test_every_command_in_the_table_loads_with_the_help_the_table_gives():
+    # `modeswitch --help` reads the table only; the table must match the modules
+    for name, (module, line) in COMMANDS.items():
+        command = load_command(name)
+        first = " ".join((command.help or "").split("\n\n")[0].split())
+        assert first == line, f"{name} ({module}): the table says {line!r}, the command {first!r}"
+
+
+def test_every_command_a_module_registers_is_in_the_table():
+    folder = Path(cli.__file__).parent
+    modules = {p.stem for p in folder.glob("*.py")} - {"__init__", "__main__", "common", "lazy", "oracle_options"}
+    assert modules == {m for m, _ in COMMANDS.values()}, "a command module the table does not list (or the reverse)"
+    for module in modules:
+        built = get_command(importlib.import_module(f"modeswitch.cli.{module}").app)
+        names = list(built.commands) if isinstance(built, click.Group) else [built.name]
+        assert names and all(COMMANDS.get(n, ("?",))[0] == module for n in names), (module, names)
+
+
+def test_an_unknown_command_is_a_usage_error_with_the_commands_listed():
+    res = runner.invoke(app, ["labl"])
+    assert res.exit_code == 2 and "No such command" in res.output
+    res = runner.invoke(app, ["--help"])
+    assert all(name in res.output for name in COMMANDS)
 
 
 def test_import_and_label_with_explain(tmp_path, a100_dir):
@@ -28,6 +59,10 @@ def test_import_and_label_with_explain(tmp_path, a100_dir):
     labels = pd.read_parquet(tmp_path / "labels.parquet")
     assert len(labels) == 7
     assert (tmp_path / "labels.candidates.parquet").exists()
+    # each family's divergence rates beside the rule's verdict on its mean
+    families = pd.read_csv(tmp_path / "labels.families.csv")
+    assert {"quality_group", "mode", "units", "divergence_rate", "rouge_l_mean", "passes_rule"} <= set(families)
+    assert "fp16_baseline" not in set(families["mode"]) and families["divergence_rate"].between(0, 1).all()
     # a second run does not overwrite
     res = runner.invoke(app, ["import-profiles", str(a100_dir / "profiles_a100_curated_sweep_trials.csv"),
                               "-o", str(out_profile)])
@@ -179,7 +214,7 @@ def test_root_help_lists_debug_and_commands_in_pipeline_order():
     assert "--debug" in out and "MODESWITCH_DEBUG" in out
     listed = [line.strip("│ ").split()[0] for line in out.split("Commands")[1].splitlines()
               if line.startswith("│")]
-    pipeline = ["modes", "requests", "label", "profile", "train", "score", "export", "serve"]
+    pipeline = ["modes", "requests", "profile", "label", "dataset", "train", "score", "export", "serve"]
     assert [c for c in listed if c in pipeline] == pipeline
 
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import typer.main
 from typer.testing import CliRunner
 
 from modeswitch.cli import app
 from modeswitch.cli.common import Fallback, FeatureSet, Incomplete, Split, config_defaults
+from modeswitch.cli.lazy import load_command
 
 runner = CliRunner()
 TARGET = Path("/models/target")
@@ -71,7 +71,7 @@ EXCLUDED = {
 
 
 def _command(name: str):
-    return typer.main.get_command(app).commands[name]
+    return load_command(name)
 
 
 def _options(name: str) -> dict[str, object]:

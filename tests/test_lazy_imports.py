@@ -61,7 +61,12 @@ def test_help_imports_nothing_heavy():
             "from modeswitch.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             "    try:\n        main()\n    except SystemExit:\n        pass\n"
-            f"print(sorted(m for m in {heavy!r} if m in sys.modules))\n")
+            f"print(sorted(m for m in {heavy!r} if m in sys.modules))\n"
+            "import modeswitch.cli.lazy as lazy\n"
+            "print(sorted(m for m in sys.modules if m.startswith('modeswitch.cli.') and m.rsplit('.', 1)[1]\n"
+            "             in {module for module, _ in lazy.COMMANDS.values()}))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]", f"modeswitch --help imported {proc.stdout.strip()}"
+    heavy_loaded, commands_loaded = proc.stdout.strip().splitlines()
+    assert heavy_loaded == "[]", f"modeswitch --help imported {heavy_loaded}"
+    assert commands_loaded == "[]", f"modeswitch --help imported command modules {commands_loaded}"

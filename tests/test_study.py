@@ -160,7 +160,29 @@ def test_the_shipped_study_file_is_valid():
     assert large.model == "smollm2" and large.requests_per_family >= 20 and large.live_per_family >= 6
     assert large.output != cfg.output
     tiny = StudyConfig.from_toml(REPO / "study-tiny.toml")
-    assert tiny.model == "tiny" and tiny.requests_per_family >= 20 and tiny.output != cfg.output
+    # the stdlib model's study is study.toml's with the other model, so the two set side by side
+    assert tiny.model == "tiny" and tiny.output != cfg.output
+    assert tiny.replace(model=cfg.model, name=cfg.name, output=cfg.output) == cfg
+
+
+def test_a_profile_too_small_for_the_cost_model_leaves_the_estimates_interpolated(tmp_path):
+    # the cost model needs 6 requests of a (mode, family); the shipped study measures 4
+    from modeswitch.study import Study
+
+    said = []
+    small = Study(StudyConfig(output=str(tmp_path / "small"), requests_per_family=5), log=said.append)
+    small._profile = lambda: _profile_with(5)
+    got = small._step_costmodel()
+    assert got["costmodel"] is None and "at most 5 requests" in got["not_fitted"]
+    assert any("interpolated" in line for line in said)
+    assert small._costmodel() is None
+
+
+def _profile_with(requests: int):
+    from tests.helpers import profile, row
+
+    return profile([row(f"r{i}", m, 100.0 + i, family="short_prompt_short_output", request_id=f"r{i}")
+                    for i in range(requests) for m in ("fp16_baseline", "int8_quant")])
 
 
 def test_redo_forgets_what_reads_the_step_and_only_checks_prerequisites(tmp_path):

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass, field
 
 from modeswitch.dataset.requests import Request
+from modeswitch.dataset.workloads import get_workload
 from modeswitch.dataset.workloads.spec import WorkloadSpec
 
 
@@ -121,6 +122,15 @@ def scaled(spec: WorkloadSpec, factor: float) -> WorkloadSpec:
     return dataclasses.replace(spec, prompt_tokens=s(spec.prompt_tokens),
                                expected_output_tokens=s(spec.expected_output_tokens),
                                shared_prefix_tokens=s(spec.shared_prefix_tokens))
+
+
+def drawn_requests(names, per_family: int, seed: int = 0, length_scale: float = 1.0) -> list[Request]:
+    """The requests ``dataset build`` labels from estimates and ``quality-sweep`` measures:
+    ``per_family`` from each workload in ``names`` at ``length_scale``, ids namespaced
+    ``draw-`` apart from a profile's own (the same generators draw those). The same
+    arguments give the same requests, so a sweep's rows join the table's."""
+    return [dataclasses.replace(r, id=f"draw-{r.id}") for i, n in enumerate(names)
+            for r in scaled(get_workload(n), length_scale).sample(per_family, seed=seed * 100 + i)]
 
 
 def with_condition(req: Request, concurrency: int, prefix_fraction: float,

@@ -39,7 +39,6 @@ import copy
 import hashlib
 import inspect
 import json
-import math
 import platform
 import random
 import time
@@ -49,6 +48,7 @@ from pathlib import Path
 from modeswitch.dataset.io import atomic_folder, sha256_file
 from modeswitch.dataset.prompt_corpus import load_corpus
 from modeswitch.engine.models.cache import CARD
+from modeswitch.engine.models.optimise import apply_step, warmup_cosine
 
 
 @dataclass(frozen=True)
@@ -290,14 +290,7 @@ def train_draft(draft, seqs, recipe: DraftRecipe, progress=None) -> dict:
     draft.get_output_embeddings().weight.requires_grad_(False)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    warmup = max(1, recipe.steps // 10)
-
-    def lr_at(step):
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, recipe.steps - warmup)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    sched = warmup_cosine(opt, recipe.steps)
     head = draft.get_output_embeddings()
     order: list[int] = []
     losses, t0, done = [], time.perf_counter(), 0
@@ -319,15 +312,10 @@ def train_draft(draft, seqs, recipe: DraftRecipe, progress=None) -> dict:
             # frozen lm_head then gives the target's logits), no vocabulary-wide matmul
             diff = (h.float() - states.float())[mask.bool()]
             loss = loss + recipe.hidden_weight * diff.pow(2).mean()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+        losses.append(apply_step(loss, params, opt, sched))
         done = step + 1
         if progress:
-            progress.update(task, advance=1, description=f"draft: distil loss {loss.item():.2f}")
+            progress.update(task, advance=1, description=f"draft: distil loss {losses[-1]:.2f}")
         if time.perf_counter() - t0 > recipe.train_time_cap_s:
             break
     draft.eval()

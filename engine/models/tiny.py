@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import platform
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from modeswitch.dataset.io import atomic_folder
 from modeswitch.engine.models.cache import CARD, default_cache_dir
+from modeswitch.engine.models.optimise import apply_step, warmup_cosine
 from modeswitch.engine.models.tiny_corpus import corpus_hash, stdlib_text
 
 
@@ -113,15 +113,7 @@ def _train(model, stream, recipe: BuildRecipe, steps: int, label: str, progress=
 
     g = torch.Generator().manual_seed(recipe.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01, betas=(0.9, 0.95))
-    warmup = max(1, steps // 10)
-
-    def lr_at(step):
-        if step < warmup:
-            return (step + 1) / warmup
-        t = (step - warmup) / max(1, steps - warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    sched = warmup_cosine(opt, steps)
     model.train()
     n = len(stream) - recipe.seq_len - 1
     start, losses, done = time.perf_counter(), [], 0
@@ -129,16 +121,10 @@ def _train(model, stream, recipe: BuildRecipe, steps: int, label: str, progress=
     for step in range(steps):
         idx = torch.randint(0, n, (recipe.batch_size,), generator=g)
         batch = torch.stack([stream[i:i + recipe.seq_len] for i in idx.tolist()])
-        loss = model(input_ids=batch, labels=batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+        losses.append(apply_step(model(input_ids=batch, labels=batch).loss, model.parameters(), opt, sched))
         done = step + 1
         if progress:
-            progress.update(task, advance=1, description=f"train {label} loss {loss.item():.2f}")
+            progress.update(task, advance=1, description=f"train {label} loss {losses[-1]:.2f}")
         if time.perf_counter() - start > recipe.stage_time_cap_s:
             break
     model.eval()

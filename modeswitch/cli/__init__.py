@@ -3,44 +3,25 @@
 One module per command or command group, as vLLM's ``entrypoints/cli/``:
 :mod:`.registries` (``modes``, ``workloads``, ``requests``), :mod:`.profiles`
 (``import-profiles``, ``validate``), :mod:`.label`, :mod:`.route`, :mod:`.dataset`
-(``dataset build``), :mod:`.costmodel` (``costmodel validate|fit``), :mod:`.engine` (the
-model, profiling, serving), :mod:`.routers` (train, score, export) and :mod:`.study`;
-:mod:`.common` holds the ``app`` they register on and what they share,
+(``dataset build``), :mod:`.costmodel` (``costmodel validate|fit``), :mod:`.model`
+(``model build``), :mod:`.profile`, :mod:`.serve`, :mod:`.train`, :mod:`.score`,
+:mod:`.export` and :mod:`.study`;
+:mod:`.common` holds the root ``app`` and what they share,
 :mod:`.oracle_options` the constraint and cost-model options of ``label`` and
-``dataset build``. Heavy libraries are imported inside each command, so ``modeswitch
---help`` is quick. Errors in user input print one clear line (file, row, field) and
+``dataset build``. Errors in user input print one clear line (file, row, field) and
 exit 2; other errors keep their traceback, and ``--debug`` shows it for input errors
 too.
+
+``modeswitch --help`` imports none of them: :mod:`.lazy` lists the commands from a
+table and imports a command's module only when that command runs (or shows its own
+help), so each module imports what it uses at its top.
 
 ``modeswitch.cli:main`` is the console script; ``python -m modeswitch`` runs it too.
 """
 
 from __future__ import annotations
 
-from modeswitch.cli import (  # noqa: F401  (importing a module registers its commands)
-    costmodel,
-    dataset,
-    engine,
-    label,
-    profiles,
-    registries,
-    route,
-    routers,
-    study,
-)
 from modeswitch.cli.common import app
-
-#: ``modeswitch --help`` lists commands in pipeline order, whichever module holds them
-_ORDER = ("modes", "workloads", "requests", "import-profiles", "validate", "label", "costmodel", "route",
-          "profile", "train", "score", "export", "serve", "study", "model", "dataset")
-
-
-def _position(info) -> int:
-    return _ORDER.index(info.name) if info.name in _ORDER else len(_ORDER)
-
-
-app.registered_commands.sort(key=_position)
-app.registered_groups.sort(key=_position)
 
 
 def main():

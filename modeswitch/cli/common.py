@@ -30,12 +30,16 @@ import typer
 from rich.markup import escape
 from typer.core import TyperCommand
 
+from modeswitch.cli.lazy import LazyGroup
 from modeswitch.dataset.errors import InputError, InputFileError
 from modeswitch.dataset.io import USER_ERRNOS
 from modeswitch.dataset.registry import RegistrationError, UnknownNameError
 from modeswitch.display import err_console
 
 DEBUG_ENV = "MODESWITCH_DEBUG"
+#: help of ``--tracking-uri`` (train, score, export)
+TRACKING_HELP = ("MLflow tracking store, e.g. http://HOST:5000 (an `mlflow server`, PostgreSQL "
+                 "backend for several writers) [$MLFLOW_TRACKING_URI, else SQLite in --mlruns].")
 
 app = typer.Typer(
     name="modeswitch",
@@ -44,6 +48,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=LazyGroup,  # lists modeswitch.cli.lazy.COMMANDS; imports a command's module when it runs
 )
 
 _debug_flag = False

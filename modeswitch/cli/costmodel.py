@@ -6,16 +6,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+import pandas as pd
 import typer
 
 from modeswitch.cli.common import (
     _split,
-    app,
     friendly_errors,
     reading,
 )
 from modeswitch.dataset.io import atomic_path
+from modeswitch.dataset.profile_schema import read_profiles
 from modeswitch.display import console, frame_table
+from modeswitch.oracle.costmodel import fit_validated, validate
+from modeswitch.oracle.training_table import frame_hash
+from modeswitch.routers.training.tracking import setup
+
+#: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
+app = typer.Typer(add_completion=False)
 
 costmodel_app = typer.Typer(help="Per-mode cost models fitted from measured requests, validated against the interpolation.",
                             no_args_is_help=True)
@@ -34,7 +41,6 @@ def _validation_view(table):
         out[f"{name} cm"] = g["mape_costmodel"]
         out[f"{name} interp"] = g["mape_interpolation"]
         out[f"{name} cm<=10%"] = g["within10_costmodel"]
-    import pandas as pd  # the table is pandas already; the module is not imported at --help
 
     view = pd.DataFrame(out)
     order = [c for m in ("latency", "TTFT", "energy/tok", "memory")
@@ -70,10 +76,6 @@ def costmodel_validate_cmd(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the validation table (CSV) here; per-request predictions beside it.")] = None,
 ):
     """K-fold error of the cost model per metric and mode, next to the interpolation."""
-    # pandas, pandera, the cost model: imported when the command runs, so `modeswitch --help` stays quick
-    from modeswitch.dataset.profile_schema import read_profiles
-    from modeswitch.oracle.costmodel import validate  # lazy: pulls scipy, pandas, numpy
-
     paths = _split(profiles)
     with reading(", ".join(paths)):
         profile = read_profiles(paths)
@@ -102,11 +104,6 @@ def costmodel_fit_cmd(
     track: Annotated[bool, typer.Option(help="Log the fit, its validation and the file to MLflow (experiment 'costmodel').")] = True,
 ):
     """Fit the per-mode cost model on every measured request, with its validation table."""
-    # pandas, pandera, the cost model: imported when the command runs, so `modeswitch --help` stays quick
-    from modeswitch.dataset.profile_schema import read_profiles
-    from modeswitch.oracle.costmodel import fit_validated
-    from modeswitch.oracle.training_table import frame_hash
-
     paths = _split(profiles)
     with reading(", ".join(paths)):
         profile = read_profiles(paths)
@@ -122,8 +119,6 @@ def costmodel_fit_cmd(
                   + ", ".join(f"{k} {v}" for k, v in forms.items()) + ")")
     if track:
         import mlflow  # MLflow only when the fit is tracked
-
-        from modeswitch.routers.training.tracking import setup  # lazy: pulls numpy
 
         setup(mlruns, "costmodel")
         with mlflow.start_run(run_name=f"costmodel-{cm.backend}") as run:

@@ -3,7 +3,6 @@ benchmarks, their features, oracle labels and every mode's estimated costs)."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +12,6 @@ from modeswitch.cli.common import (
     Incomplete,
     MissingQuality,
     _split,
-    app,
     deferred_help,
     friendly_errors,
     reading,
@@ -23,9 +21,15 @@ from modeswitch.dataset.benchmarks import read_benchmark
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.io import write_parquet
 from modeswitch.dataset.limits import finite
-from modeswitch.dataset.workloads import get_workload, list_workloads
-from modeswitch.dataset.workloads.conditions import scaled
+from modeswitch.dataset.profile_schema import read_profiles
+from modeswitch.dataset.workloads import list_workloads
+from modeswitch.dataset.workloads.conditions import drawn_requests
 from modeswitch.display import console
+from modeswitch.engine.quality_sweep import read_sweep
+from modeswitch.oracle.training_table import build_training_table, profiled_requests
+
+#: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
+app = typer.Typer(add_completion=False)
 
 dataset_app = typer.Typer(help="Training tables: requests, features, oracle labels, per-mode costs.",
                           no_args_is_help=True)
@@ -50,12 +54,9 @@ def dataset_build_cmd(
     noise_aware: Annotated[bool | None, typer.Option("--noise-aware/--no-noise-aware", help="Measured units with 2+ trials: a mode replaces a safer one only beyond noise, limits met by the interval [{noise_aware}].")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing output file.")] = False,
     costmodel: Annotated[str, typer.Option(help="Cost model for estimated requests: a file from `modeswitch costmodel fit`, 'auto' (fit and validate on the profile now) or 'none' (interpolation only). Used per (mode, metric) only where it validated better.")] = "auto",
+    quality: Annotated[Path | None, typer.Option(help="A quality sweep (`modeswitch quality-sweep`, same --requests, --seed and --length-scale): each swept request's own measured quality per mode, and the family means the rule judges from it.")] = None,
 ):
     """Draw requests, compute features, label them with the oracle, attach per-mode costs."""
-    # pandas, pandera, the oracle: imported when the command runs, so `modeswitch --help` stays quick
-    from modeswitch.dataset.profile_schema import read_profiles
-    from modeswitch.oracle.training_table import build_training_table, profiled_requests
-
     c = constraints(config, on_incomplete=incomplete, missing_quality=missing_quality,
                      noise_aware=noise_aware)
     paths = _split(profiles)
@@ -67,9 +68,7 @@ def dataset_build_cmd(
         raise InputError("no registered workload families in the profile; pass --workloads")
     finite("length_scale", length_scale, positive=True)
     per = max(1, requests // len(names))
-    # drawn ids are namespaced: a profile's own requests come from the same generators
-    reqs = [dataclasses.replace(r, id=f"draw-{r.id}") for i, n in enumerate(names)
-            for r in scaled(get_workload(n), length_scale).sample(per, seed=seed * 100 + i)]
+    reqs = drawn_requests(names, per, seed, length_scale)
     for f in _split(benchmarks):
         reqs += read_benchmark(f, benchmark_requests, seed=seed)
     if profiled:
@@ -77,16 +76,27 @@ def dataset_build_cmd(
         reqs += [r for r in profiled_requests(profile) if r.id not in drawn
                  and (not _split(workloads) or r.family in names)]
     cm = costmodel_for(costmodel, profile, ", ".join(paths))
-    table = build_training_table(profile, reqs, c, source=", ".join(paths), costmodel=cm)
+    sweep = read_sweep(quality) if quality is not None else None
+    table = build_training_table(profile, reqs, c, source=", ".join(paths), costmodel=cm, quality=sweep)
     write_parquet(table, output, overwrite=overwrite)
     counts = table["label"].value_counts()
     console.print(f"wrote {len(table)} requests x {table.shape[1]} columns to {output}")
     console.print("labels: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     console.print("label source: " + ", ".join(
         f"{k} {v}" for k, v in table["label_source"].value_counts().items()))
+    console.print("quality from: " + ", ".join(
+        f"{k} {v}" for k, v in table["quality_basis"].value_counts().items()))
+    if sweep is not None and not table["quality_basis"].eq("measured (sweep)").any():
+        console.print(f"[yellow]no request of {quality} is in the table: sweep the same --requests, --seed "
+                      "and --length-scale (or the table's own requests)[/]")
     console.print("label latency from: " + ", ".join(
         f"{k} {v}" for k, v in table["latency_basis"].value_counts().items()))
     outside = table["estimate_basis"].astype(str).str.contains("outside measured range").sum()
     if outside:
+        # the likelier cause first: a profile of one or two requests per family spans no range
+        per_family = profile[profile["family"].isin(names)].groupby("family")["request_id"].nunique()
+        fewest = int(per_family.min()) if len(per_family) else 0
+        why = (f"the profile measured as few as {fewest} request(s) in a family (`profile --requests` widens "
+               "the range)" if 0 < fewest <= 2 else "does --length-scale match the profile's?")
         console.print(f"[yellow]{outside} of {len(table)} requests lie outside the profile's measured "
-                      "range; their costs are extrapolated (does --length-scale match the profile's?)[/]")
+                      f"range; their costs are extrapolated ({why})[/]")

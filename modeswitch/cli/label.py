@@ -12,15 +12,23 @@ from modeswitch.cli.common import (
     Incomplete,
     MissingQuality,
     _split,
-    app,
     deferred_help,
     friendly_errors,
     reading,
 )
 from modeswitch.cli.oracle_options import CONSTRAINTS, constraints, costmodel_for
 from modeswitch.dataset.io import write_csv, write_parquet
+from modeswitch.dataset.profile_schema import read_profiles
 from modeswitch.dataset.requests import read_requests, requests_frame
 from modeswitch.display import console, frame_table
+from modeswitch.oracle import label_profile, label_requests
+from modeswitch.oracle.explain import print_explanations, print_labels
+from modeswitch.oracle.family_rule import divergence_rates
+from modeswitch.oracle.mode_table import format_mode_table, mode_table
+from modeswitch.oracle.quality_floor import self_consistency_floor
+
+#: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
+app = typer.Typer(add_completion=False)
 
 
 @app.command("label", cls=deferred_help(CONSTRAINTS))
@@ -45,13 +53,6 @@ def label_cmd(
     costmodel: Annotated[str, typer.Option(help="Cost model for estimated requests: a file from `modeswitch costmodel fit`, 'auto' (fit and validate on the profile now) or 'none' (interpolation only). Used per (mode, metric) only where it validated better.")] = "auto",
 ):
     """Label each unit (or request) with the fastest mode that meets every constraint."""
-    # pandas, pandera, the oracle: imported when the command runs, so `modeswitch --help` stays quick
-    from modeswitch.dataset.profile_schema import read_profiles
-    from modeswitch.oracle import label_profile, label_requests
-    from modeswitch.oracle.explain import print_explanations, print_labels
-    from modeswitch.oracle.mode_table import format_mode_table, mode_table
-    from modeswitch.oracle.quality_floor import self_consistency_floor
-
     c = constraints(
         config, max_energy_ratio=max_energy_ratio, max_memory_ratio=max_memory_ratio,
         max_accuracy_drop_pp=max_accuracy_drop_pp, min_rouge_vs_baseline=min_rouge_vs_baseline,
@@ -71,15 +72,20 @@ def label_cmd(
     else:
         labels, cand, skipped = label_profile(profile, c, source=source)
     modes = mode_table(profile, c, source=source)
+    # per (family, mode): the share of requests whose own output diverged, beside the
+    # family mean the rule judges (the rule's verdict and the per-request view, apart)
+    families = divergence_rates(cand.reset_index(), c.min_rouge_vs_baseline)
     if output is not None:
         cand_path = output.with_name(output.stem + ".candidates.parquet")
         modes_path = output.with_name(output.stem + ".modes.csv")
-        for p in (cand_path, modes_path):
+        families_path = output.with_name(output.stem + ".families.csv")
+        for p in (cand_path, modes_path, families_path):
             if p.exists() and not overwrite:
                 raise FileExistsError(f"{p} already exists; pass --overwrite to replace it")
         write_parquet(labels.reset_index(), output, overwrite=overwrite)
         write_parquet(cand, cand_path, overwrite=overwrite)
         write_csv(modes, modes_path, overwrite=overwrite)
+        write_csv(families, families_path, overwrite=overwrite)
     if explain:
         print_explanations(labels, cand, c, out=console)
     print_labels(labels, skipped, c, out=console)
@@ -92,5 +98,5 @@ def label_cmd(
         console.print(frame_table(floor, title="self-consistency floor: the reference against itself in its "
                                                "lossless modes (reported, not charged to a mode)", index=False))
     if output is not None:
-        console.print(f"wrote {len(labels)} labels to {output}, the per-mode verdicts to {cand_path} "
-                      f"and the mode table to {modes_path}")
+        console.print(f"wrote {len(labels)} labels to {output}, the per-mode verdicts to {cand_path}, "
+                      f"the mode table to {modes_path} and each family's divergence rates to {families_path}")

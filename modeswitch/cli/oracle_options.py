@@ -15,6 +15,8 @@ from pydantic import ValidationError
 from modeswitch.cli.common import reading
 from modeswitch.dataset.errors import InputError
 from modeswitch.display import console
+from modeswitch.oracle import Constraints
+from modeswitch.oracle.costmodel import CostModel, enough_requests, fit_validated
 
 CONSTRAINTS = "modeswitch.oracle.constraints:Constraints"
 
@@ -25,8 +27,6 @@ _FLAG_OF = {"on_incomplete": "--incomplete"}
 def constraints(config: Path | None, **flags):
     """Constraints from the TOML ``config`` (or the defaults), then the non-None flags;
     a flag value the constraints refuse is an input error naming the flag."""
-    # pandas, scipy: imported when the command runs, so `modeswitch --help` stays quick
-    from modeswitch.oracle import Constraints
 
     if config:
         with reading(config):
@@ -49,9 +49,6 @@ def first_error(exc) -> tuple[str, str]:
 
 def costmodel_for(choice: str, profile, source):
     """The cost model ``--costmodel`` names: a saved one, one fitted now, or none."""
-    # pandas, LightGBM: imported when the command runs, so `modeswitch --help` stays quick
-    from modeswitch.oracle.costmodel import CostModel, enough_requests, fit_validated
-
     if choice == "none":
         return None
     if choice != "auto":

@@ -9,11 +9,15 @@ from typing import Annotated
 import typer
 
 from modeswitch.cli.common import (
-    app,
     friendly_errors,
     reading,
 )
+from modeswitch.dataset.importers import import_files
+from modeswitch.dataset.profile_schema import read_profile, write_profile
 from modeswitch.display import console
+
+#: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
+app = typer.Typer(add_completion=False)
 
 
 @app.command("import-profiles")
@@ -25,10 +29,6 @@ def import_profiles_cmd(
     overwrite: Annotated[bool, typer.Option(help="Replace an existing output file.")] = False,
 ):
     """Convert external measurements (e.g. the study's A100 CSVs) into a profile table."""
-    # pandas and pandera: imported when the command runs, so `modeswitch --help` stays quick
-    from modeswitch.dataset.importers import import_files
-    from modeswitch.dataset.profile_schema import write_profile
-
     with reading(", ".join(map(str, files))):
         df = import_files(files, importer)
     write_profile(df, output, overwrite=overwrite, source=", ".join(map(str, files)))
@@ -45,9 +45,6 @@ def validate_cmd(
     files: Annotated[list[Path], typer.Argument(help="Profile files (.parquet or .csv).")],
 ):
     """Validate profile files against the schema; report every problem with row and column."""
-    # pandas, pandera: imported when the command runs, so `modeswitch --help` stays quick
-    from modeswitch.dataset.profile_schema import read_profile
-
     for f in files:
         with reading(f):
             df = read_profile(f)

@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 from typing import Annotated
 
+import pandas as pd
 import typer
 from pydantic import ValidationError
 
 from modeswitch.cli.common import (
     _split,
-    app,
     friendly_errors,
 )
 from modeswitch.cli.oracle_options import first_error
@@ -24,6 +24,9 @@ from modeswitch.dataset.workloads import get_workload, list_workloads
 from modeswitch.display import console, frame_table
 from modeswitch.engine.modes import get_mode, list_modes
 
+#: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
+app = typer.Typer(add_completion=False)
+
 
 @app.command("modes")
 @friendly_errors
@@ -33,8 +36,6 @@ def modes_cmd(
         "--set", help="With --show: override a setting, key=value (e.g. speculative.num_speculative_tokens=3).")] = None,
 ):
     """List the registered inference modes (or show one, with overrides)."""
-    import pandas as pd  # imported when the command runs, so `modeswitch --help` stays quick
-
     if show:
         mode = get_mode(show)
         if set_:
@@ -66,8 +67,6 @@ def modes_cmd(
 @friendly_errors
 def workloads_cmd():
     """List the registered workloads (request populations)."""
-    import pandas as pd  # imported when the command runs, so `modeswitch --help` stays quick
-
     df = pd.DataFrame([{
         "workload": w.name, "condition": w.condition, "prompt": w.prompt_tokens,
         "output": w.expected_output_tokens, "shared_prefix": w.shared_prefix_tokens,

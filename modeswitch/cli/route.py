@@ -7,17 +7,21 @@ import collections
 from pathlib import Path
 from typing import Annotated
 
+import pandas as pd
 import typer
 
 from modeswitch.cli.common import (
     _split,
-    app,
     friendly_errors,
     reading,
 )
 from modeswitch.dataset.features import features_frame
 from modeswitch.dataset.requests import read_requests
 from modeswitch.display import console, frame_table
+from modeswitch.routers import get_router
+
+#: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
+app = typer.Typer(add_completion=False)
 
 
 @app.command("route")
@@ -29,11 +33,6 @@ def route_cmd(
     explain: Annotated[bool, typer.Option(help="Print the rule or reason behind each decision.")] = False,
 ):
     """Route requests with a router and print the chosen mode per request."""
-    # pandas, scikit-learn: imported when the command runs, so `modeswitch --help` stays quick
-    import pandas as pd
-
-    from modeswitch.routers import get_router  # lazy: pulls numpy
-
     with reading(requests):
         reqs = read_requests(requests)
     X = features_frame(reqs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+import pandas as pd
 import typer
 
 from modeswitch.cli.common import (
@@ -14,12 +15,15 @@ from modeswitch.cli.common import (
     RayFlag,
     RayWorkers,
     _split,
-    app,
     friendly_errors,
     ray_options,
     reading,
 )
 from modeswitch.display import console, frame_table
+from modeswitch.study import Study, StudyConfig
+
+#: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
+app = typer.Typer(add_completion=False)
 
 study_app = typer.Typer(help="The study end to end, from one TOML file; resumable.", no_args_is_help=True)
 app.add_typer(study_app, name="study")
@@ -39,9 +43,6 @@ def study_run_cmd(
     ray_cpus_per_worker: RayCpus = None,
 ):
     """Run (or resume) the study: every step not finished yet, each step's time printed."""
-    # lazy: the study pulls pandas, scikit-learn and MLflow
-    from modeswitch.study import Study, StudyConfig
-
     with reading(config):
         cfg = StudyConfig.from_toml(config)
     if output is not None:
@@ -57,7 +58,5 @@ def study_run_cmd(
         console.print(f"report: {study.out}/README.md")
         table = study.out / "opening_table.csv"
         if table.exists():
-            import pandas as pd  # lazy: pandas is heavy
-
             df = pd.read_csv(table).set_index("router")
             console.print(frame_table(df, title="opening table (offline and live, 95 % intervals)"))

@@ -15,8 +15,9 @@ family's ``__init__`` lists its own and hands the rest (``**shared``) to its bas
 scikit-learn reads the parameters from ``__init__``'s signature, so each class's
 signature is the union along its bases (:meth:`LearnedRouter.__init_subclass__`):
 ``get_params``, ``clone``, ``check_estimator`` and Optuna see every parameter, and a
-family repeats none. A certified threshold is not a parameter of any family: wrap the
-router in :class:`routers.certified.CertifiedRouter`.
+family repeats none. A library's parameters that two kinds share are one mixin
+(:mod:`.lightgbm_params`, :mod:`.logistic_params`). A certified threshold is not a
+parameter of any family: wrap the router in :class:`routers.certified.CertifiedRouter`.
 """
 
 from __future__ import annotations

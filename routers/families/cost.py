@@ -37,6 +37,7 @@ from modeswitch.dataset.requests import Request
 from modeswitch.engine.modes import reference_mode
 from modeswitch.routers.families.base import LearnedRouter, column_prep
 from modeswitch.routers.families.lightgbm_params import LightGBMParameters
+from modeswitch.routers.families.logistic_params import LogisticParameters
 from modeswitch.routers.families.readers import lightgbm_trees
 from modeswitch.routers.fitted_state import (
     CostDecision,
@@ -282,17 +283,16 @@ def _proba(model, F) -> np.ndarray:
     return p[:, list(model.classes_).index(True)]
 
 
-class LinearCostRouter(CostPredictingRouter):
+class LinearCostRouter(LogisticParameters, CostPredictingRouter):
     """Ridge regression per mode for the latency ratio, logistic regression per (mode,
     constraint) for the risk, on standardised features; compiles to one weight matrix
     (the scaling folded in) per decision."""
 
     _scale = True
 
-    def __init__(self, *, alpha=1.0, C=1.0, **shared):
+    def __init__(self, *, alpha=1.0, **shared):
         super().__init__(**shared)
         self.alpha = alpha
-        self.C = C
 
     def _regressor(self):
         return Ridge(alpha=self.alpha)

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from modeswitch.routers.families.classifier import ModeClassifier
+from modeswitch.routers.families.logistic_params import LogisticParameters
 from modeswitch.routers.families.readers import linear_model
 from modeswitch.routers.registry import RouterFamily, register_router
 from sklearn.linear_model import LogisticRegression
 
 
-class LogisticRouter(ModeClassifier):
+class LogisticRouter(LogisticParameters, ModeClassifier):
     _scale = True
 
-    def __init__(self, *, C=1.0, max_iter=3000, **shared):
+    def __init__(self, *, max_iter=3000, **shared):
         super().__init__(**shared)
-        self.C = C
         self.max_iter = max_iter
 
     def _make_estimator(self):

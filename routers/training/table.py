@@ -24,8 +24,8 @@ from modeswitch.routers.training.splits import split_indices
 from sklearn.base import clone
 
 #: training-table columns that describe a label, not the request
-NOT_FEATURES = ("label", "label_source", "estimate_basis", "latency_basis", "reference_mode",
-                "condition", "request_id")
+NOT_FEATURES = ("label", "label_source", "estimate_basis", "latency_basis", "quality_basis",
+                "reference_mode", "condition", "request_id")
 
 
 def select_labels(table: pd.DataFrame, labels: str = "all") -> pd.DataFrame:

@@ -1,0 +1,202 @@
+"""Per-request quality of the lossy modes, measured apart from the latency profile.
+
+Why apart: the latency profile measures few requests with care (interleaved trials,
+contention flagged and measured again), so most of a training table's requests get
+their quality from their family's mean, and a label that does not vary inside a
+family teaches a router nothing about which request fails. Quality needs no timing
+hygiene, only each mode's output, so the sweep runs many requests, in batches, one
+engine at a time.
+
+Per request and mode it records the output's ROUGE-L against the reference mode's
+output for the same request in the same batch (so only the mode differs) and, where
+the request's question has a gold answer, whether the answer is right. Lossless modes
+are left out by default: their divergence is the reference's own floor, which the
+profile reports. The sweep's time and throughput (requests per second per mode) are
+part of its result.
+
+Resumable: every finished (mode, batch) is journalled (the profiler's
+:class:`~engine.profiler.journal.Journal`), and a rerun with the same settings continues.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from modeswitch.dataset.benchmarks import score_answer
+from modeswitch.dataset.errors import InputError, InputFileError
+from modeswitch.dataset.io import write_parquet
+from modeswitch.dataset.requests import Request
+from modeswitch.engine import prompts
+from modeswitch.engine.backends import registry
+from modeswitch.engine.backends.base import EngineSettings, context_for
+from modeswitch.engine.hardware import hardware_string
+from modeswitch.engine.modes import get_mode
+from modeswitch.engine.profiler.journal import Journal
+from modeswitch.engine.quality import rouge_l
+
+#: the sweep's columns, one row per (request, mode)
+COLUMNS = ("request_id", "family", "workload", "benchmark_suite", "mode", "reference_mode", "batch",
+           "output_tokens", "rouge_l_vs_baseline", "accuracy", "model", "backend", "hardware")
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """What one sweep runs: the model, the modes and the requests (by id and shape).
+
+    ``modes``: None, the reference and every lossy mode the engine can run; else these
+    (the reference is added). ``batch_size``: requests generated together in one call.
+    """
+
+    model: str
+    requests: tuple[Request, ...]
+    draft_model: str | None = None
+    backend: str = "transformers"
+    device: str = "cpu"
+    modes: tuple[str, ...] | None = None
+    batch_size: int = 16
+    threads: int | None = None
+    checkpoints: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise InputError(f"batch size {self.batch_size}: at least 1")
+        if not self.requests:
+            raise InputError("the sweep has no requests")
+        ids = [r.id for r in self.requests]
+        if len(set(ids)) != len(ids):
+            raise InputError("the sweep's requests repeat ids: "
+                             + ", ".join(sorted({i for i in ids if ids.count(i) > 1})[:5]))
+
+    def identity(self) -> str:
+        """Settings that change the result (the journal refuses to mix two runs)."""
+        blob = json.dumps({**asdict(self), "requests": [r.to_dict() for r in self.requests]},
+                          sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def batches(self) -> list[list[Request]]:
+        """The requests in batches of ``batch_size``, each family's apart (one batch holds
+        prompts of one shape range, as the server's batches of one workload do)."""
+        out = []
+        families: dict[str, list[Request]] = {}
+        for r in self.requests:
+            families.setdefault(r.family or r.workload or "", []).append(r)
+        for reqs in families.values():
+            out += [reqs[i:i + self.batch_size] for i in range(0, len(reqs), self.batch_size)]
+        return out
+
+
+def planned_modes(spec: SweepSpec) -> tuple[list[str], dict[str, str]]:
+    """(modes to run, the reference first; skipped mode -> why)."""
+    be = registry.get_backend(spec.backend)
+    settings = _settings(spec)
+    caps, runnable, skipped = be.plan(settings, spec.modes)
+    ref = caps.reference_mode
+    if spec.modes is None:  # lossless modes are the floor's business, not the sweep's
+        runnable = [m for m in runnable if m == ref or not get_mode(m).lossless]
+    return runnable, skipped
+
+
+def _settings(spec: SweepSpec) -> EngineSettings:
+    return EngineSettings(spec.model, spec.draft_model, spec.device, threads=spec.threads,
+                          checkpoints=dict(spec.checkpoints), max_context=context_for(spec.requests))
+
+
+def run_sweep(spec: SweepSpec, output: Path, progress=None, log=print) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Run the sweep (resuming from ``output``'s journal) and write ``output`` (parquet).
+
+    Returns (one row per request and mode, the per-mode throughput table)."""
+    output = Path(output)
+    if output.exists():
+        raise FileExistsError(f"{output} already exists; choose a new path")
+    modes, skipped = planned_modes(spec)
+    for m, why in skipped.items():
+        log(f"skipped {m}: {why}")
+    journal = Journal(output.with_name(output.name + ".journal.jsonl"), spec)
+    try:
+        done = {(r["mode"], r["batch"]) for r in journal.rows}
+        batches = spec.batches()
+        be = registry.get_backend(spec.backend)
+        settings = _settings(spec)
+        task = progress.add_task("quality sweep", total=len(modes) * len(batches)) if progress else None
+        if progress:
+            progress.update(task, completed=len(done))
+        builder = None
+        for mode in modes:
+            todo = [k for k in range(len(batches)) if (mode, k) not in done]
+            if not todo:
+                continue
+            engine = be.load(mode, settings)
+            try:
+                builder = builder or prompts.PromptBuilder(engine.tokenizer)
+                for k in todo:
+                    group = [builder.prepare(r) for r in batches[k]]
+                    # real text ends at the model's end of answer, as the profiler runs it
+                    ignore_eos = not any(r.benchmark_suite or r.evaluation_mode for r, _ in group)
+                    t0 = time.perf_counter()
+                    gens = engine.run(group, ignore_eos=ignore_eos)
+                    seconds = time.perf_counter() - t0
+                    journal.add({"mode": mode, "batch": k, "seconds": seconds,
+                                 "outputs": [{"request_id": r.id, "text": g.text, "output_tokens": g.output_tokens,
+                                              "reference": r.reference, "evaluation_mode": r.evaluation_mode}
+                                             for (r, _), g in zip(group, gens)]})
+                    if progress:
+                        progress.update(task, advance=1, description=f"quality sweep: {mode}")
+            finally:
+                engine.close()
+        frame, throughput = _results(spec, journal.rows, modes[0])
+        write_parquet(frame, output)
+        return frame, throughput
+    finally:
+        journal.close()
+
+
+def _results(spec: SweepSpec, rows: list[dict], reference: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The per-(request, mode) table and the per-mode throughput, from the journal."""
+    by_id = {r.id: r for r in spec.requests}
+    batch_of = {r.id: k for k, b in enumerate(spec.batches()) for r in b}
+    outputs = {(o["request_id"], row["mode"]): o for row in rows for o in row["outputs"]}
+    hardware = hardware_string(spec.device)
+    out = []
+    for (rid, mode), o in outputs.items():
+        ref = outputs.get((rid, reference))
+        req = by_id[rid]
+        acc = score_answer(o["text"], o["reference"], o["evaluation_mode"])
+        out.append({"request_id": rid, "family": req.family, "workload": req.workload,
+                    "benchmark_suite": req.benchmark_suite, "mode": mode, "reference_mode": reference,
+                    "batch": batch_of[rid], "output_tokens": int(o["output_tokens"]),
+                    "rouge_l_vs_baseline": rouge_l(o["text"], ref["text"]) if ref else float("nan"),
+                    "accuracy": float("nan") if acc is None else float(acc),
+                    "model": spec.model, "backend": spec.backend, "hardware": hardware})
+    frame = pd.DataFrame(out, columns=list(COLUMNS)).sort_values(["request_id", "mode"]).reset_index(drop=True)
+    per = pd.DataFrame([{"mode": r["mode"], "requests": len(r["outputs"]), "seconds": r["seconds"]}
+                        for r in rows]).groupby("mode")[["requests", "seconds"]].sum()
+    per["requests_per_s"] = per["requests"] / per["seconds"]
+    return frame, per.reset_index()
+
+
+def read_sweep(path) -> pd.DataFrame:
+    """A sweep's table (from :func:`run_sweep`), checked: the columns the training table
+    reads, one row per (request, mode), ROUGE-L in [0, 1]. Errors name file, row, column."""
+    path = Path(path)
+    try:
+        df = pd.read_parquet(path)
+    except (OSError, ValueError) as exc:
+        raise InputFileError(path, None, None, f"cannot be read as a sweep ({exc})") from None
+    for col in ("request_id", "mode", "reference_mode", "rouge_l_vs_baseline", "accuracy"):
+        if col not in df.columns:
+            raise InputFileError(path, None, col, "missing (not a table from `modeswitch quality-sweep`)")
+    dup = df.duplicated(["request_id", "mode"])
+    if dup.any():
+        k = int(dup.to_numpy().argmax())
+        raise InputFileError(path, k, "request_id", f"({df['request_id'].iloc[k]!r}, {df['mode'].iloc[k]!r}) "
+                             "appears twice")
+    bad = ~df["rouge_l_vs_baseline"].between(0, 1) & df["rouge_l_vs_baseline"].notna()
+    if bad.any():
+        k = int(bad.to_numpy().argmax())
+        raise InputFileError(path, k, "rouge_l_vs_baseline", f"{df['rouge_l_vs_baseline'].iloc[k]} is not in [0, 1]")
+    return df

@@ -1,0 +1,75 @@
+"""``train``: tune and train learned routers with Optuna, tracked in MLflow.
+
+Thin over its config dataclass (:class:`routers.training.trainer.TrainConfig`): one
+option per user-settable field, with the field's default; tests/test_cli_options.py
+holds it to that, and lists the fields left out on purpose. ``--data`` is a training
+table from ``dataset build``, or the user's own per-mode cost table (CSV or parquet
+with the columns of :mod:`oracle.external_table`), labelled on reading.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from modeswitch.cli.common import (
+    TRACKING_HELP,
+    Fallback,
+    FeatureSet,
+    Labels,
+    Split,
+    _split,
+    deferred_help,
+    friendly_errors,
+)
+from modeswitch.display import console, frame_table
+from modeswitch.oracle.external_table import read_training_table
+from modeswitch.routers.training.trainer import TrainConfig, train
+
+#: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
+app = typer.Typer(add_completion=False)
+
+
+@app.command("train", cls=deferred_help("modeswitch.routers.training.trainer:TrainConfig"))
+@friendly_errors
+def train_cmd(
+    data: Annotated[Path, typer.Option(help="Training table from `modeswitch dataset build`, or your own per-mode cost table (CSV/parquet; columns in docs/training.md 'Bring your own labels').")],
+    routers: Annotated[str | None, typer.Option(help="Router families, comma-separated [{routers}].")] = None,
+    feature_set: Annotated[FeatureSet, typer.Option(help="A (request shape) or B (A + family/suite).")] = "A",
+    split: Annotated[Split, typer.Option(help="random, group (by family) or lofo (leave one family out).")] = "group",
+    test_size: Annotated[float, typer.Option(help="Share of requests (or families) held out for testing.")] = 0.25,
+    trials: Annotated[int, typer.Option(help="Optuna trials per router family.")] = 30,
+    seed: Annotated[int, typer.Option(help="Split and sampler seed.")] = 42,
+    unsafe_penalty: Annotated[float, typer.Option(help="Objective penalty per unsafe pick.")] = 1.0,
+    safety_threshold: Annotated[float | None, typer.Option(help="Only predict modes whose P(safe) >= this.")] = None,
+    fallback: Annotated[Fallback, typer.Option(help="What decides when no mode looks safe.")] = "rule",
+    labels: Annotated[Labels, typer.Option(help="Train and score on all rows, or only on labels from the requests' own measurements.")] = "all",
+    target_violation_rate: Annotated[float, typer.Option(help="Every router with a risk score is certified (routers/certified.py): violation rate on new requests at most this, with 90 % confidence (Learn then Test on held-out training rows); 0: the tuned threshold.")] = 0.01,
+    storage: Annotated[str | None, typer.Option(help="Optuna storage URL (default: optuna.db in --mlruns); postgresql://USER:PASS@HOST/DB lets several train processes, here or on other machines, tune one study.")] = None,
+    workers: Annotated[int, typer.Option(min=1, help="Local processes tuning each family's study together.")] = 1,
+    mlruns: Annotated[Path, typer.Option(help="MLflow/Optuna store folder.")] = Path("mlruns"),
+    tracking_uri: Annotated[str | None, typer.Option(help=TRACKING_HELP)] = None,
+    preset: Annotated[str | None, typer.Option(help="modeswitch-paper: the study's setup (split, test size, seed, feature set).")] = None,
+):
+    """Tune and train learned routers with Optuna; track everything in MLflow."""
+    table = read_training_table(data)
+    # --routers left out: the config's default, every registered learned family
+    families = {"routers": _split([routers])} if routers is not None else {}
+    cfg = TrainConfig(feature_set=feature_set, split=split, test_size=test_size, trials=trials,
+                      seed=seed, unsafe_penalty=unsafe_penalty, safety_threshold=safety_threshold,
+                      fallback=fallback, storage=storage, workers=workers, mlruns=str(mlruns),
+                      tracking_uri=tracking_uri, preset=preset,
+                      labels=labels, target_violation_rate=target_violation_rate, **families)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), console=console) as progress:
+        res = train(table, cfg, progress)
+    cols = ["router", "split", "best_validation_objective", "test_objective", "test_oracle_match",
+            "test_macro_f1", "test_mean_regret", "test_violation_rate_any", "rule_objective",
+            "rule_oracle_match", "rule_violation_rate_any", "n_test"]
+    console.print(frame_table(res.set_index("router")[cols[1:]],
+                              title=f"best trial per router family (held-out requests; split {cfg.split})"))
+    console.print("runs: " + ", ".join(f"{r.router}={r.run_id}" for r in res.itertuples())
+                  + " — open them with `make ui`")

@@ -1,0 +1,104 @@
+"""The quality sweep: per-request quality of the lossy modes on the tiny model, resumable,
+and the training table taking it as measured quality."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from modeswitch.dataset.errors import InputError, InputFileError
+from modeswitch.dataset.workloads.conditions import drawn_requests
+from modeswitch.engine.quality_sweep import SweepSpec, planned_modes, read_sweep, run_sweep
+from modeswitch.oracle import sweep_quality
+from modeswitch.oracle.training_table import build_training_table
+
+from tests.helpers import synthetic_profile
+
+FAMILIES = ["short_prompt_short_output", "long_prompt_short_output"]
+REF = "fp16_baseline"
+
+
+def sweep_spec(tiny_models, **kw):
+    base = dict(model=str(tiny_models.target), requests=tuple(drawn_requests(FAMILIES, 3, seed=1, length_scale=0.25)),
+                modes=(REF, "int8_quant"), batch_size=2, threads=1)
+    base.update(kw)
+    return SweepSpec(**base)
+
+
+def test_the_sweep_measures_every_request_in_every_mode_and_resumes(tiny_models, tmp_path):
+    spec = sweep_spec(tiny_models)
+    out = tmp_path / "q.parquet"
+    frame, throughput = run_sweep(spec, out, log=lambda *a: None)
+    assert len(frame) == 6 * 2 and set(frame["mode"]) == {REF, "int8_quant"}
+    ref = frame[frame["mode"] == REF]
+    assert (ref["rouge_l_vs_baseline"] == 1.0).all()  # the reference against itself, same batch
+    assert frame["rouge_l_vs_baseline"].between(0, 1).all() and (frame["output_tokens"] > 0).all()
+    assert set(throughput["mode"]) == {REF, "int8_quant"} and (throughput["requests"] == 6).all()
+    assert (throughput["requests_per_s"] > 0).all()
+    pd.testing.assert_frame_equal(read_sweep(out), frame)
+    # a finished output is never overwritten
+    with pytest.raises(FileExistsError):
+        run_sweep(spec, out, log=lambda *a: None)
+    # resuming: the journal's batches are not run again
+    journal = out.with_name(out.name + ".journal.jsonl")
+    out.unlink()
+    lines = journal.read_text().splitlines()
+    journal.write_text("\n".join(lines[:-2]) + "\n")  # the last two batches lost
+    again, _ = run_sweep(spec, out, log=lambda *a: None)
+    assert len(again) == len(frame)
+    assert len(journal.read_text().splitlines()) == len(lines)
+    # another sweep into the same journal is refused
+    out.unlink()
+    with pytest.raises(InputError, match="other settings"):
+        run_sweep(dataclasses.replace(spec, batch_size=3), out, log=lambda *a: None)
+
+
+def test_by_default_the_sweep_runs_the_reference_and_the_lossy_modes_only(tiny_models):
+    modes, _ = planned_modes(sweep_spec(tiny_models, modes=None))
+    assert modes[0] == REF and "int8_quant" in modes
+    assert not {"continuous_batching", "prefix_caching", "chunked_prefill"} & set(modes)
+
+
+def test_a_bad_sweep_file_names_file_row_and_column(tmp_path):
+    p = tmp_path / "bad.parquet"
+    pd.DataFrame({"request_id": ["a", "a"], "mode": ["m", "m"], "reference_mode": [REF] * 2,
+                  "rouge_l_vs_baseline": [0.5, 0.6], "accuracy": [np.nan] * 2}).to_parquet(p)
+    with pytest.raises(InputFileError) as e:
+        read_sweep(p)
+    assert e.value.row == 1 and e.value.field == "request_id" and "bad.parquet" in str(e.value)
+    pd.DataFrame({"request_id": ["a"], "mode": ["m"]}).to_parquet(p)
+    with pytest.raises(InputFileError, match="reference_mode"):
+        read_sweep(p)
+
+
+def _sweep_of(requests, modes, rouge_of):
+    return pd.DataFrame([{"request_id": r.id, "family": r.family, "mode": m, "reference_mode": REF,
+                          "rouge_l_vs_baseline": 1.0 if m == REF else rouge_of(r), "accuracy": np.nan}
+                         for r in requests for m in modes])
+
+
+def test_the_training_table_takes_the_sweeps_quality_as_measured():
+    profile = synthetic_profile()
+    lossy = ["int8_quant", "gptq_4bit"]  # ROUGE-L 0.9 in the profile's plain cells (gptq: on short outputs)
+    reqs = drawn_requests(["short_prompt_short_output", "long_prompt_short_output"], 6, seed=3)
+    plain = build_training_table(profile, reqs)
+    assert set(plain["quality_basis"]) <= {"estimated", "measured (profile)"}
+    # the sweep says the first lossy mode diverges on half of each family's requests, enough
+    # to sink the family's mean below 0.80; the rest stay as the profile has them
+    bad = {r.id for r in reqs[::2]}
+    sweep = _sweep_of(reqs, [REF, lossy[0]], lambda r: 0.1 if r.id in bad else 0.95)
+    table = build_training_table(profile, reqs, quality=sweep)
+    assert set(table["quality_basis"]) == {"measured (sweep)"}
+    got = table.set_index("request_id")[f"rouge_l_vs_baseline__{lossy[0]}"]
+    assert got[list(bad)].eq(0.1).all() and got.drop(list(bad)).eq(0.95).all()
+    assert not table[f"safe__{lossy[0]}"].any()  # the family's mean (0.525) fails the rule
+    assert json.loads(table.attrs["modeswitch"])["quality_sources"] == {"measured (sweep)": len(table)}
+    # a mode the sweep did not run keeps the profile's figures (the plain table's)
+    other = lossy[1]
+    pd.testing.assert_series_equal(table[f"rouge_l_vs_baseline__{other}"], plain[f"rouge_l_vs_baseline__{other}"])
+
+
+def test_without_a_sweep_the_family_table_is_the_profiles():
+    table = pd.DataFrame({"group_units": [1]})
+    assert sweep_quality.family_table(None, pd.DataFrame({"id": []}), table) is table
