@@ -2,8 +2,8 @@ import importlib
 import json
 from pathlib import Path
 
-import click
 import pandas as pd
+from typer.core import TyperGroup
 from typer.main import get_command
 from typer.testing import CliRunner
 
@@ -36,7 +36,7 @@ def test_every_command_a_module_registers_is_in_the_table():
     assert modules == {m for m, _ in COMMANDS.values()}, "a command module the table does not list (or the reverse)"
     for module in modules:
         built = get_command(importlib.import_module(f"modeswitch.cli.{module}").app)
-        names = list(built.commands) if isinstance(built, click.Group) else [built.name]
+        names = list(built.commands) if isinstance(built, TyperGroup) else [built.name]
         assert names and all(COMMANDS.get(n, ("?",))[0] == module for n in names), (module, names)
 
 

@@ -172,13 +172,13 @@ def table(tmp_path):
 def test_serve_with_no_options_builds_the_default_server_config(monkeypatch, fake_models):
     from modeswitch.engine.serving import ServerConfig
 
-    _capture(monkeypatch, "modeswitch.engine.serving.supported_modes")
+    _capture(monkeypatch, "modeswitch.cli.serve.supported_modes")
     # --router rule: a stored router is loaded (and vetted) before the config is used
     assert _built(["serve", "--router", "rule"]) == ServerConfig(model_path=str(TARGET))
 
 
 def test_serve_passes_max_tokens_limit_on(monkeypatch, fake_models):
-    _capture(monkeypatch, "modeswitch.engine.serving.supported_modes")
+    _capture(monkeypatch, "modeswitch.cli.serve.supported_modes")
     assert _built(["serve", "--router", "rule", "--max-tokens-limit", "64"]).max_tokens_limit == 64
 
 
@@ -219,7 +219,7 @@ def test_profile_ray_takes_an_optional_address(monkeypatch, fake_models, tmp_pat
 def test_train_with_no_options_builds_the_default_config(monkeypatch, table):
     from modeswitch.routers.training.trainer import TrainConfig
 
-    _capture(monkeypatch, "modeswitch.routers.training.trainer.train")
+    _capture(monkeypatch, "modeswitch.cli.train.train")
     assert _built(["train", "--data", str(table)]) == TrainConfig()
     assert _built(["train", "--data", str(table), "--routers", "dt,lr"]).routers == ["dt", "lr"]
 
@@ -227,7 +227,7 @@ def test_train_with_no_options_builds_the_default_config(monkeypatch, table):
 def test_score_with_no_options_builds_the_default_config(monkeypatch, table, tmp_path):
     from modeswitch.routers.scoring.run import ScoreConfig
 
-    _capture(monkeypatch, "modeswitch.routers.scoring.run.score_routers")
+    _capture(monkeypatch, "modeswitch.cli.score.score_routers")
     cfg = _built(["score", "--data", str(table), "-o", str(tmp_path / "report")])
     assert cfg == ScoreConfig(name="report")
 
@@ -257,8 +257,9 @@ SET_ALL = {
                "--draft-model", "/d", "--device", "cuda", "--backend", "vllm", "--mlruns", "m2",
                "--seed", "1", "--labels", "measured", "--tracking-uri", "http://127.0.0.1:5999"]],
 }
-CONSUMER = {"serve": "modeswitch.engine.serving.supported_modes", "profile": "modeswitch.engine.profiler.Profiler",
-            "train": "modeswitch.routers.training.trainer.train", "score": "modeswitch.routers.scoring.run.score_routers"}
+#: what each command hands its config to, patched where the command module looks it up
+CONSUMER = {"serve": "modeswitch.cli.serve.supported_modes", "profile": "modeswitch.engine.profiler.Profiler",
+            "train": "modeswitch.cli.train.train", "score": "modeswitch.cli.score.score_routers"}
 
 
 @pytest.mark.parametrize("cmd", sorted(BACKED))

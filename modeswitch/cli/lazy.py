@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import importlib
 
-import click
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 from typer.main import get_command
 
 #: name -> (module under ``modeswitch.cli``, the first paragraph of its help), in the
@@ -48,12 +47,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def load_command(name: str) -> click.Command:
-    """Import the module that holds ``name`` and return its click command (or group)."""
+def load_command(name: str):
+    """Import the module that holds ``name`` and return its command (or group), as
+    Typer builds it (on the click Typer carries inside it, not the installed one)."""
     module, _ = COMMANDS[name]
     built = get_command(importlib.import_module(f"modeswitch.cli.{module}").app)
     # a module's Typer with one command and no group becomes that command itself
-    command = built.commands.get(name) if isinstance(built, click.Group) else built
+    command = built.commands.get(name) if isinstance(built, TyperGroup) else built
     if command is None:
         raise LookupError(f"modeswitch.cli.{module} registers no command {name!r} (see COMMANDS)")
     return command
@@ -61,15 +61,15 @@ def load_command(name: str) -> click.Command:
 
 class LazyGroup(TyperGroup):
     """The root group: lists :data:`COMMANDS` from the table, loads one when resolved."""
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx) -> list[str]:
         return list(COMMANDS)
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx, cmd_name: str):
         # for listing (help, suggestions): a stand-in that carries the name and the line
         if cmd_name not in COMMANDS:
             return None
-        return click.Command(cmd_name, help=COMMANDS[cmd_name][1])
+        return TyperCommand(cmd_name, help=COMMANDS[cmd_name][1])
 
-    def resolve_command(self, ctx: click.Context, args: list[str]):
+    def resolve_command(self, ctx, args: list[str]):
         name, command, rest = super().resolve_command(ctx, args)
         return name, (load_command(name) if command is not None else None), rest
