@@ -175,6 +175,25 @@ def test_prefix_caching_skips_the_prefix_on_the_second_request(tiny_models, reqs
     assert e.info["prefix_hits"] == 1 and e.info["prefix_tokens_reused"] == p
 
 
+def test_a_short_cached_prefix_is_extended_to_the_requests_own_and_kept(tiny_models, reqs):
+    """A request with a short shared prefix (a few opening tokens) cached first must not
+    stand in for a longer one that shares its opening: the longer prefix is computed on
+    top of it and kept, so the next request with it skips the whole prefix (the study's
+    profile ran every shared-prefix unit after such a short entry and never hit)."""
+    import dataclasses
+
+    e = engine(tiny_models, "prefix_caching")
+    first, second = reqs[2], reqs[3]
+    p = first[0].shared_prefix_tokens
+    short = (dataclasses.replace(first[0], id="short", shared_prefix_tokens=4), first[1][:4] + [7, 8, 9])
+    e.run([short])
+    e.run([first])  # hits the 4-token entry; extends it to p and keeps that
+    spy = ForwardSpy(e.model)
+    e.run([second])
+    assert spy.calls[0] == len(second[1]) - p
+    assert e.info["prefix_hits"] == 2 and e.info["prefix_tokens_reused"] == 4 + p
+
+
 def test_speculative_decoding_accepts_draft_tokens(tiny_models, reqs, reference_outputs):
     from modeswitch.engine.modes import get_mode
 

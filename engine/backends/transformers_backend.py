@@ -335,12 +335,19 @@ class TransformersEngine:
                 cache = QuantizedCache(backend="fp8", config=self.model.config)
             if self.prefix_store is not None:
                 n, cached = self.prefix_store.lookup(ids)
+                p = req.shared_prefix_tokens if 0 < req.shared_prefix_tokens < len(ids) else 0
                 if cached is not None:
                     cache = cached
                     self.info["prefix_hits"] = self.info.get("prefix_hits", 0) + 1
                     self.info["prefix_tokens_reused"] = self.info.get("prefix_tokens_reused", 0) + n
-                elif 0 < req.shared_prefix_tokens < len(ids):
-                    p = req.shared_prefix_tokens
+                    if n < p:
+                        # a shorter entry (another request's prefix: a chat template's opening
+                        # tokens) is only a start: extend it to this request's shared prefix
+                        # and keep that too, or the short entry would stand in for every
+                        # longer prefix that shares its opening, and none would be kept
+                        self.model(input_ids[:, n:p], use_cache=True, **{self._cache_kw: cache})
+                        self.prefix_store.store(ids[:p], cache)
+                elif p:
                     cache = DynamicCache(config=self.model.config)
                     self.model(input_ids[:, :p], use_cache=True, **{self._cache_kw: cache})
                     self.prefix_store.store(ids[:p], cache)
