@@ -1,10 +1,12 @@
 """Per-request conditions drawn across families (dataset.workloads.conditions)."""
 
 import collections
+import dataclasses
 
 import pytest
+from modeswitch.dataset.requests import Request
 from modeswitch.dataset.workloads import get_workload
-from modeswitch.dataset.workloads.conditions import ConditionDraw, draw_units, scaled
+from modeswitch.dataset.workloads.conditions import ConditionDraw, arrival_group, draw_units, primer, scaled
 from modeswitch.dataset.workloads.spec import condition_of
 
 
@@ -79,9 +81,28 @@ def test_profile_units_under_drawn_conditions_are_groups_with_primers():
             assert p.shared_prefix_tokens == u.requests[0].shared_prefix_tokens and p.family == u.family
         else:
             assert not u.prime
+        # the recipes live scoring replays from the row's lead request
+        assert u.requests == arrival_group(u.requests[0])
+        assert u.prime == ([primer(u.requests[0])] if u.requests[0].shared_prefix_tokens else [])
     import statistics
 
     assert 48 < statistics.median(r.prompt_tokens for u in units for r in u.requests) < 80  # 128 x 0.5
     # settings added later leave older journals' identity alone
     assert ProfileSpec(model="m").identity() == ProfileSpec(model="m", length_scale=1.0).identity()
     assert spec.identity() != ProfileSpec(model="m", workloads=spec.workloads, requests=12).identity()
+
+
+def test_an_arrival_group_and_primer_follow_from_the_lead_request_alone():
+    """Live scoring rebuilds a profiled group from the table's row (the lead request):
+    companions take its shape and their own ids (own text); the primer its prefix."""
+    lead = Request(id="f-0-00001", prompt_tokens=90, expected_output_tokens=12, family="f",
+                   concurrent_requests=3, shared_prefix_tokens=40, memory_pressure=0.25)
+    group = arrival_group(lead)
+    assert group[0] is lead and [r.id for r in group[1:]] == ["f-0-00001~1", "f-0-00001~2"]
+    assert {(r.prompt_tokens, r.expected_output_tokens, r.shared_prefix_tokens, r.memory_pressure,
+             r.concurrent_requests) for r in group} == {(90, 12, 40, 0.25, 3)}
+    p = primer(lead)
+    assert (p.id, p.prompt_tokens, p.expected_output_tokens, p.shared_prefix_tokens, p.concurrent_requests) \
+        == ("f-0-00001-prime", 48, 1, 40, 1)
+    alone = dataclasses.replace(lead, concurrent_requests=1, shared_prefix_tokens=0)
+    assert arrival_group(alone) == [alone] and primer(alone) is None

@@ -194,6 +194,26 @@ def test_a_short_cached_prefix_is_extended_to_the_requests_own_and_kept(tiny_mod
     assert e.info["prefix_hits"] == 2 and e.info["prefix_tokens_reused"] == 4 + p
 
 
+def test_a_unit_starts_from_an_empty_prefix_cache_warmed_by_its_primer(tiny_models, reqs):
+    """start_unit: what an earlier request left in the cache is gone, the unit's own
+    primer is there, so a unit's latency does not depend on what ran before it."""
+    from modeswitch.engine.backends.base import start_unit
+
+    e = engine(tiny_models, "prefix_caching")
+    first, second = reqs[2], reqs[3]
+    p = first[0].shared_prefix_tokens
+    e.run([first])
+    start_unit(e, [], ignore_eos=True)  # no primer: the earlier prefix is forgotten
+    spy = ForwardSpy(e.model)
+    e.run([second])
+    assert spy.calls[0] > len(second[1]) - p  # the prefix was computed again
+    start_unit(e, [first], ignore_eos=True)  # the primer's prefix is warm
+    spy.calls.clear()
+    e.run([second])
+    assert spy.calls[0] == len(second[1]) - p
+    start_unit(engine(tiny_models, "fp16_baseline"), [], ignore_eos=True)  # no cache: nothing to do
+
+
 def test_speculative_decoding_accepts_draft_tokens(tiny_models, reqs, reference_outputs):
     from modeswitch.engine.modes import get_mode
 

@@ -159,3 +159,32 @@ def test_the_risk_table_reads_the_live_rate_against_its_slack():
     # 60 requests at delta 0.1: up to 2 violations by chance at a true 1 %
     assert row["live_slack"] == pytest.approx(2 / 60 - 0.01) and row["met_live"]
     assert row["held_out_slack"] == pytest.approx(4 / 240 - 0.01) and not row["met_offline"]
+
+
+def test_live_runs_the_profiled_arrival_group_after_its_primer_from_an_emptied_cache(monkeypatch):
+    """A row with company runs as the group the profiler measured (dataset's
+    arrival_group), after the same primer, each unit from an emptied prefix cache."""
+    from modeswitch.dataset.workloads.conditions import arrival_group, primer
+    from modeswitch.engine import prompts
+    from modeswitch.engine.backends import registry
+    from modeswitch.routers.scoring import live as live_mod
+
+    monkeypatch.setattr(prompts, "PromptBuilder", lambda tok: SimpleNamespace(prepare=lambda r: (r, [1, 2, 3])))
+    log = []
+
+    class Cached(_Engine):
+        def run(self, group, ignore_eos=True):
+            log.append([r.id for r, _ in group])
+            return super().run(group, ignore_eos)
+
+        def reset_prefix_cache(self):
+            log.append("reset")
+
+    be = SimpleNamespace(plan=lambda s, modes: (modes, [], {}), load=lambda m, s: Cached(m, []),
+                         child_processes=False)
+    monkeypatch.setattr(registry, "get_backend", lambda name: be)
+    monkeypatch.setattr(live_mod, "_trial_clock", lambda children: lambda: _Clock(1.0))
+    req = Request(id="r1", prompt_tokens=40, expected_output_tokens=4, family="a",
+                  concurrent_requests=2, shared_prefix_tokens=16)
+    live_mod.run_live([req], {"x": ["fp16_baseline"]}, "model", reference="fp16_baseline", trials=1)
+    assert log == ["reset", [primer(req).id], [r.id for r in arrival_group(req)]]

@@ -146,10 +146,34 @@ def with_condition(req: Request, concurrency: int, prefix_fraction: float,
                                shared_prefix_tokens=int(prefix), memory_pressure=float(memory_pressure))
 
 
+def arrival_group(req: Request) -> list[Request]:
+    """``req`` and the requests that arrive with it: ``concurrent_requests - 1``
+    companions of its own shape (prompt and output lengths, shared prefix, memory
+    pressure), each with its own id and so its own text.
+
+    Why one function: the profiler measures this group as one unit and live scoring
+    runs it again from the table's row, which holds the lead request only. Both build
+    it here, so the live check times the group the table measured. Companions take
+    the lead's shape, not lengths of their own: the row's features (the lead's) then
+    describe the whole group, which is all a router sees."""
+    c = max(1, int(req.concurrent_requests))
+    return [req] + [dataclasses.replace(req, id=f"{req.id}~{k}") for k in range(1, c)]
+
+
+def primer(req: Request) -> Request | None:
+    """The untimed request run before ``req`` to warm its shared prefix ("prime, then
+    follow"), or None without one: the same prefix, a few tokens of its own, one
+    output token. Shared by the profiler and live scoring, like :func:`arrival_group`."""
+    if not req.shared_prefix_tokens:
+        return None
+    return dataclasses.replace(req, id=f"{req.id}-prime", prompt_tokens=req.shared_prefix_tokens + 8,
+                               expected_output_tokens=1, concurrent_requests=1)
+
+
 @dataclass
 class DrawnUnit:
     """One drawn request and, when its concurrency is above 1, the companions that
-    arrive with it (same family and condition, their own lengths)."""
+    arrive with it (:func:`arrival_group`)."""
 
     request: Request
     companions: list[Request] = field(default_factory=list)
@@ -162,24 +186,16 @@ class DrawnUnit:
 def draw_units(spec: WorkloadSpec, n: int, conditions: ConditionDraw, seed: int = 0,
                stratified: bool = False, with_companions: bool = True) -> list[DrawnUnit]:
     """``n`` requests of ``spec`` (lengths as :meth:`WorkloadSpec.sample`), each under
-    its own drawn condition; ``with_companions`` also draws the requests that arrive
-    with it (what a profile measures as one group)."""
+    its own drawn condition; ``with_companions`` also makes the requests that arrive
+    with it (what a profile measures as one group: :func:`arrival_group`)."""
     import numpy as np  # only when requests are drawn: listing workloads (the CLI) needs none
 
     rng = np.random.default_rng([seed, 7919])
     base = spec.sample(n, seed=seed, stratified=stratified)
     out = []
-    for i, r in enumerate(base):
+    for r in base:
         conc, frac, mp = conditions.draw(spec, rng)
         r = with_condition(r, conc, frac, mp)
-        comps = []
-        if with_companions and conc > 1:
-            others = spec.sample(conc - 1, seed=seed * 7 + 100_003 + i)
-            # companions share the drawn prefix token for token (same family and length)
-            comps = [dataclasses.replace(
-                o, id=f"{r.id}-{k + 1}", concurrent_requests=conc, memory_pressure=mp,
-                shared_prefix_tokens=r.shared_prefix_tokens,
-                prompt_tokens=max(o.prompt_tokens, r.shared_prefix_tokens + 1))
-                for k, o in enumerate(others)]
+        comps = arrival_group(r)[1:] if with_companions else []
         out.append(DrawnUnit(r, comps))
     return out

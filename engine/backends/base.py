@@ -129,6 +129,24 @@ class Engine(Protocol):
     # streams read it directly, without a task of their own between the engine and the
     # response (vLLM's AsyncLLM). Closing the iterator early stops the request.
 
+    # Optional: ``reset_prefix_cache()``, empty the engine's prefix cache (see
+    # :func:`start_unit`).
+
     def weights_bytes(self) -> int: ...
 
     def close(self) -> None: ...
+
+
+def start_unit(engine, prime: list[tuple[Request, list[int]]], ignore_eos: bool) -> None:
+    """Bring ``engine`` to the state a timed unit starts from: its prefix cache emptied,
+    then warmed by the unit's untimed ``prime`` (its shared prefix), if any.
+
+    Why: a prefix cache otherwise keeps whatever the requests before this one left, so
+    a unit's latency in a prefix-caching mode would depend on the order of the run (the
+    profile's interleaving, a live stream's order, the trial before). The profiler and
+    live scoring both start each unit here, so a live run measures what the table did."""
+    reset = getattr(engine, "reset_prefix_cache", None)
+    if reset is not None:
+        reset()
+    if prime:
+        engine.run(prime, ignore_eos=ignore_eos)

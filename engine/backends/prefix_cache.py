@@ -52,6 +52,10 @@ class PrefixKVStore:
         self._entries.move_to_end(best)
         return len(best), copy.deepcopy(self._entries[best][0])
 
+    def clear(self) -> None:
+        """Drop every entry (counters kept): a timed unit starts from a known state."""
+        self._entries.clear()
+
     def store(self, prefix_ids: list[int], cache) -> bool:
         """Keep a copy of ``cache`` (holding exactly ``prefix_ids``); False if too big."""
         key = tuple(prefix_ids)

@@ -308,6 +308,11 @@ class TransformersEngine:
         t0 = time.perf_counter()
         return [self._generate_one(req, ids, ignore_eos, t0, on_token) for req, ids in group]
 
+    def reset_prefix_cache(self) -> None:
+        """Empty the prefix cache (a no-op in modes without one)."""
+        if self.prefix_store is not None:
+            self.prefix_store.clear()
+
     def _generate_one(self, req: Request, ids: list[int], ignore_eos: bool, t0: float,
                       on_token=None) -> Generation:
         import torch  # lazy: torch is heavy

@@ -262,6 +262,12 @@ class VllmEngine:
         (AsyncLLM schedules them together); other modes serve one call at a time."""
         return self.mode.batching == "continuous"
 
+    def reset_prefix_cache(self) -> None:
+        """Empty vLLM's prefix cache (its automatic prefix caching's blocks); a no-op
+        in modes without one."""
+        if self.mode.prefix_caching:
+            self._call(self.engine.reset_prefix_cache())
+
     def warmup(self, prompt_tokens: int = 32, new_tokens: int = 4) -> None:
         ids = list(range(5, 5 + prompt_tokens))
         self.run([(Request(id="warmup", prompt_tokens=prompt_tokens, expected_output_tokens=new_tokens), ids)])

@@ -16,7 +16,7 @@ from modeswitch.dataset.io import write_parquet
 from modeswitch.dataset.profile_schema import validate_profile
 from modeswitch.engine import noise, prompts
 from modeswitch.engine.backends import registry
-from modeswitch.engine.backends.base import EngineSettings, context_for
+from modeswitch.engine.backends.base import EngineSettings, context_for, start_unit
 from modeswitch.engine.energy import cpu_seconds_clock, make_meter
 from modeswitch.engine.hardware import hardware_string
 from modeswitch.engine.memory import GpuMemoryPeak, PeakRSS
@@ -379,8 +379,7 @@ class Profiler:
         # a request with real text (a benchmark's, or a family's prompt built from one:
         # it records its question's evaluation_mode) ends where the model ends its answer
         ignore_eos = not any(r.benchmark_suite or r.evaluation_mode for r, _ in group)
-        if run.primers[unit.id]:
-            engine.run(run.primers[unit.id], ignore_eos=ignore_eos)
+        start_unit(engine, run.primers[unit.id], ignore_eos)
         sampler = self._memory_sampler()
         clock = self._cpu_clock()
         run.meter.start()

@@ -13,7 +13,13 @@ from modeswitch.dataset.benchmarks import read_benchmark
 from modeswitch.dataset.limits import count, finite, requests_fit
 from modeswitch.dataset.requests import Request
 from modeswitch.dataset.workloads import get_workload
-from modeswitch.dataset.workloads.conditions import ConditionDraw, draw_units, scaled
+from modeswitch.dataset.workloads.conditions import (
+    ConditionDraw,
+    arrival_group,
+    draw_units,
+    primer,
+    scaled,
+)
 
 DEFAULT_WORKLOADS = (
     "short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",
@@ -97,21 +103,16 @@ def build_units(spec: ProfileSpec) -> list[Unit]:
         w = scaled(get_workload(name), spec.length_scale)
         if spec.conditions is not None:
             units += _drawn_units(spec, w, i)
-        elif w.concurrent_requests > 1:
-            n_conc = spec.batch_size or w.concurrent_requests
-            for u in range(spec.requests):
-                reqs = w.sample(n_conc, seed=spec.seed * 1000 + i * 100 + u)
-                reqs = [dataclasses.replace(r, id=f"{name}-{spec.seed}-{u:03d}-{k}",
-                                            concurrent_requests=n_conc) for k, r in enumerate(reqs)]
-                units.append(Unit(f"{name}-{spec.seed}-{u:03d}", name, reqs))
         else:
-            # stratified: the units span the family's spread (see WorkloadSpec.sample)
-            reqs = w.sample(spec.requests, seed=spec.seed * 1000 + i, stratified=True)
-            primer = [dataclasses.replace(w.sample(1, seed=spec.seed * 1000 + i + 500)[0],
-                                          id=f"{name}-{spec.seed}-prime")] \
-                if w.shared_prefix_tokens else []
-            for r in reqs:
-                units.append(Unit(r.id, name, [r], prime=primer))
+            # stratified: the units span the family's spread (see WorkloadSpec.sample); a
+            # family with company runs each request in its arrival group, a shared prefix
+            # after its primer (the recipes live scoring replays: dataset.workloads.conditions)
+            n_conc = spec.batch_size or w.concurrent_requests
+            for r in w.sample(spec.requests, seed=spec.seed * 1000 + i, stratified=True):
+                if n_conc > 1:
+                    r = dataclasses.replace(r, concurrent_requests=n_conc)
+                p = primer(r)
+                units.append(Unit(r.id, name, arrival_group(r), prime=[p] if p else []))
     for path in spec.benchmarks:
         for r in read_benchmark(path, spec.benchmark_requests, seed=spec.seed):
             units.append(Unit(r.id, r.family, [r]))
@@ -126,11 +127,6 @@ def _drawn_units(spec: ProfileSpec, w, i: int) -> list[Unit]:
     draw = ConditionDraw.from_dict(spec.conditions)
     units = []
     for du in draw_units(w, spec.requests, draw, seed=spec.seed * 1000 + i, stratified=True):
-        r = du.request
-        prime = []
-        if r.shared_prefix_tokens:
-            prime = [dataclasses.replace(
-                r, id=f"{r.id}-prime", prompt_tokens=r.shared_prefix_tokens + 8,
-                expected_output_tokens=1, concurrent_requests=1)]
-        units.append(Unit(r.id, w.name, du.group, prime=prime))
+        p = primer(du.request)
+        units.append(Unit(du.request.id, w.name, du.group, prime=[p] if p else []))
     return units

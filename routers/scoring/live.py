@@ -49,16 +49,15 @@ weighted in every resample). A live violation has a cause:
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pandas as pd
 from modeswitch.dataset.benchmarks import score_answer
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.requests import Request
+from modeswitch.dataset.workloads.conditions import arrival_group, primer
 from modeswitch.engine import prompts
 from modeswitch.engine.backends import registry
-from modeswitch.engine.backends.base import EngineSettings, context_for
+from modeswitch.engine.backends.base import EngineSettings, context_for, start_unit
 from modeswitch.engine.energy import cpu_seconds_clock, make_meter
 from modeswitch.engine.modes import reference_mode
 from modeswitch.engine.noise import TrialClock, clean_trials, flag_contended, unresolved_trials
@@ -95,11 +94,6 @@ def stratified(requests: list[Request], n: int, seed: int = 0,
                 out.append(by_fam[fam][i])
         i += 1
     return out
-
-
-def _group(req: Request) -> list[Request]:
-    c = max(1, int(req.concurrent_requests))
-    return [req] + [dataclasses.replace(req, id=f"{req.id}~{k}") for k in range(1, c)]
 
 
 def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path, draft_path=None,
@@ -163,9 +157,10 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
 
         rows = []
         for i, req in enumerate(stream):
-            group = [builder.prepare(r) for r in _group(req)]
-            prime = [builder.prepare(dataclasses.replace(req, id=f"{req.id}-prime"))] \
-                if req.shared_prefix_tokens else []
+            # the group and primer the profiler measured for this row (dataset's one recipe)
+            group = [builder.prepare(r) for r in arrival_group(req)]
+            p = primer(req)
+            prime = [builder.prepare(p)] if p else []
             # ends at the model's end of answer for real text, as the profiler does
             plans.append((req, group, prime, not any(r.benchmark_suite or r.evaluation_mode for r, _ in group)))
             modes = [reference] + sorted({d[i] for d in decisions.values()} - {reference})
@@ -203,8 +198,7 @@ def _trial_clock(include_children: bool):
 
 def _measure(engine, group, prime, ignore_eos: bool, meter, clock):
     """One timed run of ``group`` (after its untimed prime): (generations, energy, clock)."""
-    if prime:
-        engine.run(prime, ignore_eos=ignore_eos)
+    start_unit(engine, prime, ignore_eos)
     meter.start()
     with clock() as c:
         gens = engine.run(group, ignore_eos=ignore_eos)

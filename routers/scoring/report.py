@@ -227,7 +227,7 @@ def _md_table(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
 
 
 def write_report(out: Path, *, per_request, per_family, overall, overhead: dict, context: dict,
-                 live_per=None, live_summary=None, estimate=None, live_figures=None,
+                 live_per=None, live_summary=None, estimate=None, live_figures=None, live_runs=None,
                  live_family=None, intervals=None, coverage=None) -> list[Path]:
     """Write the report folder (which must not exist yet); returns the files written."""
     out = Path(out)
@@ -255,6 +255,8 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
             csv(live_family, "live_per_family.csv", index=False)
     if estimate is not None:
         csv(estimate, "live_estimate_error.csv", index=False)
+    if live_runs is not None:
+        csv(live_runs, "live_runs.csv", index=False)
     if coverage is not None:
         csv(coverage["ranges"], "extrapolation_ranges.csv", index=False)
         for name, h in coverage["headlines"].items():

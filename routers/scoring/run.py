@@ -268,6 +268,9 @@ class LiveScores:
     family: pd.DataFrame | None = None
     estimate: pd.DataFrame | None = None
     figures: dict = field(default_factory=dict)
+    #: every live trial as run (output tokens, TTFT, CPU share, contention): what the
+    #: medians above come from, kept so a miss against the table can be traced
+    runs: pd.DataFrame | None = None
 
 
 def load_scoring(table, cfg: ScoreConfig, say) -> Scoring:
@@ -348,7 +351,8 @@ def score_live_step(s: Scoring, cfg: ScoreConfig, context: dict, say) -> LiveSco
                                         Constraints(**dict(s.table.meta["constraints"])), s.test)
     context.update(live_requests=len(stream), live_trials=cfg.live_trials,
                    live_threads=f"{threads}: {threads_from}", live_model=str(target))
-    return LiveScores(per, summarise_live(per), summarise_live(per, by_family=True), estimate, figures)
+    return LiveScores(per, summarise_live(per), summarise_live(per, by_family=True), estimate, figures,
+                      runs=runs)
 
 
 def coverage_info(s: Scoring, head: pd.DataFrame, live: LiveScores, context: dict) -> dict:
@@ -375,7 +379,7 @@ def write_outputs(s: Scoring, cfg: ScoreConfig, out: Path, live: LiveScores, con
     report.write_report(out, per_request=s.per_request, per_family=s.per_family, overall=s.overall,
                         overhead=s.overhead, context=context, live_per=live.per,
                         live_summary=live.summary, estimate=live.estimate, live_figures=live.figures,
-                        live_family=live.family, intervals=intervals,
+                        live_family=live.family, live_runs=live.runs, intervals=intervals,
                         coverage=coverage_info(s, head, live, context))
     run_id = report.log_to_mlflow(out, Path(cfg.mlruns), head, context,
                                   {t.name: t.run_id for t in s.trained}, live.summary, table=s.table.frame)
