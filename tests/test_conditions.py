@@ -6,7 +6,13 @@ import dataclasses
 import pytest
 from modeswitch.dataset.requests import Request
 from modeswitch.dataset.workloads import get_workload
-from modeswitch.dataset.workloads.conditions import ConditionDraw, arrival_group, draw_units, primer, scaled
+from modeswitch.dataset.workloads.conditions import (
+    ConditionDraw,
+    arrival_group,
+    draw_units,
+    primer,
+    scaled,
+)
 from modeswitch.dataset.workloads.spec import condition_of
 
 
