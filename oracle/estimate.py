@@ -15,8 +15,9 @@ Method (documented for users, tested in ``tests/test_oracle_estimate.py``):
 3. Outside the measured range (outside the triangulation's hull), or with fewer
    than three non-collinear points, the nearest measured point is used.
 
-A request that coincides with a measured cell gets that cell's values and is
-marked ``measured``; everything else is ``estimated``.
+A request that coincides with a measured cell gets that cell's values; it is marked
+``measured`` when it is that cell's own request (its id), ``estimated`` otherwise (a
+drawn request of the same lengths ran other text).
 
 4. With a fitted :class:`oracle.costmodel.CostModel`, each (mode, metric) for
    which the cost model cross-validated better than this interpolation takes the
@@ -189,6 +190,9 @@ def estimate(cells: Cells, requests: pd.DataFrame, costmodel=None) -> tuple[pd.D
                 rows.append({"unit": rid, "mode": mode, **{k: v[i] for k, v in est.items()}})
         for i, rid in enumerate(grp["id"]):
             exact = near_d[i] < 1e-12
+            # "measured" means this request's own measurement: another request of the same
+            # lengths (a drawn one) takes the cell's numbers but ran other text
+            own = exact and rid in measured_ids
             nearest_unit = pool[near_idx[i]]
             if exact:
                 how = f"cell {nearest_unit}"
@@ -200,7 +204,7 @@ def estimate(cells: Cells, requests: pd.DataFrame, costmodel=None) -> tuple[pd.D
                 "unit": rid,
                 "condition": condition,
                 "reference_mode": ref,
-                "label_source": "measured" if exact else "estimated",
+                "label_source": "measured" if own else "estimated",
                 "estimate_basis": f"{how}; pool: {pool_desc}",
             })
     est_df = pd.DataFrame(rows)

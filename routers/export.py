@@ -96,7 +96,7 @@ class RouterPyfunc(mlflow.pyfunc.PythonModel):
         """Route through the compiled predictor (default) or the scikit-learn pipeline
         (also when the router cannot be compiled, e.g. one with a safety guard)."""
         self.route, path, _ = decision_function(self.router_, on)
-        self.path_ = "compiled" if path == "compiled" else "pipeline"
+        self.path_ = "compiled" if path.startswith("compiled") else "pipeline"
         return self
 
     @property

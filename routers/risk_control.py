@@ -123,6 +123,95 @@ def learn_then_test(violations_at, thresholds, n: int, alpha: float = ALPHA,
                        best_k / n if n else math.nan, upper_bound(best_k, n, delta), best_p, tested)
 
 
+@dataclass(frozen=True)
+class GroupCalibration:
+    """A threshold certified in every group at once (kept as ``calibration_``): per
+    group (a family, or a cluster of small ones pooled) its calibration rows,
+    violations, rate and upper bound at the certified threshold."""
+
+    alpha: float
+    delta: float
+    n: int
+    threshold: float | None
+    violations: int
+    rate: float
+    upper_bound: float
+    p_value: float
+    tested: int
+    #: group -> {"members": [...], "n", "violations", "rate", "upper_bound", "p_value"}
+    groups: dict
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def group_clusters(groups: np.ndarray, alpha: float, delta: float = DELTA) -> dict[str, list]:
+    """Calibration groups as clusters that can each be certified: a group with at least
+    :func:`min_calibration` rows is its own cluster; the smaller ones are pooled into one
+    (clustered conformal prediction's remedy for small groups, Ding, Angelopoulos, Bates,
+    Jordan, Tibshirani, arXiv:2306.09335); if that pool is still too small, it joins the
+    smallest cluster that is large enough (or everything is one cluster)."""
+    need = min_calibration(alpha, delta)
+    names, counts = np.unique(np.asarray(groups, dtype=str), return_counts=True)
+    big = {str(g): [str(g)] for g, c in zip(names, counts) if c >= need}
+    small = [str(g) for g, c in zip(names, counts) if c < need]
+    if small:
+        pooled = sum(int(c) for g, c in zip(names, counts) if str(g) in small)
+        if pooled >= need:
+            big["+".join(small)] = small
+        elif big:
+            size = {k: sum(int(c) for g, c in zip(names, counts) if str(g) in v) for k, v in big.items()}
+            host = min(size, key=size.get)
+            members = big.pop(host) + small
+            big["+".join(members)] = members
+        else:
+            big = {"+".join(small): small}
+    return big
+
+
+def learn_then_test_groups(violations_at, thresholds, groups: np.ndarray, alpha: float = ALPHA,
+                           delta: float = DELTA) -> GroupCalibration:
+    """The loosest threshold at which *every* cluster's violation rate is certified at
+    most ``alpha`` (:func:`group_clusters`), by fixed-sequence testing.
+
+    ``violations_at(t)``: a boolean per calibration row (does the pick at ``t`` violate);
+    ``groups``: each row's group. Each threshold's null is the union over clusters of
+    "this cluster's rate exceeds alpha"; it is rejected when every cluster's binomial test
+    rejects at ``delta`` (an intersection-union test: level ``delta`` with no correction),
+    so with probability ``1 - delta`` each cluster's rate is at most ``alpha``
+    (Mondrian, group-conditional risk control) instead of only the pooled rate."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"target violation rate {alpha}: must lie in (0, 1)")
+    groups = np.asarray(groups, dtype=str)
+    clusters = group_clusters(groups, alpha, delta)
+    member = {g: c for c, gs in clusters.items() for g in gs}
+    cluster_of = np.array([member[g] for g in groups])
+    best, best_v, tested = None, None, 0
+    for t in thresholds:
+        v = np.asarray(violations_at(t), dtype=bool)
+        tested += 1
+        ps = {c: binomial_p_value(int(v[cluster_of == c].sum()), int((cluster_of == c).sum()), alpha)
+              for c in clusters}
+        if not all(p <= delta for p in ps.values()):
+            break
+        best, best_v = t, v
+    n = len(groups)
+    certified = best_v is not None
+    if not certified:  # nothing certified: the reference only, no violation, no evidence
+        best_v = np.zeros(n, dtype=bool)
+    per = {}
+    for c, gs in clusters.items():
+        rows = cluster_of == c
+        k, m = int(best_v[rows].sum()), int(rows.sum())
+        per[c] = {"members": gs, "n": m, "violations": k, "rate": k / m if m else math.nan,
+                  "upper_bound": upper_bound(k, m, delta),
+                  "p_value": binomial_p_value(k, m, alpha) if certified else 1.0}
+    k = int(best_v.sum())
+    return GroupCalibration(alpha, delta, n, None if best is None else float(best), k, k / n if n else math.nan,
+                            upper_bound(k, n, delta), max((g["p_value"] for g in per.values()), default=1.0),
+                            tested, per)
+
+
 def candidate_grid(scores: np.ndarray, n: int = 200) -> np.ndarray:
     """Thresholds to test, from scores *not* of the calibration rows (Learn then Test
     needs the grid fixed in advance): midpoints between up to ``n`` quantiles, so a

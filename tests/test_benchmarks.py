@@ -42,3 +42,24 @@ def test_shared_benchmark_samples_load_and_score(tmp_path):
         if r.evaluation_mode == "multiple_choice_accuracy":
             letter = r.reference.split("|")[0]
             assert score_answer(f"Answer: {letter}", r.reference, r.evaluation_mode) == 1.0
+
+
+def test_an_evaluation_leaves_out_the_drafts_distillation_prompts(tmp_path):
+    """The draft learned from the corpus's draft split: a profile or a training table
+    built from a benchmark file skips those ids before drawing its sample."""
+    import json
+
+    from modeswitch.dataset.prompt_corpus import in_draft_split
+    from modeswitch.engine.profiler import ProfileSpec, build_units
+
+    f = tmp_path / "b.jsonl"
+    ids = [f"q{i}" for i in range(80)]
+    f.write_text("".join(json.dumps({"id": i, "prompt": f"What is {i}?", "benchmark_suite": "s",
+                                     "evaluation_mode": "external_judge"}) + "\n" for i in ids))
+    held = {i for i in ids if in_draft_split(i)}
+    assert 0 < len(held) < 30  # about one in eight
+    assert {r.id for r in read_benchmark(f, skip=in_draft_split)} == set(ids) - held
+    assert len(read_benchmark(f, n=60, seed=3, skip=in_draft_split)) == 60
+    units = build_units(ProfileSpec(model="m", workloads=["short_prompt_short_output"], requests=1,
+                                    benchmarks=[str(f)], benchmark_requests=100))
+    assert {u.id for u in units if u.family == "s"} == set(ids) - held

@@ -34,7 +34,7 @@ def fitted(data):
     for fs in "AB":
         for fam, kw in (("dt", {}), ("rf", {"n_estimators": 40}), ("lr", {}), ("lgbm", {"n_estimators": 30})):
             est = get_router(fam, feature_set=fs, class_weight="balanced", **kw).fit(table, y)
-            out[(fam, fs)] = (est, compile(est))
+            out[(fam, fs)] = (est, compile(est, distil="never"))
     return out
 
 
@@ -86,7 +86,7 @@ def test_safety_guarded_routers_are_refused(data):
     est = get_router("dt", safety_threshold=0.5, fallback="reference").fit(
         table, table["label"].astype(str), safe=__import__("pandas").DataFrame(safe))
     with pytest.raises(ValueError, match="safety guard"):
-        compile(est)
+        compile(est, distil="never")
 
 
 @settings(max_examples=300, deadline=None)
@@ -136,7 +136,7 @@ def _random_inputs(comp, rng, n=400):
 @pytest.mark.parametrize("key", TREES)
 def test_region_tree_and_walk_equal_the_model_on_any_input(fitted, key, budget):
     est, _ = fitted[key]
-    comp = compile(est, region_budget=BUDGETS[budget])
+    comp = compile(est, region_budget=BUDGETS[budget], distil="never")
     if budget == "walk only":
         assert comp.region_nodes_ == 0
     else:
@@ -151,7 +151,7 @@ def test_region_budget_splits_decisions_between_region_and_walk(fitted, data):
     est, _ = fitted[("rf", "B")]
     _, held = data
     X = features_frame(held, "B")
-    full, tiny = compile(est), compile(est, region_budget=(48, 10**9))
+    full, tiny = compile(est, distil="never"), compile(est, region_budget=(48, 10**9), distil="never")
     assert 0.0 <= tiny.region_share(X) < full.region_share(X) <= 1.0
     # the smaller budget leaves more of the bin grid to the tree walk
     assert 0.0 <= full.region_walk_share_ < tiny.region_walk_share_ <= 1.0
@@ -160,7 +160,7 @@ def test_region_budget_splits_decisions_between_region_and_walk(fitted, data):
     # the fitted routers are shared by the module's tests)
     blind_est = copy.deepcopy(est)
     del blind_est.X_sample_
-    blind = compile(blind_est)
+    blind = compile(blind_est, distil="never")
     assert [blind.route(r) for r in held] == list(est.predict(X))
 
 
@@ -181,13 +181,13 @@ def test_released_routers_free_their_kernel_slots(fitted, data):
     lib = library()
     gc.collect()
     before = lib.models_alive()
-    routes = [compile(est, region_budget=(256, 10**8)).route for _ in range(5)]
+    routes = [compile(est, region_budget=(256, 10**8), distil="never").route for _ in range(5)]
     assert lib.models_alive() == before + 5
     want = list(est.predict(features_frame(held, "B")))
     del routes
     gc.collect()
     assert lib.models_alive() == before
-    again = compile(est)  # reuses a freed slot
+    again = compile(est, distil="never")  # reuses a freed slot
     assert [again.route(r) for r in held] == want
 
 
@@ -202,7 +202,7 @@ def test_two_modes_compile_exactly(data, fam):
     est = get_router(fam, feature_set="B", **kw).fit(sub, ysub)
     X = features_frame(held, "B")
     for budget in (None, (0, 0)):
-        comp = compile(est, region_budget=budget)
+        comp = compile(est, region_budget=budget, distil="never")
         assert [comp.route(r) for r in held] == list(est.predict(X))
         M = _random_inputs(comp, np.random.default_rng(7))
         if fam != "lr":

@@ -101,14 +101,14 @@ def test_the_compiled_router_decides_as_the_pipeline(cls):
     for thr in (0.3, 0.04, 0.0, -1.0, 1.0):
         r.threshold_ = thr
         for budget in ((0, 0), None):  # walk only, then with the region tree
-            fast = r.compile(region_budget=budget)
+            fast = r.compile(region_budget=budget, distil="never")
             assert fast is not None
             np.testing.assert_array_equal(fast.predict(test), r.predict(test))
             assert [fast.route(q) for q in reqs] == [r.route(q) for q in reqs]
     r.threshold_ = 0.3
     assert len(set(r.predict(test))) == 3  # the thresholds above were not all trivial
     if cls is LightGBMCostRouter:
-        assert r.compile().region_nodes_ > 0
+        assert r.compile(distil="never").region_nodes_ > 0
 
 
 def test_binomial_p_values_and_the_sample_size_they_need():
@@ -183,7 +183,10 @@ def test_export_load_decides_identically(tmp_path, name):
     loaded = load_router(info["uri"], mlruns, available_modes=[REF, FAST, QUANT])
     assert loaded.path_ == "compiled"
     reqs = _requests(60, seed=15)
-    assert [loaded.route(q) for q in reqs] == list(est.predict(features_frame(reqs, "B")))
+    fast = est.compile()  # what serving runs here: the loaded router decides the same
+    assert [loaded.route(q) for q in reqs] == [fast.route(q) for q in reqs]
+    if fast.distilled_ is None:  # exact: the pipeline's decisions too
+        assert [loaded.route(q) for q in reqs] == list(est.predict(features_frame(reqs, "B")))
     assert set(loaded.modes_) == {REF, FAST, QUANT}
 
 

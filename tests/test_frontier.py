@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from modeswitch.routers.scoring.frontier import frontier
 
@@ -59,3 +60,19 @@ def test_nothing_inside_the_ranges_gives_an_empty_frontier(monkeypatch):
     monkeypatch.setattr(coverage, "coverage", lambda table, folds: (every, None))
     f = frontier(t, "group")
     assert f.scored == 0 and f.curve.empty and np.isnan(f.best_capture(0.02))
+
+
+def test_routers_are_points_beside_the_ceilings_envelope():
+    from modeswitch.routers.scoring.frontier import envelope, router_points
+
+    per = pd.DataFrame({"router": ["a"] * 4 + ["oracle"] * 4,
+                        "reference_latency_ms": [100.0] * 8, "oracle_latency_ms": [50.0] * 8,
+                        "latency_ms": [75.0, 75.0, 100.0, 20.0] + [50.0] * 4,
+                        "violates_any": [False, False, False, True] + [False] * 4,
+                        "extrapolated": [False, False, False, False, False, False, False, True]})
+    pts = router_points(per).set_index("router")
+    assert pts.loc["a", "capture"] == pytest.approx((25 + 25 + 0 + 80) / 200) and pts.loc["a", "violations"] == 0.25
+    assert pts.loc["oracle", "capture"] == pytest.approx(1.0) and pts.loc["oracle", "requests"] == 3
+    curve = pd.DataFrame({"violations": [0.0, 0.0, 0.1, 0.2, 0.2], "capture": [0.1, 0.3, 0.2, 0.6, 0.5]})
+    env = envelope(curve)
+    assert list(env["violations"]) == [0.0, 0.1, 0.2] and list(env["capture"]) == [0.3, 0.3, 0.6]

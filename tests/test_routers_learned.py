@@ -113,6 +113,36 @@ def test_costs_and_regret_weights(table):
     assert bad["violation_rate_quality"] > 0 and bad["objective"] > 0
 
 
+def test_the_decision_cost_counts_against_each_request_latency(table):
+    modes = table_meta(table)["modes"]
+    free = objective_metrics(table, table["label"], modes)
+    paid = objective_metrics(table, table["label"], modes, overhead_ms=5.0)
+    best = np.array([table[f"latency_ms__{m}"].iloc[i] for i, m in enumerate(table["label"])])
+    assert free["decision_cost"] == 0 and paid["decision_cost"] == pytest.approx(np.mean(5.0 / best))
+    assert paid["objective"] == pytest.approx(free["objective"] + paid["decision_cost"])
+
+
+def test_tuning_scores_the_served_decision_and_its_cost(table, tmp_path, monkeypatch):
+    """Each fold model is scored on what it serves, its measured decision cost included:
+    made absurdly dear in proportion to the tree's depth, the cheapest depth tried wins."""
+    import optuna
+    from modeswitch.routers.training import served, trainer
+    from modeswitch.routers.training.table import TrainingTable
+
+    picks, p50_ms = served.served_decision(get_router("dt", feature_set="A").fit(table, table["label"].astype(str)),
+                                           table.iloc[:50], decisions=200)
+    assert len(picks) == 50 and 0 < p50_ms < 1.0  # compiled: well under a millisecond
+
+    monkeypatch.setattr(trainer, "served_decision",
+                        lambda est, valid: (est.predict(valid), 1e6 * est.max_depth))
+    cfg = trainer.TrainConfig(routers=["dt"], trials=6, split="random", mlruns=str(tmp_path / "m"))
+    data = TrainingTable.of(table)
+    study = trainer.tune("dt", cfg, data, np.arange(len(table)), "served-cost")
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert study.best_params["max_depth"] == min(t.params["max_depth"] for t in done)
+    assert all("decision_p50_us_fold0" in t.user_attrs for t in done)
+
+
 def test_group_splits_never_leak_families(table):
     for split in ("group", "lofo"):
         for tr, te in split_indices(table, split):

@@ -156,7 +156,10 @@ def test_score_offline_and_live_on_the_tiny_model(tiny_models, tmp_path):
     files = {p.name for p in (tmp_path / "report").rglob("*")}
     assert {"README.md", "headline.csv", "live_summary.csv", "live_per_family.csv",
             "routing_overhead.png", "pareto.png",
-            "violations.png", "per_family_speedup.png", "confusion_dt.png"} <= files
+            "violations.png", "per_family_speedup.png", "confusion_dt.png", "live_runs.csv",
+            "capture_vs_violations.png", "frontier.csv"} <= files
+    runs = pd.read_csv(tmp_path / "report" / "live_runs.csv")  # every live trial, as run
+    assert {"output_tokens", "ttft_ms", "cpu_share", "contended", "trial"} <= set(runs.columns)
     import mlflow
 
     run = mlflow.MlflowClient().get_run(res["mlflow_run_id"])

@@ -202,3 +202,26 @@ def test_redo_forgets_what_reads_the_step_and_only_checks_prerequisites(tmp_path
     fresh = Study(StudyConfig(output=str(tmp_path / "t")), log=lambda m: None)
     with pytest.raises(Exception, match="needs model, profile"):
         fresh.run(["costmodel"])
+
+
+def test_the_quality_step_sweeps_drawn_requests_for_the_dataset(tiny_models, tmp_path):
+    """swept_per_family > 0 adds the quality step between labels and dataset; it runs the
+    quality sweep on each family's first drawn requests and records its throughput."""
+    from modeswitch.engine.quality_sweep import read_sweep
+
+    from modeswitch.study import Study
+
+    cfg = StudyConfig(output=str(tmp_path / "q"), model=str(tiny_models.target), draft_model=str(tiny_models.draft),
+                      families=("short_prompt_short_output", "long_prompt_short_output"),
+                      modes=("fp16_baseline", "int8_quant"), drawn_requests=10, swept_per_family=2,
+                      length_scale=0.25, threads=1)
+    study = Study(cfg, log=lambda m: None)
+    assert study.steps()[:6] == ["model", "profile", "costmodel", "labels", "quality", "dataset"]
+    assert "quality" not in Study(StudyConfig(output=str(tmp_path / "n")), log=lambda m: None).steps()
+    swept = study.swept_requests()
+    assert [r.family for r in swept] == ["short_prompt_short_output"] * 2 + ["long_prompt_short_output"] * 2
+    got = study._step_quality()
+    sweep = read_sweep(got["sweep"])
+    assert set(sweep["request_id"]) == {r.id for r in swept} and set(sweep["mode"]) == {"fp16_baseline", "int8_quant"}
+    assert set(got["requests_per_s"]) == {"fp16_baseline", "int8_quant"}
+    assert (tmp_path / "q" / "quality_sweep_throughput.csv").exists()

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 from modeswitch.dataset.benchmarks import read_benchmark
 from modeswitch.dataset.limits import count, finite, requests_fit
+from modeswitch.dataset.prompt_corpus import in_draft_split
 from modeswitch.dataset.requests import Request
 from modeswitch.dataset.workloads import get_workload
 from modeswitch.dataset.workloads.conditions import (
@@ -114,7 +115,8 @@ def build_units(spec: ProfileSpec) -> list[Unit]:
                 p = primer(r)
                 units.append(Unit(r.id, name, arrival_group(r), prime=[p] if p else []))
     for path in spec.benchmarks:
-        for r in read_benchmark(path, spec.benchmark_requests, seed=spec.seed):
+        # the draft was distilled on the corpus's draft split: those prompts are no evaluation
+        for r in read_benchmark(path, spec.benchmark_requests, seed=spec.seed, skip=in_draft_split):
             units.append(Unit(r.id, r.family, [r]))
     return units
 

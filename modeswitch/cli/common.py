@@ -143,6 +143,7 @@ Fallback = Literal["rule", "reference"]
 Incomplete = Literal["error", "skip"]
 MissingQuality = Literal["unsafe", "pass"]
 Labels = Literal["all", "measured"]
+Certificate = Literal["pooled", "per-family", "family-held-out", "per-family-held-out"]
 
 
 def backend_names() -> list[str]:

@@ -22,6 +22,7 @@ from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.io import write_parquet
 from modeswitch.dataset.limits import finite
 from modeswitch.dataset.profile_schema import read_profiles
+from modeswitch.dataset.prompt_corpus import in_draft_split
 from modeswitch.dataset.workloads import list_workloads
 from modeswitch.dataset.workloads.conditions import drawn_requests
 from modeswitch.display import console
@@ -70,7 +71,8 @@ def dataset_build_cmd(
     per = max(1, requests // len(names))
     reqs = drawn_requests(names, per, seed, length_scale)
     for f in _split(benchmarks):
-        reqs += read_benchmark(f, benchmark_requests, seed=seed)
+        # the draft was distilled on the corpus's draft split: those prompts are no evaluation
+        reqs += read_benchmark(f, benchmark_requests, seed=seed, skip=in_draft_split)
     if profiled:
         drawn = {r.id for r in reqs}
         reqs += [r for r in profiled_requests(profile) if r.id not in drawn

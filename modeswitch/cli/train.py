@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from modeswitch.cli.common import (
     TRACKING_HELP,
+    Certificate,
     Fallback,
     FeatureSet,
     Labels,
@@ -48,6 +49,8 @@ def train_cmd(
     fallback: Annotated[Fallback, typer.Option(help="What decides when no mode looks safe.")] = "rule",
     labels: Annotated[Labels, typer.Option(help="Train and score on all rows, or only on labels from the requests' own measurements.")] = "all",
     target_violation_rate: Annotated[float, typer.Option(help="Every router with a risk score is certified (routers/certified.py): violation rate on new requests at most this, with 90 % confidence (Learn then Test on held-out training rows); 0: the tuned threshold.")] = 0.01,
+    certificate: Annotated[Certificate, typer.Option(help="What the certificate bounds: pooled (the calibration rows' rate), per-family (every family's; small families pooled), family-held-out (each calibration row decided by a clone that never saw its family), per-family-held-out (both).")] = "pooled",
+    decision_cost: Annotated[bool, typer.Option(help="Tuning scores each model as it serves: its compiled (or distilled) picks, and its measured decision p50 added to every request's latency.")] = True,
     storage: Annotated[str | None, typer.Option(help="Optuna storage URL (default: optuna.db in --mlruns); postgresql://USER:PASS@HOST/DB lets several train processes, here or on other machines, tune one study.")] = None,
     workers: Annotated[int, typer.Option(min=1, help="Local processes tuning each family's study together.")] = 1,
     mlruns: Annotated[Path, typer.Option(help="MLflow/Optuna store folder.")] = Path("mlruns"),
@@ -62,7 +65,8 @@ def train_cmd(
                       seed=seed, unsafe_penalty=unsafe_penalty, safety_threshold=safety_threshold,
                       fallback=fallback, storage=storage, workers=workers, mlruns=str(mlruns),
                       tracking_uri=tracking_uri, preset=preset,
-                      labels=labels, target_violation_rate=target_violation_rate, **families)
+                      labels=labels, target_violation_rate=target_violation_rate,
+                      certificate=certificate, decision_cost=decision_cost, **families)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeRemainingColumn(), console=console) as progress:
         res = train(table, cfg, progress)

@@ -37,13 +37,13 @@ TABLES = {
     "model": ("model", "draft_model", "backend", "device"),
     "profile": ("families", "modes", "requests_per_family", "trials", "max_remeasure",
                 "length_scale", "interleave", "threads"),
-    "dataset": ("drawn_requests",),
+    "dataset": ("drawn_requests", "swept_per_family"),
     "train": ("splits", "routers", "tuning_trials", "feature_set", "labels", "test_size",
-              "target_violation_rate"),
+              "target_violation_rate", "certificate"),
     "score": ("live", "live_per_family", "live_trials", "decisions"),
 }
 #: fields added after studies had begun, left out of the identity at their default
-LATER_FIELDS = {"target_violation_rate": 0.01}
+LATER_FIELDS = {"target_violation_rate": 0.01, "certificate": "pooled", "swept_per_family": 0}
 #: tables holding a mapping handed on as it is (checked by their own owners)
 MAPPINGS = ("conditions", "constraints")
 
@@ -74,6 +74,10 @@ class StudyConfig:
     conditions: dict = field(default_factory=dict)
     #: requests drawn beside the profiled ones, labelled from estimates (0: measured only)
     drawn_requests: int = 700
+    #: drawn requests per family whose quality is measured by a quality sweep (the
+    #: ``quality`` step: the reference and every lossy mode, batched, untimed), so
+    #: their safety labels are their own, not their family's mean; 0: no sweep
+    swept_per_family: int = 0
     #: :class:`oracle.Constraints` fields; empty: the defaults
     constraints: dict = field(default_factory=dict)
     splits: tuple[str, ...] = ("random", "group", "lofo")
@@ -85,6 +89,8 @@ class StudyConfig:
     test_size: float = 0.25
     #: certified violation-rate target of the routers that take one (cost-predicting)
     target_violation_rate: float = 0.01
+    #: what the certificate bounds (routers.training.trainer.CERTIFICATES)
+    certificate: str = "pooled"
     live: bool = True
     live_per_family: int = 3
     live_trials: int = 2
@@ -98,7 +104,7 @@ class StudyConfig:
         # step starts (length_scale = inf or requests_per_family = 1e20 failed in the profile)
         for name in ("requests_per_family", "trials", "live_trials", "tuning_trials", "decisions"):
             count(name, getattr(self, name))
-        for name in ("max_remeasure", "drawn_requests", "live_per_family"):
+        for name in ("max_remeasure", "drawn_requests", "live_per_family", "swept_per_family"):
             count(name, getattr(self, name), minimum=0)
         if self.threads is not None:
             count("threads", self.threads)
@@ -108,6 +114,9 @@ class StudyConfig:
         requests_fit("drawn_requests", self.drawn_requests)
         if not 0 <= self.target_violation_rate < 1:
             raise ValueError("train.target_violation_rate: must lie in [0, 1) (0: no certification)")
+        certificates = ("pooled", "per-family", "family-held-out", "per-family-held-out")
+        if self.certificate not in certificates:
+            raise ValueError(f"train.certificate {self.certificate!r}: choose one of {', '.join(certificates)}")
 
     # ------------------------------------------------------------- the file
     @classmethod

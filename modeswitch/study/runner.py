@@ -46,6 +46,7 @@ from modeswitch.dataset.workloads import get_workload
 from modeswitch.dataset.workloads.conditions import draw_units, scaled
 from modeswitch.engine.distributed import make_profiler
 from modeswitch.engine.profiler import ProfileSpec
+from modeswitch.engine.quality_sweep import SweepSpec, read_sweep, run_sweep
 from modeswitch.oracle import label_profile
 from modeswitch.oracle.costmodel import CostModel, enough_requests, fit_validated
 from modeswitch.oracle.training_table import build_training_table, profiled_requests
@@ -109,7 +110,8 @@ class Study:
 
     def needs(self, step: str) -> list[str]:
         """The steps ``step`` reads the outputs of."""
-        base = ["model", "profile", "costmodel", "labels", "dataset"]
+        base = ["model", "profile", "costmodel", "labels", *(["quality"] if self.cfg.swept_per_family else []),
+                "dataset"]
         kind, _, split = step.partition(":")
         if kind in base:
             return base[:base.index(kind)]
@@ -142,7 +144,8 @@ class Study:
         return self.state["steps"][step]["outputs"]
 
     def steps(self) -> list[str]:
-        s = ["model", "profile", "costmodel", "labels", "dataset"]
+        s = ["model", "profile", "costmodel", "labels", *(["quality"] if self.cfg.swept_per_family else []),
+             "dataset"]
         s += [f"train:{x}" for x in self.cfg.splits]
         s += [f"score:{x}" for x in self.cfg.splits]
         return s + ["report"]
@@ -263,11 +266,54 @@ class Study:
                 out.append(dataclasses.replace(du.request, id=f"draw-{du.request.id}"))
         return out
 
+    def swept_requests(self) -> list:
+        """The drawn requests the quality step measures: each family's first
+        ``swept_per_family`` of its random draw."""
+        per: dict[str, list] = {}
+        for r in self.drawn_requests():
+            if len(per.setdefault(r.family, [])) < self.cfg.swept_per_family:
+                per[r.family].append(r)
+        return [r for rs in per.values() for r in rs]
+
+    def _step_quality(self) -> dict:
+        """Measured quality for drawn requests: the reference and every lossy mode,
+        batched and untimed (engine.quality_sweep); the dataset step takes each swept
+        request's own ROUGE-L and accuracy, marked ``measured (sweep)``."""
+        target, draft, _ = self._models()
+        c = self.cfg
+        path = self.out / "quality_sweep.parquet"
+        swept = self.swept_requests()
+        if path.exists():
+            have = set(read_sweep(path)["request_id"].astype(str))
+            if have == {r.id for r in swept}:  # finished before the state was saved: reuse it
+                return {"sweep": str(path), "requests": len(have)}
+            # another draw (a redo with other settings): keep the old sweep aside, never overwrite it
+            stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+            for old in (path, path.with_name(path.name + ".journal.jsonl")):
+                if old.exists():
+                    old.rename(old.with_name(f"{old.name}.previous-{stamp}"))
+            self.log(f"quality sweep: {path.name} swept other requests; kept as .previous-{stamp}")
+        spec = SweepSpec(model=str(target), requests=tuple(swept),
+                         draft_model=str(draft) if draft else None, backend=c.backend, device=c.device,
+                         modes=tuple(c.modes) if c.modes else None, threads=c.threads)
+        t0 = time.perf_counter()
+        frame, throughput = run_sweep(spec, path, log=self.log)
+        seconds = time.perf_counter() - t0
+        with atomic_path(self.out / "quality_sweep_throughput.csv", overwrite=True) as tmp:
+            throughput.to_csv(tmp, index=False)
+        self.log(f"quality sweep: {frame['request_id'].nunique()} requests x {frame['mode'].nunique()} modes "
+                 f"in {seconds / 60:.1f} min; requests/s per mode "
+                 + ", ".join(f"{r.mode} {r.requests_per_s:.2f}" for r in throughput.itertuples()))
+        return {"sweep": str(path), "requests": int(frame["request_id"].nunique()),
+                "requests_per_s": {r.mode: float(r.requests_per_s) for r in throughput.itertuples()}}
+
     def _step_dataset(self) -> dict:
         profile = self._profile()
         reqs = self.drawn_requests() + profiled_requests(profile)
+        sweep = self.out / "quality_sweep.parquet"
         table = build_training_table(profile, reqs, self.cfg.constraint_set(),
-                                     source=str(self.out / "profile.parquet"), costmodel=self._costmodel())
+                                     source=str(self.out / "profile.parquet"), costmodel=self._costmodel(),
+                                     quality=read_sweep(sweep) if self.cfg.swept_per_family else None)
         path = self.out / "train.parquet"
         write_parquet(table, path, overwrite=True)
         src = table["label_source"].value_counts()
@@ -286,7 +332,8 @@ class Study:
         families = {"routers": list(c.routers)} if c.routers else {}
         cfg = TrainConfig(feature_set=c.feature_set, split=split, test_size=c.test_size,
                           trials=c.tuning_trials, seed=42 + c.seed, mlruns=c.mlruns, labels=c.labels,
-                          target_violation_rate=c.target_violation_rate, **families)
+                          target_violation_rate=c.target_violation_rate, certificate=c.certificate,
+                          **families)
         if self.console is None:
             res = train(self._table(), cfg, None)
         else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 from modeswitch.dataset.features import FEATURE_SET_A, NONE_CATEGORY
 from modeswitch.routers.compiler.codegen import compile_tree
+from modeswitch.routers.compiler.distil import distil as distil_state
 from modeswitch.routers.compiler.kernel import F64, I32, extension, library, pointer
 from modeswitch.routers.compiler.packing import LINEAR, pack
 from modeswitch.routers.fitted_state import FittedState, TreeEnsemble
@@ -21,6 +22,12 @@ from modeswitch.routers.fitted_state import FittedState, TreeEnsemble
 #: region-tree budget: nodes, and tree nodes visited while building (~1 ns each)
 REGION_NODES = 1 << 17
 REGION_WORK = 2_000_000_000
+#: a tree ensemble whose decisions on its training sample would walk more trees than
+#: this on average (rows the region tree leaves undecided x trees) is distilled into
+#: one tree (:mod:`routers.compiler.distil`): about the rule's decision cost
+DISTIL_WALKED_TREES = 32
+#: generated Python nests one block per tree level; CPython's tokenizer stops at 100
+CODEGEN_MAX_DEPTH = 90
 
 
 class CompiledRouter:
@@ -69,6 +76,10 @@ class CompiledRouter:
         #: tree models: nodes of the region tree (the argmax as one tree over numeric bins)
         #: and the share of the bin grid it leaves undecided (those decisions walk the trees)
         self.region_nodes_, self.region_walk_share_ = 0, 1.0
+        #: a :class:`~routers.compiler.distil.Distillation` where this is a distilled tree
+        self.distilled_ = None
+        #: what the kernel holds: outputs (classes, or per-mode costs and risks), trees, nodes
+        self.size_ = _size(state)
         region_budget = region_budget or (REGION_NODES, REGION_WORK)
         if kind != LINEAR and region_budget[0] > 0:
             self._build_region(state.sample, region_budget)
@@ -119,25 +130,73 @@ class CompiledRouter:
         return self.classes_[self.predict_matrix(self.matrix(X))]
 
 
-def compile_state(state: FittedState, region_budget: tuple | None = None) -> CompiledRouter:
-    """The compiled form of a fitted router's description."""
+def _size(state: FittedState) -> dict:
+    model = state.model
+    if isinstance(model, TreeEnsemble):
+        return {"outputs": int(model.n_outputs), "trees": len(model.trees),
+                "nodes": int(sum(len(t.left) for t in model.trees))}
+    return {"outputs": int(np.shape(model.weights)[0]), "trees": 0, "nodes": 0}
+
+
+def walked_trees(comp: CompiledRouter, state: FittedState) -> float:
+    """Trees a decision walks on average over the training sample: the share of its
+    rows the region tree leaves undecided times the ensemble's trees (an upper bound:
+    the lockstep walk may stop early). 0 for linear models and lone trees."""
+    model, sample = state.model, state.sample
+    if not isinstance(model, TreeEnsemble) or len(model.trees) < 2:
+        return 0.0
+    if sample is None or np.shape(sample)[1:] != (comp.n_features,) or not len(sample):
+        return float(len(model.trees))  # no sample to tell: assume every decision walks
+    walk = 1.0 - comp.region_share(np.ascontiguousarray(sample, dtype=np.float64))
+    return walk * len(model.trees)
+
+
+def compile_state(state: FittedState, region_budget: tuple | None = None,
+                  distil: str = "auto") -> CompiledRouter:
+    """The compiled form of a fitted router's description. ``distil``: ``"auto"``
+    distils a tree ensemble that walks more than ``DISTIL_WALKED_TREES`` trees per
+    decision (:func:`walked_trees`) into one tree, which records its measured agreement
+    (``distilled_``); ``"always"`` distils any tree ensemble with a sample; ``"never"``
+    keeps the exact ensemble."""
+    if distil not in ("auto", "always", "never"):
+        raise ValueError(f"distil {distil!r}: choose auto, always or never")
     comp = CompiledRouter(state, region_budget)
     model = state.model
+    has_sample = state.sample is not None and np.shape(state.sample)[1:] == (comp.n_features,) \
+        and len(state.sample) > 0
+    if distil != "never" and isinstance(model, TreeEnsemble) and has_sample and (
+            distil == "always" or (len(model.trees) > 1 and walked_trees(comp, state) > DISTIL_WALKED_TREES)):
+        small, kept = distil_state(state, comp.predict_matrix)
+        comp = compile_state(small, region_budget, distil="never")
+        comp.distilled_ = kept
+        return comp
     if isinstance(model, TreeEnsemble) and len(model.trees) == 1 and model.combine == "mean" \
-            and state.decision is None:
+            and state.decision is None and _depth(model.trees[0]) <= CODEGEN_MAX_DEPTH:
         # single decisions: generated Python beats a C call for a handful of comparisons
         comp.route, comp.source_code = compile_tree(model.trees[0], state.classes, state.layout,
                                                     model.float32_inputs)
     return comp
 
 
-def compile(router, region_budget: tuple | None = None) -> CompiledRouter:  # noqa: A001 - the issue's name
+def _depth(tree) -> int:
+    left, right = np.asarray(tree.left), np.asarray(tree.right)
+    depth, todo = 0, [(0, 0)]
+    while todo:
+        node, d = todo.pop()
+        depth = max(depth, d)
+        if left[node] >= 0:
+            todo += [(int(left[node]), d + 1), (int(right[node]), d + 1)]
+    return depth
+
+
+def compile(router, region_budget: tuple | None = None, distil: str = "auto") -> CompiledRouter:  # noqa: A001
     """Compile a fitted learned router (any family whose ``fitted_state()`` describes a
     tree ensemble or a linear model).
 
     ``region_budget``: (nodes, work) for the region tree of tree models; default
-    (``REGION_NODES``, ``REGION_WORK``); nodes 0 = no region tree (always walk)."""
+    (``REGION_NODES``, ``REGION_WORK``); nodes 0 = no region tree (always walk).
+    ``distil``: see :func:`compile_state`."""
     describe = getattr(router, "fitted_state", None)
     if describe is None:
         raise TypeError(f"{type(router).__name__} has no fitted_state(): nothing to compile")
-    return compile_state(describe(), region_budget)
+    return compile_state(describe(), region_budget, distil)

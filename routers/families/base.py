@@ -130,10 +130,12 @@ class LearnedRouter(RouterMixin, BaseEstimator):
         """The fitted decision as plain data (:mod:`routers.fitted_state`), for the compiler."""
         raise NotImplementedError
 
-    def compile(self, region_budget: tuple | None = None):
-        """The compiled router (same decisions, C kernel), or None with ``compile_reason_``."""
+    def compile(self, region_budget: tuple | None = None, distil: str = "auto"):
+        """The compiled router (same decisions, C kernel; a slow ensemble distilled into
+        one tree, its agreement in ``distilled_``: :func:`routers.compiler.compile_state`),
+        or None with ``compile_reason_``."""
         try:
-            return compile_router(self, region_budget)
+            return compile_router(self, region_budget, distil)
         except (ValueError, TypeError, RuntimeError) as exc:  # e.g. a safety guard, no C compiler
             self.compile_reason_ = str(exc).splitlines()[0]
             return None

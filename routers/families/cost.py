@@ -201,6 +201,21 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     def _proba(model, F) -> np.ndarray:
         return _proba(model, F)
 
+    # -- deciding from input rows (routers.certified distils the served decision) -------
+    def features(self, X) -> np.ndarray:
+        """The model's input rows for a feature frame (its column preparation applied)."""
+        check_is_fitted(self, "prep_")
+        return self._features(X)
+
+    def row_scores(self, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`scores` for ready input rows ``F`` (:meth:`features`)."""
+        check_is_fitted(self, "ratio_models_")
+        return self._scores_of(np.asarray(F))
+
+    def decide_scores(self, ratio, risk, threshold) -> np.ndarray:
+        """Mode indices (into ``modes_``) chosen from :meth:`row_scores` at ``threshold``."""
+        return self._decide(ratio, risk, threshold)
+
     def _decide(self, ratio, risk, threshold) -> np.ndarray:
         allowed = risk <= threshold
         allowed[:, self.modes_.index(self.reference_)] = True

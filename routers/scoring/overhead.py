@@ -32,6 +32,16 @@ class Overhead:
     p95_us: float
     p99_us: float
     batch_per_s: float | None
+    #: the compiled decision's model: outputs, trees and nodes in the kernel
+    outputs: int | None = None
+    trees: int | None = None
+    nodes: int | None = None
+    #: share of the stream's requests on which the served decision equals the uncompiled
+    #: router's (1.0 by construction unless distilled: then measured, never assumed)
+    agreement: float | None = None
+    #: where the decision was distilled: from what, and its agreement on training and
+    #: synthetic rows (routers.compiler.distil)
+    distilled: str = ""
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -44,7 +54,7 @@ def decision_function(router, compiled: bool = True):
     if compiled:
         fast = router.compile()
         if fast is not None:
-            return fast.route, "compiled", fast
+            return fast.route, "compiled (distilled)" if fast.distilled_ else "compiled", fast
         reason = router.compile_reason_
     path = router.decision_path
     if path == "pipeline" and reason:
@@ -105,6 +115,15 @@ def batch_throughput(router, frame, compiled_router=None, min_rows: int = 100_00
     return len(frame) / (time.perf_counter() - t0)
 
 
+def agreement(router, compiled_router, frame) -> float | None:
+    """Share of ``frame``'s rows on which the compiled decision equals the router's own
+    ``predict`` (None without a compiled router)."""
+    if compiled_router is None or not len(frame):
+        return None
+    return float((np.asarray(compiled_router.predict(frame), dtype=object)
+                  == np.asarray(router.predict(frame), dtype=object)).mean())
+
+
 def decision_functions(routers: dict, compiled: bool = True) -> dict:
     """name -> (fn, path, compiled router or None) for every router; built once, shared by
     the overhead and live measurements."""
@@ -130,6 +149,10 @@ def measure(routers: dict, requests, decisions: int = 20_000, pipeline_decisions
                 progress(f"routing overhead: {name} ({path}, {n} decisions)")
             times[name] = time_decisions(fn, requests, n, warmup=min(500, n))
         t = times[name]
+        size = comp.size_ if comp is not None else {}
         out[name] = Overhead(name, path, len(t), float(np.percentile(t, 50)), float(np.percentile(t, 95)),
-                             float(np.percentile(t, 99)), batch_throughput(routers[name], frame, comp))
+                             float(np.percentile(t, 99)), batch_throughput(routers[name], frame, comp),
+                             size.get("outputs"), size.get("trees"), size.get("nodes"),
+                             agreement(routers[name], comp, frame),
+                             comp.distilled_.describe() if comp is not None and comp.distilled_ else "")
     return out

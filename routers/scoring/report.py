@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from modeswitch.dataset.io import atomic_path
 from modeswitch.routers.scoring.findings import findings
+from modeswitch.routers.scoring.frontier import envelope, router_points
 from modeswitch.routers.training.tracking import git_commit, log_table_input, setup, table_input
 
 #: The study's per-decision overhead (arXiv 2605.23057), drawn for comparison.
@@ -65,7 +66,7 @@ def _reference_line(ax, vertical=False):
 
 
 def plots(out: Path, per_request: pd.DataFrame, per_family: pd.DataFrame, overall: pd.DataFrame,
-          overhead: dict, live: pd.DataFrame | None = None) -> list[Path]:
+          overhead: dict, live: pd.DataFrame | None = None, frontier=None) -> list[Path]:
     """Write the report's plots under ``out/plots``; returns their paths in order.
     Router-level plots use equal family weights, as the headline table does."""
     plt = _pyplot()
@@ -91,7 +92,28 @@ def plots(out: Path, per_request: pd.DataFrame, per_family: pd.DataFrame, overal
             save(_confusion_plot(r, g), f"confusion_{r}.png")
     if live is not None and len(live):
         save(_live_plot(live), "live_speedup_energy.png")
+    if frontier is not None and len(frontier.curve):
+        save(_frontier_plot(frontier, router_points(per_request)), "capture_vs_violations.png")
     return paths
+
+
+def _frontier_plot(frontier, points: pd.DataFrame):
+    """Capture of the oracle's saving against the violation rate: each router a point,
+    the measured ceiling (shape features, every latency known) a line."""
+    fig, ax = _fig(7, 5)
+    env = envelope(frontier.curve)
+    ax.plot(env["violations"] * 100, env["capture"], color="black", lw=1.5,
+            label="ceiling: safety from the request's shape, latencies known")
+    for r in points.itertuples():
+        ax.scatter(r.violations * 100, r.capture, s=60, marker="*" if r.router in ("oracle", "rule") else "o")
+        ax.annotate(r.router, (r.violations * 100, r.capture), textcoords="offset points", xytext=(5, 3))
+    ax.axvline(2.0, color="grey", lw=1, ls="--")
+    ax.set_xlabel("held-out requests whose pick violates a constraint (%)")
+    ax.set_ylabel("share of the oracle's latency saving kept")
+    ax.set_title(f"capture vs violations, {frontier.split} split ({frontier.scored} requests inside the "
+                 "training ranges)")
+    ax.legend(loc="lower right", fontsize=8)
+    return fig
 
 
 def _speedup_energy_plot(eq):
@@ -228,7 +250,7 @@ def _md_table(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
 
 def write_report(out: Path, *, per_request, per_family, overall, overhead: dict, context: dict,
                  live_per=None, live_summary=None, estimate=None, live_figures=None, live_runs=None,
-                 live_family=None, intervals=None, coverage=None) -> list[Path]:
+                 live_family=None, intervals=None, coverage=None, frontier=None) -> list[Path]:
     """Write the report folder (which must not exist yet); returns the files written."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -265,7 +287,11 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
             csv(h, f"live_summary_{name}.csv", index=False)
         if len(coverage["risk"]):
             csv(coverage["risk"], "risk_control.csv", index=False)
-    files += plots(out, per_request, per_family, overall, overhead, live_summary)
+        if coverage.get("risk_family") is not None and len(coverage["risk_family"]):
+            csv(coverage["risk_family"], "risk_control_by_family.csv", index=False)
+    files += plots(out, per_request, per_family, overall, overhead, live_summary, frontier)
+    if frontier is not None and len(frontier.curve):
+        csv(frontier.curve, "frontier.csv", index=False)
 
     md = [f"# Router scoring: {context.get('name', out.name)}", ""]
     md += [f"- {k}: {v}" for k, v in context.items()]
@@ -299,6 +325,14 @@ def _coverage_md(cov: dict) -> list[str]:
     if len(cov["risk"]):
         md += ["## Certified violation targets (Learn then Test on held-out training rows)", "",
                _md_table(cov["risk"].set_index("router")), ""]
+    fam = cov.get("risk_family")
+    if fam is not None and len(fam):
+        broken = fam[~fam["met"]]
+        md += ["### The target next to each held-out family's own rate (`risk_control_by_family.csv`)", "",
+               f"{len(broken)} of {len(fam)} (router, family) pairs exceed target + slack"
+               + (": " + ", ".join(f"{r.router} in {r.family} ({r.held_out_rate:.1%})"
+                                   for r in broken.itertuples()) if len(broken) else "") + ".", "",
+               _md_table(fam.set_index("router")), ""]
     md += [f"## Inside vs outside the training data ({cov['extrapolated']} of {cov['held_out']} "
            "held-out requests have a feature outside the training part's range)", ""]
     for name, h in cov["headlines"].items():

@@ -24,7 +24,13 @@ from modeswitch.routers.reference import FixedModeRouter, OracleRouter
 from modeswitch.routers.rule_baseline import RuleBaselineRouter
 from modeswitch.routers.scoring import overhead as oh
 from modeswitch.routers.scoring import report
-from modeswitch.routers.scoring.coverage import coverage, risk_table, split_headlines
+from modeswitch.routers.scoring.coverage import (
+    coverage,
+    risk_by_family,
+    risk_table,
+    split_headlines,
+)
+from modeswitch.routers.scoring.frontier import frontier
 from modeswitch.routers.scoring.live import run_live, score_live, stratified, summarise_live
 from modeswitch.routers.scoring.offline import (
     aggregate_scores,
@@ -71,6 +77,8 @@ class ScoreConfig:
     name: str | None = None
     #: score on all rows or only measured labels (as the routers were trained: `train --labels`)
     labels: str = "all"
+    #: compute the split's capture / violation ceiling and plot the routers beside it
+    frontier: bool = True
 
 
 def live_threads(cfg: ScoreConfig, meta: dict) -> tuple[int | None, str]:
@@ -253,6 +261,8 @@ class Scoring:
     ranges: object = None
     per_family: pd.DataFrame | None = None
     overall: pd.DataFrame | None = None
+    #: the capture / violation ceiling of the split (routers.scoring.frontier), if computed
+    frontier: object = None
 
     @property
     def p50(self) -> dict:
@@ -310,6 +320,18 @@ def score_offline_step(s: Scoring, say) -> None:
     s.per_family, s.overall = aggregate_scores(s.per_request)
 
 
+def frontier_step(s: Scoring, say) -> None:
+    """The split's measured ceiling: the best share of the oracle's saving at each
+    violation rate for a router that knows every latency and predicts safety from the
+    request's shape (routers.scoring.frontier), beside which the report plots the routers."""
+    split, test_size, seed = _split_of(s.trained)
+    say(f"frontier: safety predicted out of fold on the {split} split")
+    try:
+        s.frontier = frontier(s.table.frame, split, "A", "lgbm", True, test_size, seed)
+    except (ValueError, KeyError) as exc:  # a table without per-mode safety: no ceiling to draw
+        say(f"frontier: not computed ({exc})")
+
+
 def report_context(s: Scoring, cfg: ScoreConfig, out: Path) -> dict:
     """What the report's header says: the table, the split, the runs scored."""
     meta = s.table.meta
@@ -364,11 +386,12 @@ def coverage_info(s: Scoring, head: pd.DataFrame, live: LiveScores, context: dic
         for name, part in (("inside", live.per[~inside]), ("extrapolated", live.per[inside])):
             if len(part):
                 live_parts[name] = summarise_live(part)
-    risk = risk_table({t.name: s.scored.get(t.name, t.estimator) for t in s.trained}, head, live.summary,
+    certified = {t.name: s.scored.get(t.name, t.estimator) for t in s.trained}
+    risk = risk_table(certified, head, live.summary,
                       held_out=len(s.marks), live_requests=context.get("live_requests", 0))
     return {"ranges": s.ranges, "headlines": split_headlines(s.per_request, s.overhead, s.marks),
             "live": live_parts, "extrapolated": int(s.marks["extrapolated"].sum()),
-            "held_out": len(s.marks), "risk": risk}
+            "held_out": len(s.marks), "risk": risk, "risk_family": risk_by_family(certified, s.per_request)}
 
 
 def write_outputs(s: Scoring, cfg: ScoreConfig, out: Path, live: LiveScores, context: dict, say):
@@ -380,6 +403,7 @@ def write_outputs(s: Scoring, cfg: ScoreConfig, out: Path, live: LiveScores, con
                         overhead=s.overhead, context=context, live_per=live.per,
                         live_summary=live.summary, estimate=live.estimate, live_figures=live.figures,
                         live_family=live.family, live_runs=live.runs, intervals=intervals,
+                        frontier=s.frontier,
                         coverage=coverage_info(s, head, live, context))
     run_id = report.log_to_mlflow(out, Path(cfg.mlruns), head, context,
                                   {t.name: t.run_id for t in s.trained}, live.summary, table=s.table.frame)
@@ -396,6 +420,8 @@ def score_routers(table, cfg: ScoreConfig, out: Path, progress=None) -> dict:
     s = load_scoring(table, cfg, say)
     measure_overhead(s, cfg, say)
     score_offline_step(s, say)
+    if cfg.frontier:
+        frontier_step(s, say)
     context = report_context(s, cfg, out)
     live = score_live_step(s, cfg, context, say) if cfg.live else LiveScores()
     head, run_id = write_outputs(s, cfg, out, live, context, say)

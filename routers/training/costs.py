@@ -2,15 +2,16 @@
 
 For request i with oracle label o_i and a predicted mode p:
 
-    cost_i(p) = max(L_i(p) / L_i(o_i) - 1, 0)  +  lambda * 1[p is unsafe for i]
+    cost_i(p) = max(L_i(p) / L_i(o_i) - 1, 0)  +  lambda * 1[p is unsafe for i]  +  d / L_i(o_i)
 
 where L is the (measured or estimated) latency and "unsafe" means p violates a
 quality, energy or memory constraint (or was not measured for i). The tuning
 objective is the mean cost over the validation requests; lambda is
 ``unsafe_penalty`` (default 1.0: an unsafe pick costs as much as doubling the
-latency). Regret sample weights for training are 1 + the mean cost of the wrong
-picks for that request, normalised to mean 1, so requests where a mistake hurts
-count more.
+latency); d is the router's decision cost (its served decision's p50, measured in
+tuning), so a model slower than its picks are worth loses the search. Regret sample
+weights for training are 1 + the mean cost of the wrong picks for that request,
+normalised to mean 1, so requests where a mistake hurts count more.
 """
 
 from __future__ import annotations
@@ -56,8 +57,13 @@ def regret_weights(table: pd.DataFrame, modes=None, unsafe_penalty: float = UNSA
     return w / w.mean()
 
 
-def objective_metrics(table: pd.DataFrame, pred, modes=None, unsafe_penalty: float = UNSAFE_PENALTY) -> dict:
-    """Oracle match, macro-F1, regret, violation rates by type, and the objective."""
+def objective_metrics(table: pd.DataFrame, pred, modes=None, unsafe_penalty: float = UNSAFE_PENALTY,
+                      overhead_ms: float = 0.0) -> dict:
+    """Oracle match, macro-F1, regret, violation rates by type, and the objective.
+
+    ``overhead_ms``: the router's decision cost, paid on every request before its mode
+    runs; it counts as the score counts it (added to the pick's latency), so each
+    request's cost grows by ``overhead_ms / L_i(o_i)`` (``decision_cost`` in the result)."""
     modes = modes or modes_of(table)
     pred = np.asarray(pred, dtype=object)
     idx = np.array([modes.index(p) if p in modes else -1 for p in pred])
@@ -68,8 +74,11 @@ def objective_metrics(table: pd.DataFrame, pred, modes=None, unsafe_penalty: flo
     lat = _matrix(table, "latency_ms", modes)
     label_idx = np.array([modes.index(x) for x in table["label"]])
     regret = lat[rows, np.maximum(idx, 0)] / lat[rows, label_idx] - 1
+    decision = overhead_ms / lat[rows, label_idx]
+    decision = np.where(np.isfinite(decision), decision, 0.0)
     out = {
-        "objective": float(cost.mean()),
+        "objective": float((cost + decision).mean()),
+        "decision_cost": float(decision.mean()),
         "oracle_match": float((pred == table["label"].to_numpy(dtype=object)).mean()),
         "macro_f1": float(f1_score(table["label"].astype(str), pred.astype(str), average="macro",
                                    zero_division=0)),

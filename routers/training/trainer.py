@@ -29,6 +29,7 @@ from modeswitch.routers.registry import get_family, get_router, learned_families
 from modeswitch.routers.rule_baseline import RuleBaselineRouter
 from modeswitch.routers.training import parallel
 from modeswitch.routers.training.costs import UNSAFE_PENALTY, objective_metrics
+from modeswitch.routers.training.served import served_decision
 from modeswitch.routers.training.splits import inner_folds
 from modeswitch.routers.training.table import TrainingTable
 from modeswitch.routers.training.tracking import (
@@ -50,6 +51,15 @@ PAPER_PRESET = {
         "lr": dict(max_iter=3000, class_weight="balanced"),
         "lgbm": dict(class_weight="balanced"),
     },
+}
+
+
+#: --certificate -> CertifiedRouter's options
+CERTIFICATES = {
+    "pooled": {},
+    "per-family": {"group_conditional": True},
+    "family-held-out": {"cross_fit_groups": True},
+    "per-family-held-out": {"group_conditional": True, "cross_fit_groups": True},
 }
 
 
@@ -78,11 +88,19 @@ class TrainConfig:
     #: train and score on every row ("all") or only on labels from the requests' own
     #: measurements ("measured"), not estimated ones
     labels: str = "all"
+    #: tuning scores each fold model as it serves: its compiled (or distilled) picks, and
+    #: its measured decision p50 added to every request's latency (routers.training.served);
+    #: False: the scikit-learn predictions at no cost (the study's original objective)
+    decision_cost: bool = True
     #: routers with a certifiable safety threshold (the cost-predicting ones; the
     #: classifiers when ``safety_threshold`` is set) calibrate it on held-out training
     #: rows so that new requests violate a constraint at most this often, with
     #: probability 1 - delta (Learn then Test); 0: no calibration, the tuned threshold
     target_violation_rate: float = 0.01
+    #: what the certificate bounds (routers.certified): "pooled" (the calibration rows'
+    #: rate), "per-family" (every family's, small ones pooled), "family-held-out" (pooled,
+    #: each row decided by a clone that never saw its family) or "per-family-held-out" (both)
+    certificate: str = "pooled"
 
     def __post_init__(self):
         if self.workers < 1:
@@ -90,6 +108,8 @@ class TrainConfig:
         if not 0 <= self.target_violation_rate < 1:
             raise InputError(f"--target-violation-rate {self.target_violation_rate}: must lie in "
                              "[0, 1) (0: no certification)")
+        if self.certificate not in CERTIFICATES:
+            raise InputError(f"--certificate {self.certificate!r}: choose one of {', '.join(CERTIFICATES)}")
 
     def apply_preset(self) -> TrainConfig:
         if self.preset is None:
@@ -113,7 +133,8 @@ def _fit(family, params, cfg: TrainConfig, table: TrainingTable, idx, use_weight
             extra[name] = value
     est = get_router(family, feature_set=cfg.feature_set, **extra)
     if certify and cfg.target_violation_rate and has_risk_score(est):
-        est = CertifiedRouter(est, target_violation_rate=cfg.target_violation_rate)
+        est = CertifiedRouter(est, target_violation_rate=cfg.target_violation_rate,
+                              **CERTIFICATES[cfg.certificate])
     return table.fit(est, idx, use_weights, cfg.unsafe_penalty)
 
 
@@ -157,7 +178,10 @@ def tune(family, cfg: TrainConfig, table: TrainingTable, train_idx, study_name, 
         for step, (tr, va) in enumerate(folds):
             est = _fit(family, params, cfg, train, tr, use_w, certify=False)
             valid = train.frame.iloc[va]
-            scores.append(objective_metrics(valid, est.predict(valid), train.modes, cfg.unsafe_penalty)["objective"])
+            picks, overhead_ms = served_decision(est, valid) if cfg.decision_cost else (est.predict(valid), 0.0)
+            trial.set_user_attr(f"decision_p50_us_fold{step}", overhead_ms * 1e3)
+            scores.append(objective_metrics(valid, picks, train.modes, cfg.unsafe_penalty,
+                                            overhead_ms)["objective"])
             trial.report(float(np.mean(scores)), step)
             if trial.should_prune():
                 raise optuna.TrialPruned()

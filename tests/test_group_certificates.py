@@ -1,0 +1,103 @@
+"""Certificates that hold in every family (routers.risk_control.learn_then_test_groups,
+CertifiedRouter's group_conditional and cross_fit_groups), on synthetic data with a
+known shift: int8 breaks the quality limit on shorter prompts in one family."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from modeswitch.routers.certified import CertifiedRouter
+from modeswitch.routers.families.cost import LinearCostRouter
+from modeswitch.routers.risk_control import (
+    group_clusters,
+    learn_then_test,
+    learn_then_test_groups,
+    min_calibration,
+    sampling_slack,
+)
+
+from tests.test_cost_routers import REF, synthetic_table
+
+ALPHA = 0.05
+
+
+def shifted_table(n_per_family: int, seed: int, shifted=("c",), plain=("a", "b")) -> pd.DataFrame:
+    """int8 unsafe above 450 prompt tokens in the plain families, above 150 in the shifted."""
+    parts = [synthetic_table(n_per_family * len(plain), seed, families=plain, quant_unsafe_above=450)]
+    if shifted:
+        parts.append(synthetic_table(n_per_family * len(shifted), seed + 1000, families=shifted,
+                                     quant_unsafe_above=150))
+    return pd.concat(parts, ignore_index=True)
+
+
+def family_rates(router, table) -> pd.Series:
+    pick = np.asarray(router.predict(table), dtype=object)
+    safe = np.array([table[f"safe__{m}"].iloc[i] if m != REF else True for i, m in enumerate(pick)], dtype=bool)
+    return pd.Series(~safe, index=table.index).groupby(table["family"].to_numpy()).mean()
+
+
+def test_a_group_that_violates_more_makes_the_threshold_stricter():
+    groups = np.repeat(["a", "b", "c"], 300)
+    thresholds = np.arange(0, 30)
+
+    def violates(t):  # only group c violates: t of its 300 rows at threshold t
+        v = np.zeros(900, dtype=bool)
+        v[600:600 + t] = True
+        return v
+
+    pooled = learn_then_test(lambda t: int(violates(t).sum()), thresholds, 900, alpha=0.02)
+    per = learn_then_test_groups(violates, thresholds, groups, alpha=0.02)
+    assert per.threshold < pooled.threshold  # the pooled rate hides c's
+    assert set(per.groups) == {"a", "b", "c"}
+    c = per.groups["c"]
+    assert c["violations"] == per.threshold and c["rate"] <= 0.02 and c["p_value"] <= 0.1
+    assert per.groups["a"]["violations"] == 0 and per.to_dict()["groups"]["c"]["n"] == 300
+
+
+def test_small_groups_are_pooled_into_a_cluster_that_can_be_certified():
+    need = min_calibration(0.05, 0.1)  # 45
+    groups = np.array(["big"] * 100 + ["s1"] * 20 + ["s2"] * 30)
+    assert group_clusters(groups, 0.05) == {"big": ["big"], "s1+s2": ["s1", "s2"]}
+    tiny = np.array(["big"] * 100 + ["s1"] * 10)
+    assert group_clusters(tiny, 0.05) == {"big+s1": ["big", "s1"]}
+    assert group_clusters(np.array(["x"] * (need - 1)), 0.05) == {"x": ["x"]}
+
+
+def test_the_group_conditional_certificate_holds_in_every_family_on_new_requests():
+    train, test = shifted_table(400, seed=1), shifted_table(400, seed=2)
+    r = CertifiedRouter(LinearCostRouter(max_risk=0.5), target_violation_rate=ALPHA,
+                        group_conditional=True).fit(train)
+    assert set(r.calibration_["groups"]) == {"a", "b", "c"}
+    assert r.threshold_ is not None  # something was certified: the test below is not vacuous
+    rates = family_rates(r, test)
+    slack = sampling_slack(ALPHA, 400)
+    assert (rates <= ALPHA + slack).all(), rates.to_dict()
+    assert (np.asarray(r.predict(test)) != REF).mean() > 0.2  # and it still routes away from the reference
+
+
+def test_a_certificate_fitted_without_each_family_holds_on_a_new_shifted_family():
+    """Calibration rows decided by clones that never saw their family: the shift a new
+    family brings is in the calibration, so the new family keeps the target too."""
+    train = shifted_table(400, seed=3)
+    r = CertifiedRouter(LinearCostRouter(max_risk=0.5), target_violation_rate=ALPHA, group_conditional=True,
+                        cross_fit_groups=True).fit(train)
+    new = synthetic_table(400, seed=9, families=("d",), quant_unsafe_above=150)
+    rate = family_rates(r, new)["d"]
+    assert rate <= ALPHA + sampling_slack(ALPHA, 400)
+    with pytest.raises(ValueError, match="family column"):
+        CertifiedRouter(LinearCostRouter(), group_conditional=True).fit(train.drop(columns="family"))
+
+
+def test_the_report_sets_the_target_beside_each_held_out_family():
+    from types import SimpleNamespace
+
+    from modeswitch.routers.scoring.coverage import risk_by_family
+
+    cal = {"alpha": 0.02, "delta": 0.1, "groups": {"a+b": {"members": ["a", "b"], "rate": 0.01}}}
+    per = pd.DataFrame({"router": ["cost"] * 200 + ["plain"] * 10,
+                        "family": ["a"] * 100 + ["b"] * 100 + ["a"] * 10,
+                        "violates_any": [False] * 100 + [True] * 20 + [False] * 80 + [True] * 10})
+    got = risk_by_family({"cost": SimpleNamespace(calibration_=cal), "plain": SimpleNamespace()}, per)
+    assert list(got["family"]) == ["a", "b"] and set(got["router"]) == {"cost"}
+    a, b = got.iloc[0], got.iloc[1]
+    assert a["held_out_rate"] == 0 and a["met"] and b["held_out_rate"] == 0.2 and not b["met"]
+    assert b["slack"] == pytest.approx(sampling_slack(0.02, 100)) and b["calibration_rate_of_family"] == 0.01
