@@ -250,12 +250,13 @@ SET_ALL = {
                "--test-size", "0.5", "--trials", "2", "--seed", "1", "--unsafe-penalty", "2",
                "--safety-threshold", "0.5", "--fallback", "reference", "--labels", "measured", "--storage",
                "sqlite:///x.db", "--target-violation-rate", "0.05", "--mlruns", "m2", "--preset", "modeswitch-paper",
-               "--workers", "3", "--tracking-uri", "http://127.0.0.1:5999"]],
+               "--workers", "3", "--tracking-uri", "http://127.0.0.1:5999", "--certificate", "per-family",
+               "--no-decision-cost"]],
     "score": [["score", "--run", "r1", "--no-compile", "--decisions", "5",
                "--pipeline-decisions", "6", "--live", "--live-requests", "3", "--live-per-family", "4", "--live-trials", "2",
                "--live-threads", "2", "--live-max-remeasure", "1", "--model", "/m",
                "--draft-model", "/d", "--device", "cuda", "--backend", "vllm", "--mlruns", "m2",
-               "--seed", "1", "--labels", "measured", "--tracking-uri", "http://127.0.0.1:5999"]],
+               "--seed", "1", "--labels", "measured", "--tracking-uri", "http://127.0.0.1:5999", "--no-frontier"]],
 }
 #: what each command hands its config to, patched where the command module looks it up
 CONSUMER = {"serve": "modeswitch.cli.serve.supported_modes", "profile": "modeswitch.engine.profiler.Profiler",

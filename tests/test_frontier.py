@@ -63,7 +63,7 @@ def test_nothing_inside_the_ranges_gives_an_empty_frontier(monkeypatch):
 
 
 def test_routers_are_points_beside_the_ceilings_envelope():
-    from modeswitch.routers.scoring.frontier import envelope, router_points
+    from modeswitch.routers.scoring.capture import envelope, router_points
 
     per = pd.DataFrame({"router": ["a"] * 4 + ["oracle"] * 4,
                         "reference_latency_ms": [100.0] * 8, "oracle_latency_ms": [50.0] * 8,

@@ -34,10 +34,16 @@ def reqs(*items):
     return pd.DataFrame([{**base, **it} for it in items])
 
 
-def test_request_on_a_cell_is_measured_with_that_cells_values():
+def test_request_on_a_cell_takes_that_cells_values_but_is_measured_only_as_its_own():
+    """A request of a measured cell's lengths takes its numbers; it is ``measured`` only
+    when it is the cell's own request (another one ran other text)."""
     labels, cand, _ = label_requests(grid_profile(), reqs(
         {"id": "a", "prompt_tokens": 128, "expected_output_tokens": 32}))
-    assert labels.loc["a", "label_source"] == "measured"
+    assert labels.loc["a", "label_source"] == "estimated"
+    assert "cell " in labels.loc["a", "estimate_basis"]
+    own, _, _ = label_requests(grid_profile(), reqs(
+        {"id": "p128_o32", "prompt_tokens": 128, "expected_output_tokens": 32, "family": "short_prompt_short_output"}))
+    assert own.loc["p128_o32", "label_source"] == "measured"
     assert labels.loc["a", "label"] == "gptq_4bit"
     c = cand.set_index(["unit", "mode"])
     assert c.loc[("a", REF), "latency_ms"] == pytest.approx(0.5 * 128 + 20 * 32)

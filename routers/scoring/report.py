@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from modeswitch.dataset.io import atomic_path
+from modeswitch.routers.scoring.capture import envelope, router_points
 from modeswitch.routers.scoring.findings import findings
-from modeswitch.routers.scoring.frontier import envelope, router_points
 from modeswitch.routers.training.tracking import git_commit, log_table_input, setup, table_input
 
 #: The study's per-decision overhead (arXiv 2605.23057), drawn for comparison.
