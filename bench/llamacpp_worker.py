@@ -32,7 +32,9 @@ def main():
         llm = models[t]
         prompt, new = list(job["prompt"]), int(job["new"])
         # generate() builds its greedy sampler once and evaluates the prompt on the first
-        # step (reset: no cached prefix from the trial before)
+        # step; it reuses the longest prefix of what the context already holds, so the
+        # context is emptied first (a trial must not find the one before's prompt cached)
+        llm.reset()
         tokens, t1 = [], None
         t0 = time.perf_counter()
         for tok in llm.generate(prompt, top_k=1, temp=0.0, reset=True):
