@@ -5,9 +5,10 @@ free, while the score and the server run the compiled decision (distilled where 
 ensemble would walk too many trees: :func:`routers.compiler.compile_state`) and pay
 its time on every request. A model better on paper but slower than its picks are
 worth then won the search (a 200-round cost LightGBM: 59.7 µs per decision against
-the rule's 0.73 µs). Here each trial's fold model is compiled as it would serve,
+the rule's 0.73 µs). Here each trial's first fold model is compiled as it would serve,
 scored on the picks that path makes, and timed on the fold's own requests as the
-score times it (one decision from a raw request, p50).
+score times it (one decision from a raw request, p50); the trial's other folds pay
+the same cost (it follows the hyperparameters, not the fold).
 """
 
 from __future__ import annotations
