@@ -52,7 +52,7 @@ from modeswitch.dataset.features import features_frame
 from modeswitch.engine.modes import reference_mode
 from modeswitch.routers.base import RouterMixin
 from modeswitch.routers.compiler import compile_state
-from modeswitch.routers.compiler.distil import Distillation
+from modeswitch.routers.compiler.distil import Distillation, tree_state
 from modeswitch.routers.risk_control import (
     ALPHA,
     DELTA,
@@ -61,7 +61,7 @@ from modeswitch.routers.risk_control import (
     learn_then_test,
     learn_then_test_groups,
 )
-from modeswitch.routers.served_tree import ThresholdTrees, needs_tree, served_state
+from modeswitch.routers.served_tree import ThresholdTrees, needs_tree
 from sklearn.base import BaseEstimator, ClassifierMixin, clone
 from sklearn.utils.validation import check_is_fitted
 
@@ -233,7 +233,7 @@ class CertifiedRouter(ClassifierMixin, RouterMixin, BaseEstimator):
         one, else the router's own (its threshold set)."""
         check_is_fitted(self, "router_")
         if getattr(self, "served_tree_", None) is not None:
-            return served_state(self.router_.fitted_state(), self.served_tree_)
+            return tree_state(self.router_.fitted_state(), self.served_tree_)
         return self.router_.fitted_state()
 
     def compile(self, region_budget: tuple | None = None, distil: str = "never"):

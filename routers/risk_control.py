@@ -31,7 +31,7 @@ holds, the speedup is gone. :func:`min_calibration` says how many are needed.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -124,25 +124,14 @@ def learn_then_test(violations_at, thresholds, n: int, alpha: float = ALPHA,
 
 
 @dataclass(frozen=True)
-class GroupCalibration:
-    """A threshold certified in every group at once (kept as ``calibration_``): per
-    group (a family, or a cluster of small ones pooled) its calibration rows,
-    violations, rate and upper bound at the certified threshold."""
+class GroupCalibration(Calibration):
+    """A threshold certified in every group at once (kept as ``calibration_``): the
+    pooled figures of :class:`Calibration`, and per group (a family, or a cluster of
+    small ones pooled) its calibration rows, violations, rate and upper bound at the
+    certified threshold: ``{"members": [...], "n", "violations", "rate",
+    "upper_bound", "p_value"}``."""
 
-    alpha: float
-    delta: float
-    n: int
-    threshold: float | None
-    violations: int
-    rate: float
-    upper_bound: float
-    p_value: float
-    tested: int
-    #: group -> {"members": [...], "n", "violations", "rate", "upper_bound", "p_value"}
-    groups: dict
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+    groups: dict = field(default_factory=dict)
 
 
 def group_clusters(groups: np.ndarray, alpha: float, delta: float = DELTA) -> dict[str, list]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 from modeswitch.routers.compiler import compile_state
-from modeswitch.routers.compiler.distil import check_rows, distil_rows, fit_tree, tree_state
+from modeswitch.routers.compiler.distil import check_rows, distil_rows, fit_tree
 from modeswitch.routers.compiler.router import DISTIL_WALKED_TREES, walked_trees
 from modeswitch.routers.fitted_state import TreeEnsemble
 
@@ -85,7 +85,3 @@ class ThresholdTrees:
                 "depth": int(tree.tree_.max_depth), "agreement_train": agree(sample),
                 "agreement_synthetic": agree(check), "agreement_calibration": agree(F_cal)}
 
-
-def served_state(template, tree):
-    """The served tree as the compiler's input (``template``: the router's own state)."""
-    return tree_state(template, tree)
