@@ -15,7 +15,14 @@ to the rule baseline's p50 measured in the same run, and for tree models how big
 the region tree is and what share of the stream's requests it decides (held-out
 requests: the stream is drawn with other seeds than the training requests).
 
+With ``--content-model PATH`` (a checkpoint folder, e.g. the embedded default's in
+``~/.cache/modeswitch/models/``), every request also gets its prompt's token ids as the
+engine builds them for that model, and routers reading the prompt (feature set C:
+shape + content features) are timed in the same rounds, beside the content features'
+extraction alone (``content features``): the decision cost a server pays with them.
+
     .venv/bin/python bench/routing_overhead.py [--decisions 100000] [--pipeline-decisions 2000] [--trees 100]
+        [--content-model PATH]
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ def main():
     ap.add_argument("--feature-set", default="B")
     ap.add_argument("--trees", type=int, default=100,
                     help="trees in the forest / boosting rounds (the routers' defaults: 100)")
+    ap.add_argument("--content-model", default=None,
+                    help="a checkpoint folder: also time routers reading the prompt (feature set C)")
     args = ap.parse_args()
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -113,6 +122,10 @@ def main():
         t0 = time.perf_counter()
         c.predict_matrix(M)
         batch[fam] = len(M) / (time.perf_counter() - t0)
+    content_rows = []
+    if args.content_model:  # routers reading the prompt: the same stream, with its token ids
+        stream = content_routers(args, reqs, stream, table, fast, batch, reps)
+        content_rows = [n for n in fast if n.endswith(" C") or n == "content features"]
     # rule and compiled routers interleaved in rounds: drift hits all of them alike
     times = time_side_by_side(fast, stream, args.decisions, rounds=args.rounds, warmup=2000)
     base = pct(times["rule"])[0]
@@ -122,6 +135,9 @@ def main():
         if fam in times:
             label = "route" if fam in not_compiled else "compiled"
             rows.append((f"{fam} ({label})", *pct(times[fam]), batch.get(fam)))
+    for name in content_rows:
+        rows.append((f"{name} (compiled)" if name != "content features" else name, *pct(times[name]),
+                     batch.get(name)))
     print(f"decisions: {args.decisions} single (pipeline rows: {args.pipeline_decisions}); "
           f"batch rows: compiled {reps * len(big)}, pipeline {len(big)}; feature set {args.feature_set}")
     print(f"{'router':<22} {'p50 us':>10} {'p99 us':>10} {'p50 / rule':>11} {'batch decisions/s':>18}")
@@ -133,6 +149,38 @@ def main():
     for fam, (nodes, hit, walk) in region.items():
         print(f"{fam}: region tree {nodes:,} nodes; decides {hit:.1%} of the stream's requests "
               f"({1 - walk:.1%} of the bin grid), the rest walk the trees")
+
+
+def content_routers(args, reqs, stream, table, fast, batch, reps):
+    """Add feature set C's compiled routers (and the content extraction alone) to
+    ``fast``; returns the stream with its token ids."""
+    import dataclasses
+
+    from modeswitch.engine.content_table import content_table
+    from modeswitch.oracle.content_columns import content_columns, prompt_ids
+
+    model = args.content_model
+    cols = content_columns(reqs, model)
+    table_c = table.join(cols.drop(columns="prompt_token_ids"), on="request_id")
+    ids = prompt_ids(stream, model)
+    stream = [dataclasses.replace(r, prompt_token_ids=tuple(ids[r.id])) for r in stream]
+    ct = content_table(model)
+    fast["content features"] = lambda r, f=ct.features: f(r.prompt_token_ids)
+    y = table_c["label"].astype(str)
+    for fam, kw in (("dt", dict(max_depth=5, min_samples_leaf=3, class_weight="balanced")),
+                    ("lgbm", dict(n_estimators=args.trees, class_weight="balanced")),
+                    ("cost_lgbm", dict(n_estimators=args.trees, max_risk=0.3))):
+        est = get_router(fam, feature_set="C", content_model=model, **kw).fit(table_c, y)
+        c = est.compile()
+        frame = features_frame(stream, "C", content=ct)
+        assert (c.predict(frame) == est.predict(frame)).all()
+        assert [c.route(r) for r in stream[:200]] == list(est.predict(frame.iloc[:200]))
+        fast[f"{fam} C"] = c.route
+        M = np.ascontiguousarray(np.tile(c.matrix(frame), (reps, 1)))
+        t0 = time.perf_counter()
+        c.predict_matrix(M)
+        batch[f"{fam} C"] = len(M) / (time.perf_counter() - t0)
+    return stream
 
 
 if __name__ == "__main__":

@@ -24,13 +24,17 @@ from modeswitch.dataset.features import features_frame
 from modeswitch.dataset.requests import Request, requests_frame
 from modeswitch.oracle.cells import request_rows, summarise
 from modeswitch.oracle.constraints import Constraints
+from modeswitch.oracle.content_columns import TOKEN_IDS, content_columns
 from modeswitch.oracle.label import label_requests
 
 PER_MODE = ("latency_ms", "energy_ratio", "memory_ratio", "rouge_l_vs_baseline", "accuracy_delta_pp")
 
 
 def frame_hash(df: pd.DataFrame) -> str:
-    h = pd.util.hash_pandas_object(df.reset_index(drop=True), index=False).values
+    df = df.reset_index(drop=True)
+    if TOKEN_IDS in df:  # a list per row: hashed as its text (pandas hashes scalars only)
+        df = df.assign(**{TOKEN_IDS: df[TOKEN_IDS].map(lambda v: " ".join(map(str, v)))})
+    h = pd.util.hash_pandas_object(df, index=False).values
     return hashlib.sha256(h.tobytes()).hexdigest()[:12]
 
 
@@ -62,7 +66,12 @@ def profiled_requests(profile: pd.DataFrame) -> list[Request]:
 
 def build_training_table(profile: pd.DataFrame, requests: list[Request],
                          constraints: Constraints | None = None, source=None,
-                         costmodel=None, quality: pd.DataFrame | None = None) -> pd.DataFrame:
+                         costmodel=None, quality: pd.DataFrame | None = None,
+                         content_model: str | None = None) -> pd.DataFrame:
+    """One row per labelled request: its features, the oracle's label and every mode's
+    costs and safety. ``content_model``: a checkpoint folder whose prompts and content
+    features (:mod:`oracle.content_columns`) the table also takes, for routers that read
+    the prompt (feature set C); None: shape only."""
     constraints = constraints or Constraints()
     reqs_df = requests_frame(requests)
     labels, cand, skipped = label_requests(profile, reqs_df, constraints, source=source,
@@ -81,6 +90,8 @@ def build_training_table(profile: pd.DataFrame, requests: list[Request],
     table = feats.join(labels[["label", "label_source", "estimate_basis", "latency_basis",
                                "quality_basis", "reference_mode", "condition"]])
     table = table.join(wide)
+    if content_model is not None:
+        table = table.join(content_columns([r for r in requests if r.id in labels.index], content_model))
     table.index.name = "request_id"
     table = table.reset_index()
     modes = sorted(cand["mode"].unique())
@@ -97,6 +108,7 @@ def build_training_table(profile: pd.DataFrame, requests: list[Request],
         # the engines' compute threads the profile measured with (a live check must match)
         "threads": sorted({int(x) for x in profile["threads"].dropna().unique()})
         if "threads" in profile else [],
+        "content_model": None if content_model is None else str(content_model),
         "costmodel": None if costmodel is None else {
             "backend": costmodel.backend,
             "preferred": sorted({f"{m}:{k}" for (m, _, k) in costmodel.groups

@@ -216,7 +216,8 @@ class CertifiedRouter(ClassifierMixin, RouterMixin, BaseEstimator):
     def route(self, request) -> str:
         check_is_fitted(self, "router_")
         if getattr(self, "served_tree_", None) is not None:
-            return str(self.predict(features_frame([request], self.router_.feature_set))[0])
+            return str(self.predict(features_frame([request], self.router_.feature_set,
+                                                   content=self.router_.content_table()))[0])
         return self.router_.route(request)
 
     def explain(self, X) -> list[tuple[str, str]]:

@@ -56,7 +56,7 @@ import numpy as np
 import pandas as pd
 from mlflow.models import infer_signature
 from modeswitch.dataset.errors import InputError
-from modeswitch.dataset.features import features_frame
+from modeswitch.dataset.features import features_frame, reads_content
 from modeswitch.dataset.io import sha256_file
 from modeswitch.dataset.requests import Request
 from modeswitch.routers.compiler.tree_checks import check_fitted_trees
@@ -115,10 +115,23 @@ class RouterPyfunc(mlflow.pyfunc.PythonModel):
                         concurrent_requests=int(getattr(r, "concurrent_requests", 1) or 1),
                         memory_pressure=float(getattr(r, "memory_pressure", 0.0) or 0.0),
                         family=_cat(getattr(r, "family", None)),
-                        benchmark_suite=_cat(getattr(r, "benchmark_suite", None)))
+                        benchmark_suite=_cat(getattr(r, "benchmark_suite", None)),
+                        prompt_token_ids=_token_ids(getattr(r, "prompt_token_ids", None)))
                 for i, r in enumerate(frame.itertuples(index=False))]
         # feature set B's frame carries set A's columns too: every router reads its own
+        fs = self.router_.get_params().get("feature_set") or "A"
+        if reads_content(fs):  # and a router reading the prompt, the content columns of set C as well
+            return list(self.router_.predict(features_frame(reqs, fs, content=_content_table(self.router_))))
         return list(self.router_.predict(features_frame(reqs, "B")))
+
+
+def _token_ids(v):
+    return None if v is None or (isinstance(v, float) and np.isnan(v)) else tuple(int(t) for t in v)
+
+
+def _content_table(router):
+    """The content table of a router reading the prompt (a wrapper's inner router's)."""
+    return getattr(router, "router_", router).content_table()
 
 
 def allowed_types() -> frozenset[str]:
@@ -214,6 +227,9 @@ def export_router(router, *, name: str = DEFAULT_NAME, mlruns: str = "mlruns", s
     example = pd.DataFrame([{"prompt_tokens": 512.0, "expected_output_tokens": 64.0,
                              "shared_prefix_tokens": 0.0, "concurrent_requests": 1.0,
                              "memory_pressure": 0.0, "family": "none", "benchmark_suite": "none"}])
+    if reads_content(meta["feature_set"] or "A"):  # a router reading the prompt takes its token ids too
+        example["prompt_token_ids"] = [[1, 2, 3]]
+        meta["content_model"] = router.get_params().get("content_model")
     import skops.io as sio  # lazy: skops pulls scikit-learn
 
     with tempfile.TemporaryDirectory() as tmp:

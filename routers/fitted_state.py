@@ -26,21 +26,53 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from modeswitch.dataset.content_features import CONTENT_FEATURES, ContentTable
+from modeswitch.dataset.features import FEATURE_SET_A
 
 
 @dataclass(frozen=True)
 class InputLayout:
-    """The model's input columns: feature set A's first ``n_numeric`` features in
-    :data:`dataset.features.FEATURE_SET_A`'s order, then one-hot columns for the
-    request's family, then for its benchmark suite (an unseen category: all zero)."""
+    """The model's input columns: ``n_numeric`` numeric features (``numeric_names``; by
+    default feature set A's first ``n_numeric`` in
+    :data:`dataset.features.FEATURE_SET_A`'s order), then one-hot columns for the
+    request's family, then for its benchmark suite (an unseen category: all zero).
+    Numeric names beyond feature set A are content features, read from the prompt's
+    token ids (:mod:`dataset.content_features`)."""
 
     n_numeric: int
     families: tuple[str, ...] = ()
     suites: tuple[str, ...] = ()
+    numeric_names: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.numeric_names and len(self.numeric_names) != self.n_numeric:
+            raise ValueError(f"input layout: {len(self.numeric_names)} numeric names for {self.n_numeric} columns")
 
     @property
     def n_features(self) -> int:
         return self.n_numeric + len(self.families) + len(self.suites)
+
+    @property
+    def numeric(self) -> tuple[str, ...]:
+        """The numeric columns' names, in order."""
+        return self.numeric_names or FEATURE_SET_A[: self.n_numeric]
+
+    @property
+    def content(self) -> tuple[str, ...]:
+        """The numeric columns read from the prompt's content (after feature set A's)."""
+        return tuple(n for n in self.numeric if n in CONTENT_FEATURES)
+
+
+def numeric_layout(columns) -> tuple[str, ...]:
+    """``InputLayout.numeric_names`` for a model's numeric input columns: () for a prefix
+    of feature set A (the default), else the names, which must be feature set A whole
+    and then content features (what the compiled decision can compute from a request)."""
+    cols = tuple(columns)
+    if cols == FEATURE_SET_A[: len(cols)]:
+        return ()
+    if cols[: len(FEATURE_SET_A)] == FEATURE_SET_A and all(c in CONTENT_FEATURES for c in cols[len(FEATURE_SET_A):]):
+        return cols
+    raise ValueError("compiled routers expect feature set A's columns in order, then content features")
 
 
 @dataclass(frozen=True)
@@ -110,10 +142,14 @@ class FittedState:
     """A fitted router's whole decision: the answer for each decision index
     (``classes``), the input columns, the model and how its scores decide (``decision``:
     None for the argmax). ``sample``: training inputs in the layout's columns, where the
-    compiler spends a tree ensemble's region-tree budget first (None: by volume)."""
+    compiler spends a tree ensemble's region-tree budget first (None: by volume).
+    ``content``: the :class:`~dataset.content_features.ContentTable` a raw request's
+    token ids are read through, where the layout has content columns (None: the
+    compiled router decides on ready rows only, and says so when asked to route)."""
 
     classes: tuple
     layout: InputLayout
     model: TreeEnsemble | LinearModel
     decision: CostDecision | None = None
     sample: np.ndarray | None = None
+    content: ContentTable | None = None

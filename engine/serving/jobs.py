@@ -89,7 +89,7 @@ def admit(state: ServerState, endpoint: str, ids: list[int], max_tokens: int, ch
         t0 = time.perf_counter_ns()
         shared = state.prefix.observe(ids)
         t1 = time.perf_counter_ns()
-        request, decision = route(state, router, rid, len(ids), max_tokens, shared, concurrent)
+        request, decision = route(state, router, rid, len(ids), max_tokens, shared, concurrent, ids)
     except BaseException:
         state.leave()
         raise

@@ -48,7 +48,7 @@ class Decision:
 
 
 def route(state: ServerState, router: RoutesRequests, rid: str, prompt_tokens: int, max_tokens: int,
-          shared_prefix: int, concurrent: int) -> tuple[Request, Decision]:
+          shared_prefix: int, concurrent: int, prompt_token_ids=None) -> tuple[Request, Decision]:
     """The router's view of a request and the mode to serve it with, both timed.
 
     The view is taken from the request itself and the server now, with the same meaning
@@ -66,6 +66,7 @@ def route(state: ServerState, router: RoutesRequests, rid: str, prompt_tokens: i
     d["shared_prefix_tokens"] = shared_prefix
     d["concurrent_requests"] = concurrent
     d["memory_pressure"] = state.memory_pressure
+    d["prompt_token_ids"] = prompt_token_ids  # what a router reading the prompt's content reads
     t1 = _clock()
     try:
         mode = router.route(request)

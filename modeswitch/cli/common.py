@@ -138,7 +138,7 @@ def _split(values: list[str] | None) -> list[str]:
 #: choices fixed by the code that consumes them; tests/test_cli_options.py checks
 #: each against its source (``routers.training.splits.SPLITS`` and so on)
 Split = Literal["random", "group", "lofo"]
-FeatureSet = Literal["A", "B"]
+FeatureSet = Literal["A", "B", "C"]
 Fallback = Literal["rule", "reference"]
 Incomplete = Literal["error", "skip"]
 MissingQuality = Literal["unsafe", "pass"]

@@ -55,6 +55,7 @@ def dataset_build_cmd(
     noise_aware: Annotated[bool | None, typer.Option("--noise-aware/--no-noise-aware", help="Measured units with 2+ trials: a mode replaces a safer one only beyond noise, limits met by the interval [{noise_aware}].")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing output file.")] = False,
     costmodel: Annotated[str, typer.Option(help="Cost model for estimated requests: a file from `modeswitch costmodel fit`, 'auto' (fit and validate on the profile now) or 'none' (interpolation only). Used per (mode, metric) only where it validated better.")] = "auto",
+    content_model: Annotated[Path | None, typer.Option(help="A checkpoint folder (the profiled model): the table also takes each request's prompt token ids, built as the engine builds them, and the content features read from them (what feature set C trains on).")] = None,
     quality: Annotated[Path | None, typer.Option(help="A quality sweep (`modeswitch quality-sweep`, same --requests, --seed and --length-scale): each swept request's own measured quality per mode, and the family means the rule judges from it.")] = None,
 ):
     """Draw requests, compute features, label them with the oracle, attach per-mode costs."""
@@ -79,7 +80,8 @@ def dataset_build_cmd(
                  and (not _split(workloads) or r.family in names)]
     cm = costmodel_for(costmodel, profile, ", ".join(paths))
     sweep = read_sweep(quality) if quality is not None else None
-    table = build_training_table(profile, reqs, c, source=", ".join(paths), costmodel=cm, quality=sweep)
+    table = build_training_table(profile, reqs, c, source=", ".join(paths), costmodel=cm, quality=sweep,
+                                 content_model=None if content_model is None else str(content_model))
     write_parquet(table, output, overwrite=overwrite)
     counts = table["label"].value_counts()
     console.print(f"wrote {len(table)} requests x {table.shape[1]} columns to {output}")

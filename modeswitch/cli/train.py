@@ -39,7 +39,7 @@ app = typer.Typer(add_completion=False)
 def train_cmd(
     data: Annotated[Path, typer.Option(help="Training table from `modeswitch dataset build`, or your own per-mode cost table (CSV/parquet; columns in docs/training.md 'Bring your own labels').")],
     routers: Annotated[str | None, typer.Option(help="Router families, comma-separated [{routers}].")] = None,
-    feature_set: Annotated[FeatureSet, typer.Option(help="A (request shape) or B (A + family/suite).")] = "A",
+    feature_set: Annotated[FeatureSet, typer.Option(help="A (request shape), B (A + family/suite) or C (A + the prompt's content; the table needs `dataset build --content-model`).")] = "A",
     split: Annotated[Split, typer.Option(help="random, group (by family) or lofo (leave one family out).")] = "group",
     test_size: Annotated[float, typer.Option(help="Share of requests (or families) held out for testing.")] = 0.25,
     trials: Annotated[int, typer.Option(help="Optuna trials per router family.")] = 30,

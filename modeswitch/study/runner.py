@@ -40,6 +40,7 @@ from rich.progress import (
 
 import modeswitch.engine.models.resolve as model_resolve
 from modeswitch.dataset.errors import InputError
+from modeswitch.dataset.features import reads_content
 from modeswitch.dataset.io import atomic_path, write_parquet
 from modeswitch.dataset.profile_schema import read_profile
 from modeswitch.dataset.workloads import get_workload
@@ -313,7 +314,9 @@ class Study:
         sweep = self.out / "quality_sweep.parquet"
         table = build_training_table(profile, reqs, self.cfg.constraint_set(),
                                      source=str(self.out / "profile.parquet"), costmodel=self._costmodel(),
-                                     quality=read_sweep(sweep) if self.cfg.swept_per_family else None)
+                                     quality=read_sweep(sweep) if self.cfg.swept_per_family else None,
+                                     content_model=self.outputs("model")["target"]
+                                     if reads_content(self.cfg.feature_set) else None)
         path = self.out / "train.parquet"
         write_parquet(table, path, overwrite=True)
         src = table["label_source"].value_counts()

@@ -61,18 +61,18 @@ def _recompute(rows: np.ndarray, n_numeric: int) -> np.ndarray:
     if len(fields) == len(names) or any(f not in names for f in REQUEST_FIELDS):
         return rows  # nothing derived, or a layout without every field a formula reads
     col = {n: i for i, n in enumerate(names)}
-    for k in range(len(rows)):
+    for k in range(len(rows)):  # content columns (after A's) came whole from one sample row
         r = SimpleNamespace(**{f: rows[k, col[f]] for f in REQUEST_FIELDS})
-        rows[k, :n_numeric] = _shape(r)[:n_numeric]
+        rows[k, :len(names)] = _shape(r)[:len(names)]
     return rows
 
 
 def synthetic_rows(sample: np.ndarray, n_numeric: int, n: int, rng: np.random.Generator) -> np.ndarray:
     """``n`` rows in the sample's layout: half are sample rows with one request field
     taken from another sample row, half draw each request field from its own marginal;
-    derived features are recomputed from the fields, and the one-hot columns (family,
-    suite) always come whole from one sample row, so every row is a request that could
-    exist."""
+    derived features are recomputed from the fields, and the content columns (one
+    prompt's) and the one-hot columns (family, suite) always come whole from one sample
+    row, so every row is a request that could exist."""
     m = len(sample)
     names = FEATURE_SET_A[:n_numeric]
     base = [i for i, nm in enumerate(names) if nm in REQUEST_FIELDS] or list(range(n_numeric))
@@ -119,7 +119,7 @@ def tree_state(template: FittedState, clf) -> FittedState:
     value /= np.maximum(value.sum(axis=1, keepdims=True), 1e-300)
     tree = Tree(tr.feature, tr.threshold, tr.children_left, tr.children_right, value)
     return FittedState(template.classes, template.layout, TreeEnsemble((tree,), n_classes, "mean", True),
-                       None, template.sample)
+                       None, template.sample, template.content)
 
 
 def distil(state: FittedState, decide, random_state: int = 0) -> tuple[FittedState, Distillation]:

@@ -25,8 +25,15 @@ from __future__ import annotations
 import inspect
 
 import numpy as np
-from modeswitch.dataset.features import CATEGORICAL_FEATURES, FEATURE_SETS, features_frame
+from modeswitch.dataset.errors import InputError
+from modeswitch.dataset.features import (
+    CATEGORICAL_FEATURES,
+    feature_columns,
+    features_frame,
+    reads_content,
+)
 from modeswitch.dataset.requests import Request
+from modeswitch.engine.content_table import content_table
 from modeswitch.routers.base import RouterMixin
 from modeswitch.routers.compiler import compile as compile_router
 from modeswitch.routers.fitted_state import FittedState
@@ -51,9 +58,14 @@ def _keyword_parameters(function) -> list[inspect.Parameter]:
 class LearnedRouter(RouterMixin, BaseEstimator):
     """The parameters every learned family shares, and what they all do alike.
 
-    ``feature_set``: ``"A"`` (request shape) or ``"B"`` (A + family and benchmark suite,
-    one-hot encoded). ``random_state``: every random draw of the fit (the model's own,
-    the safety models', the training sample the compiler keeps)."""
+    ``feature_set``: a registered feature set (:data:`dataset.features.FEATURE_SETS`):
+    ``"A"`` (request shape), ``"B"`` (A + family and benchmark suite, one-hot encoded),
+    ``"C"`` (A + the prompt's content). ``content_model``: the checkpoint folder whose
+    content table (:mod:`engine.content_table`) turns a raw request's token ids into
+    content features; only a feature set that reads content needs it, and only to
+    route raw requests (fitting reads the training table's columns). ``random_state``:
+    every random draw of the fit (the model's own, the safety models', the training
+    sample the compiler keeps)."""
 
     decision_path = "pipeline"
     #: numeric features standardised (models that need it)
@@ -61,8 +73,9 @@ class LearnedRouter(RouterMixin, BaseEstimator):
     #: training rows kept (model inputs after preprocessing) to tell compile where traffic is
     sample_rows = 2000
 
-    def __init__(self, *, feature_set="A", random_state=0):
+    def __init__(self, *, feature_set="A", content_model=None, random_state=0):
         self.feature_set = feature_set
+        self.content_model = content_model
         self.random_state = random_state
 
     def __init_subclass__(cls, **kwargs):
@@ -104,7 +117,7 @@ class LearnedRouter(RouterMixin, BaseEstimator):
         for an array or a frame without the feature names (all numeric)."""
         if not hasattr(X, "columns"):
             return None, None
-        wanted = list(FEATURE_SETS[self.feature_set])
+        wanted = list(feature_columns(self.feature_set))
         missing = [c for c in wanted if c not in X.columns]
         if len(missing) == len(wanted):
             return None, None
@@ -121,10 +134,20 @@ class LearnedRouter(RouterMixin, BaseEstimator):
         return np.sort(rng.choice(n, size=min(n, self.sample_rows), replace=False))
 
     # -- the Router protocol -------------------------------------------------------------
+    def content_table(self):
+        """The content table a raw request's token ids are read through (None for a
+        feature set that reads no content)."""
+        if not reads_content(self.feature_set):
+            return None
+        if self.content_model is None:
+            raise InputError(f"{type(self).__name__}: feature set {self.feature_set} reads the prompt's content; "
+                             "give content_model (the checkpoint whose token ids the requests carry)")
+        return content_table(str(self.content_model))
+
     def route(self, request: Request) -> str:
         """One decision through the scikit-learn pipeline (milliseconds; ``compile()``
         gives the microsecond path)."""
-        return str(self.predict(features_frame([request], self.feature_set))[0])
+        return str(self.predict(features_frame([request], self.feature_set, content=self.content_table()))[0])
 
     def fitted_state(self) -> FittedState:  # pragma: no cover - abstract
         """The fitted decision as plain data (:mod:`routers.fitted_state`), for the compiler."""

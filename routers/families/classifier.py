@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from modeswitch.dataset.features import CATEGORICAL_FEATURES, FEATURE_SET_A
+from modeswitch.dataset.features import CATEGORICAL_FEATURES
 from modeswitch.engine.modes import reference_mode
 from modeswitch.routers.families.base import LearnedRouter, column_prep
-from modeswitch.routers.fitted_state import FittedState, InputLayout
+from modeswitch.routers.fitted_state import FittedState, InputLayout, numeric_layout
 from modeswitch.routers.rule_baseline import RuleBaselineRouter
 from sklearn.base import ClassifierMixin
 from sklearn.dummy import DummyClassifier
@@ -247,7 +247,8 @@ class ModeClassifier(ClassifierMixin, LearnedRouter):
         if isinstance(clf, DummyClassifier):
             raise TypeError("one class in training: a constant router, nothing to compile")
         return FittedState(tuple(self.classes_), self._input_layout(), self._estimator_state(clf),
-                           sample=getattr(self, "X_sample_", None))
+                           sample=getattr(self, "X_sample_", None),
+                           content=self.content_table() if self.content_model else None)
 
     def _estimator_state(self, clf):
         """The fitted classifier ``clf`` as a :class:`~routers.fitted_state.TreeEnsemble` or
@@ -259,20 +260,19 @@ class ModeClassifier(ClassifierMixin, LearnedRouter):
     def _input_layout(self) -> InputLayout:
         """The classifier's input columns: feature set A's numbers, then the one-hot ones."""
         prep = self.pipeline_.named_steps["prep"]
-        n_num, fam, suite = 0, (), ()
+        n_num, fam, suite, names = 0, (), (), ()
         for name, trans, cols in prep.transformers_:
             if name == "num":
                 n_num = len(cols)
-                if isinstance(cols, list) and cols and isinstance(cols[0], str) and \
-                        list(cols) != list(FEATURE_SET_A)[: len(cols)]:
-                    raise ValueError("compiled routers expect feature set A's column order")
+                if isinstance(cols, list) and cols and isinstance(cols[0], str):
+                    names = numeric_layout(cols)
             elif name == "cat":
                 for c, cats in zip(cols, trans.categories_):
                     if c == CATEGORICAL_FEATURES[0]:
                         fam = tuple(str(x) for x in cats)
                     else:
                         suite = tuple(str(x) for x in cats)
-        return InputLayout(n_num, fam, suite)
+        return InputLayout(n_num, fam, suite, names)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

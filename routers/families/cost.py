@@ -22,7 +22,7 @@ training rows by Learn then Test, the per-mode models then fitted on the other r
 only.
 
 Decisions: ``route(request)`` goes through the pipeline (milliseconds);
-``compile()`` (feature set A) hands both variants to the C kernel's cost decision
+``compile()`` (numeric feature sets: A, C) hands both variants to the C kernel's cost decision
 (:meth:`fitted_state` describes it for :mod:`routers.compiler`): the linear one as one matrix of
 weights, the LightGBM one as one ensemble of every model's trees under a region
 tree, each one C call per decision with the same answers.
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from modeswitch.dataset.features import CATEGORICAL_FEATURES, FEATURE_SET_A, FEATURE_SETS, _shape
+from modeswitch.dataset.features import CATEGORICAL_FEATURES, _shape, feature_columns
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.modes import reference_mode
 from modeswitch.routers.families.base import LearnedRouter, column_prep
@@ -45,6 +45,7 @@ from modeswitch.routers.fitted_state import (
     InputLayout,
     LinearModel,
     TreeEnsemble,
+    numeric_layout,
 )
 from modeswitch.routers.registry import RouterFamily, register_router
 from sklearn.base import ClassifierMixin
@@ -93,7 +94,7 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
 
     # ------------------------------------------------------------- fitting
     def _prep(self, X) -> ColumnTransformer:
-        wanted = list(FEATURE_SETS[self.feature_set])
+        wanted = list(feature_columns(self.feature_set))
         missing = [c for c in wanted if c not in X.columns]
         if missing:
             raise ValueError(f"{type(self).__name__}: feature frame lacks {', '.join(missing)}")
@@ -266,8 +267,10 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         rows, one class) becomes its output's bias; a constant risk is compared with the
         threshold here, once (allowed: -inf, not: +inf)."""
         check_is_fitted(self, "ratio_models_")
-        if self.feature_set != "A":
-            raise ValueError("compiled cost-predicting routers take feature set A (numbers only)")
+        cols = feature_columns(self.feature_set)
+        if any(c in CATEGORICAL_FEATURES for c in cols):
+            raise ValueError(f"compiled cost-predicting routers take numbers only (feature set {self.feature_set} "
+                             "has categories)")
         modes = list(self.modes_)
         M, C = len(modes), len(CONSTRAINTS)
         thr = float(self.threshold_)
@@ -283,8 +286,10 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
                     bias[k] = mdl.value if k < M else (-np.inf if mdl.value <= thr else np.inf)
                 else:
                     fitted.append((k, mdl, 1.0 if k < M or mdl.classes_[1] else -1.0))
-        return FittedState(tuple(modes), InputLayout(len(FEATURE_SET_A)), self._outputs_state(fitted, bias),
-                           CostDecision(M, C, modes.index(self.reference_), thr), self.X_sample_)
+        return FittedState(tuple(modes), InputLayout(len(cols), numeric_names=numeric_layout(cols)),
+                           self._outputs_state(fitted, bias),
+                           CostDecision(M, C, modes.index(self.reference_), thr), self.X_sample_,
+                           self.content_table() if self.content_model else None)
 
     def _outputs_state(self, fitted: list, bias: np.ndarray):  # pragma: no cover - abstract
         """Every output's model as one description (``fitted``: (output, model, sign))."""
@@ -322,7 +327,7 @@ class LinearCostRouter(LogisticParameters, CostPredictingRouter):
 
     def _outputs_state(self, fitted, bias):
         """One weight row per output on the standardised features (constants: a zero row)."""
-        W = np.zeros((len(bias), len(FEATURE_SET_A)))
+        W = np.zeros((len(bias), self.n_features_in_))
         bias = bias.copy()
         for k, mdl, sign in fitted:
             W[k] = sign * np.ravel(np.asarray(mdl.coef_, float))
@@ -353,7 +358,7 @@ class LightGBMCostRouter(LightGBMParameters, CostPredictingRouter):
         """Every model's trees as one ensemble, each tree scoring its own output (every
         model a constant: the biases are the whole decision)."""
         if not fitted:
-            return LinearModel(np.zeros((len(bias), len(FEATURE_SET_A))), bias)
+            return LinearModel(np.zeros((len(bias), self.n_features_in_)), bias)
         trees = [t for k, mdl, sign in sorted(fitted, key=lambda f: f[0])
                  for t in lightgbm_trees(mdl.booster_, k, sign)[0]]
         return TreeEnsemble(tuple(trees), len(bias), "sum", False, bias)

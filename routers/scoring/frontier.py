@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from modeswitch.dataset.features import FEATURE_SETS
+from modeswitch.dataset.features import feature_columns
 from modeswitch.routers.scoring import coverage
 
 RISK_MODELS = ("lgbm", "lr")
@@ -90,7 +90,7 @@ def frontier(table: pd.DataFrame, split: str = "lofo", feature_set: str = "A", r
     ref = str(table["reference_mode"].iloc[0])
     if ref not in modes:
         raise ValueError(f"the reference mode {ref} has no latency_ms__/safe__ columns in the table")
-    X = table[list(FEATURE_SETS[feature_set])].copy()
+    X = table[list(feature_columns(feature_set))].copy()
     for c in X.columns:
         if not pd.api.types.is_numeric_dtype(X[c]):
             X[c] = X[c].astype(str).astype("category")

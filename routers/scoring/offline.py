@@ -39,20 +39,29 @@ import numpy as np
 import pandas as pd
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.modes import reference_mode
+from modeswitch.oracle.content_columns import TOKEN_IDS
 from modeswitch.oracle.training_table import table_meta
 from modeswitch.routers.scoring.intervals import Parts, family_bootstrap, mean_parts, value
 
 VIOLATION_TYPES = ("quality", "energy", "memory", "unmeasured")
 
 
-def requests_from_table(table: pd.DataFrame) -> list[Request]:
-    """Request objects for the table's rows (fields the training table carries)."""
+def requests_from_table(table: pd.DataFrame, token_ids: bool = False) -> list[Request]:
+    """Request objects for the table's rows (fields the training table carries).
+
+    ``token_ids``: each request also carries its prompt's token ids where the table has
+    them (``prompt_token_ids``: what a router reading the prompt routes on). Off by
+    default: the engines run a table's request from its shape and id, which rebuilds the
+    same prompt with its question's gold answer and companions of their own text
+    (``engine.prompts``, ``dataset.workloads.conditions.arrival_group``)."""
     def cat(v):
         return None if v is None or (isinstance(v, float) and np.isnan(v)) or v in ("none", "") else str(v)
 
+    ids = table[TOKEN_IDS].tolist() if token_ids and TOKEN_IDS in table else [None] * len(table)
     out = []
-    for row in table.itertuples(index=False):
+    for row, tok in zip(table.itertuples(index=False), ids):
         out.append(Request(
+            prompt_token_ids=None if tok is None else tuple(int(t) for t in tok),
             id=str(row.request_id), prompt_tokens=int(row.prompt_tokens),
             expected_output_tokens=int(row.expected_output_tokens),
             shared_prefix_tokens=int(row.shared_prefix_tokens),

@@ -132,10 +132,12 @@ def decision_functions(routers: dict, compiled: bool = True) -> dict:
 
 def measure(routers: dict, requests, decisions: int = 20_000, pipeline_decisions: int = 300,
             compiled: bool = True, progress=None,
-            functions: dict | None = None) -> dict[str, Overhead]:
+            functions: dict | None = None, frame=None) -> dict[str, Overhead]:
     """Overhead of every router (name -> fitted router) on the same request stream;
-    ``functions`` reuses :func:`decision_functions` already built."""
-    frame = features_frame(requests, "B", with_context=True)
+    ``functions`` reuses :func:`decision_functions` already built. ``frame``: the
+    requests' rows for batch throughput and agreement (the training table's rows, which
+    hold content columns too); default: their shape features."""
+    frame = features_frame(requests, "B", with_context=True) if frame is None else frame
     functions = functions if functions is not None else decision_functions(routers, compiled)
     fast = {name: f[0] for name, f in functions.items() if not f[1].startswith("pipeline")}
     if progress is not None and fast:

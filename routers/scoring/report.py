@@ -66,7 +66,7 @@ def _reference_line(ax, vertical=False):
 
 
 def plots(out: Path, per_request: pd.DataFrame, per_family: pd.DataFrame, overall: pd.DataFrame,
-          overhead: dict, live: pd.DataFrame | None = None, frontier=None) -> list[Path]:
+          overhead: dict, live: pd.DataFrame | None = None, frontier=None, content_frontier=None) -> list[Path]:
     """Write the report's plots under ``out/plots``; returns their paths in order.
     Router-level plots use equal family weights, as the headline table does."""
     plt = _pyplot()
@@ -93,17 +93,22 @@ def plots(out: Path, per_request: pd.DataFrame, per_family: pd.DataFrame, overal
     if live is not None and len(live):
         save(_live_plot(live), "live_speedup_energy.png")
     if frontier is not None and len(frontier.curve):
-        save(_frontier_plot(frontier, router_points(per_request)), "capture_vs_violations.png")
+        save(_frontier_plot(frontier, router_points(per_request), content_frontier), "capture_vs_violations.png")
     return paths
 
 
-def _frontier_plot(frontier, points: pd.DataFrame):
+def _frontier_plot(frontier, points: pd.DataFrame, content_frontier=None):
     """Capture of the oracle's saving against the violation rate: each router a point,
-    the measured ceiling (shape features, every latency known) a line."""
+    the measured ceiling (shape features, every latency known) a line, and beside it
+    the ceiling with content features where it was measured."""
     fig, ax = _fig(7, 5)
     env = envelope(frontier.curve)
     ax.plot(env["violations"] * 100, env["capture"], color="black", lw=1.5,
             label="ceiling: safety from the request's shape, latencies known")
+    if content_frontier is not None and len(content_frontier.curve):
+        env = envelope(content_frontier.curve)
+        ax.plot(env["violations"] * 100, env["capture"], color="tab:purple", lw=1.5, ls="-.",
+                label="ceiling: safety from shape and prompt content, latencies known")
     for r in points.itertuples():
         ax.scatter(r.violations * 100, r.capture, s=60, marker="*" if r.router in ("oracle", "rule") else "o")
         ax.annotate(r.router, (r.violations * 100, r.capture), textcoords="offset points", xytext=(5, 3))
@@ -250,7 +255,8 @@ def _md_table(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
 
 def write_report(out: Path, *, per_request, per_family, overall, overhead: dict, context: dict,
                  live_per=None, live_summary=None, estimate=None, live_figures=None, live_runs=None,
-                 live_family=None, intervals=None, coverage=None, frontier=None) -> list[Path]:
+                 live_family=None, intervals=None, coverage=None, frontier=None,
+                 content_frontier=None) -> list[Path]:
     """Write the report folder (which must not exist yet); returns the files written."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -289,9 +295,12 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
             csv(coverage["risk"], "risk_control.csv", index=False)
         if coverage.get("risk_family") is not None and len(coverage["risk_family"]):
             csv(coverage["risk_family"], "risk_control_by_family.csv", index=False)
-    files += plots(out, per_request, per_family, overall, overhead, live_summary, frontier)
+    files += plots(out, per_request, per_family, overall, overhead, live_summary, frontier, content_frontier)
     if frontier is not None and len(frontier.curve):
-        csv(frontier.curve, "frontier.csv", index=False)
+        curves = [frontier.curve.assign(features="shape")]
+        if content_frontier is not None and len(content_frontier.curve):
+            curves.append(content_frontier.curve.assign(features="shape+content"))
+        csv(pd.concat(curves, ignore_index=True), "frontier.csv", index=False)
 
     md = [f"# Router scoring: {context.get('name', out.name)}", ""]
     md += [f"- {k}: {v}" for k, v in context.items()]

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from modeswitch.dataset.errors import InputError
+from modeswitch.dataset.features import FEATURE_SET_C
 from modeswitch.engine.models.resolve import resolve_models
 from modeswitch.oracle.constraints import Constraints
 from modeswitch.oracle.training_table import frame_hash
@@ -250,6 +251,9 @@ class Scoring:
     trained: list[TrainedRouter]
     test: pd.DataFrame
     requests: list
+    #: ``requests`` as routers see them: with their prompts' token ids where the table has
+    #: them (routers reading the prompt need them; the engines run ``requests``)
+    routed: list
     #: the baselines and the trained routers, as loaded (what the overhead timer runs)
     routers: dict
     #: the routers scored offline: leave-one-family-out, each family's own fold
@@ -263,6 +267,9 @@ class Scoring:
     overall: pd.DataFrame | None = None
     #: the capture / violation ceiling of the split (routers.scoring.frontier), if computed
     frontier: object = None
+    #: the same ceiling with safety predicted from shape and content (feature set C), where
+    #: the table has content columns
+    content_frontier: object = None
 
     @property
     def p50(self) -> dict:
@@ -292,15 +299,17 @@ def load_scoring(table, cfg: ScoreConfig, say) -> Scoring:
     trained = load_routers(table.frame, cfg.mlruns, cfg.run_ids)
     test = table.rows(held_out_rows(table.frame, trained)).frame
     routers = {**baselines(table.modes), **{t.name: t.estimator for t in trained}}
-    return Scoring(table, trained, test, requests_from_table(test), routers)
+    return Scoring(table, trained, test, requests_from_table(test), requests_from_table(test, token_ids=True),
+                   routers)
 
 
 def measure_overhead(s: Scoring, cfg: ScoreConfig, say) -> None:
     """Each router's decision cost on the held-out requests (its compiled form by default)."""
     say("measuring routing overhead")
     s.functions = oh.decision_functions(s.routers, cfg.compiled)
-    s.overhead = oh.measure(s.routers, s.requests, cfg.decisions, cfg.pipeline_decisions, cfg.compiled,
-                            progress=say, functions=s.functions)
+    s.overhead = oh.measure(s.routers, s.routed, cfg.decisions, cfg.pipeline_decisions, cfg.compiled,
+                            progress=say, functions=s.functions,
+                            frame=s.test)
 
 
 def score_offline_step(s: Scoring, say) -> None:
@@ -328,6 +337,9 @@ def frontier_step(s: Scoring, say) -> None:
     say(f"frontier: safety predicted out of fold on the {split} split")
     try:
         s.frontier = frontier(s.table.frame, split, "A", "lgbm", True, test_size, seed)
+        if all(c in s.table.frame for c in FEATURE_SET_C):
+            say("frontier: again with content features (feature set C)")
+            s.content_frontier = frontier(s.table.frame, split, "C", "lgbm", True, test_size, seed)
     except (ValueError, KeyError) as exc:  # a table without per-mode safety: no ceiling to draw
         say(f"frontier: not computed ({exc})")
 
@@ -348,10 +360,12 @@ def report_context(s: Scoring, cfg: ScoreConfig, out: Path) -> dict:
 def live_decisions(s: Scoring, stream: list) -> dict:
     """Each router's pick for each live request (leave-one-family-out: the family's own
     fold; the oracle: the profile's pick)."""
-    decisions = {name: [str(fn(r)) for r in stream] for name, (fn, _, _) in s.functions.items()}
+    routed = {r.id: r for r in s.routed}
+    seen = [routed.get(r.id, r) for r in stream]  # with token ids where the table has them
+    decisions = {name: [str(fn(r)) for r in seen] for name, (fn, _, _) in s.functions.items()}
     for name, router in s.scored.items():
         if isinstance(router, HeldOutFamilyRouter):
-            decisions[name] = [str(router.route(r)) for r in stream]
+            decisions[name] = [str(router.route(r)) for r in seen]
     decisions["oracle"] = [s.scored["oracle"].route(r) for r in stream]
     return decisions
 
@@ -403,7 +417,7 @@ def write_outputs(s: Scoring, cfg: ScoreConfig, out: Path, live: LiveScores, con
                         overhead=s.overhead, context=context, live_per=live.per,
                         live_summary=live.summary, estimate=live.estimate, live_figures=live.figures,
                         live_family=live.family, live_runs=live.runs, intervals=intervals,
-                        frontier=s.frontier,
+                        frontier=s.frontier, content_frontier=s.content_frontier,
                         coverage=coverage_info(s, head, live, context))
     run_id = report.log_to_mlflow(out, Path(cfg.mlruns), head, context,
                                   {t.name: t.run_id for t in s.trained}, live.summary, table=s.table.frame)

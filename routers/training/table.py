@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from modeswitch.dataset.errors import InputError
+from modeswitch.oracle.content_columns import TOKEN_IDS
 from modeswitch.oracle.training_table import frame_hash, table_meta
 from modeswitch.routers.training.costs import UNSAFE_PENALTY, regret_weights
 from modeswitch.routers.training.splits import split_indices
@@ -25,7 +26,7 @@ from sklearn.base import clone
 
 #: training-table columns that describe a label, not the request
 NOT_FEATURES = ("label", "label_source", "estimate_basis", "latency_basis", "quality_basis",
-                "reference_mode", "condition", "request_id")
+                "reference_mode", "condition", "request_id", TOKEN_IDS)
 
 
 def select_labels(table: pd.DataFrame, labels: str = "all") -> pd.DataFrame:

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from modeswitch.dataset.errors import InputError
+from modeswitch.dataset.features import reads_content
 from modeswitch.routers.certified import CertifiedRouter, has_risk_score
 from modeswitch.routers.registry import get_family, get_router, learned_families
 from modeswitch.routers.rule_baseline import RuleBaselineRouter
@@ -131,6 +132,11 @@ def _fit(family, params, cfg: TrainConfig, table: TrainingTable, idx, use_weight
     for name, value in (("safety_threshold", cfg.safety_threshold), ("fallback", cfg.fallback)):
         if _accepts(family, name):  # the guard is the mode classifiers' own
             extra[name] = value
+    if reads_content(cfg.feature_set) and _accepts(family, "content_model"):
+        extra["content_model"] = table.meta.get("content_model")
+        if extra["content_model"] is None:
+            raise InputError(f"feature set {cfg.feature_set} reads the prompt's content; this training table has "
+                             "no content columns (build it with `dataset build --content-model PATH`)")
     est = get_router(family, feature_set=cfg.feature_set, **extra)
     if certify and cfg.target_violation_rate and has_risk_score(est):
         est = CertifiedRouter(est, target_violation_rate=cfg.target_violation_rate,

@@ -1,0 +1,39 @@
+"""The training table's content columns: each request's prompt as the engine sends it,
+and the content features read from it (:mod:`dataset.content_features`).
+
+Why at table time: a synthetic request is a shape until the engine's prompt builder
+gives it real text (``engine.prompts``, deterministic for a tokenizer and a corpus).
+Building the same prompt here, with the model's own tokenizer, gives the table the
+token ids the profile and the sweep ran and the features a server would read from
+them; the ids are kept (``prompt_token_ids``) so a router routing the table's requests
+reads the same ids.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from modeswitch.dataset.content_features import CONTENT_FEATURES
+from modeswitch.dataset.requests import Request
+from modeswitch.engine import prompts
+from modeswitch.engine.content_table import content_table
+
+#: the column holding each request's prompt token ids
+TOKEN_IDS = "prompt_token_ids"
+
+
+def prompt_ids(requests: list[Request], model: str) -> dict[str, list[int]]:
+    """Each request's prompt token ids, built as the engine builds them for ``model``."""
+    from transformers import AutoTokenizer  # heavy: only when a table takes content columns
+
+    builder = prompts.PromptBuilder(AutoTokenizer.from_pretrained(str(model)))
+    return {r.id: builder.prepare(r)[1] for r in requests}
+
+
+def content_columns(requests: list[Request], model: str) -> pd.DataFrame:
+    """Per request (index: id): its prompt token ids and its content features."""
+    table = content_table(str(model))
+    ids = prompt_ids(requests, model)
+    feats = pd.DataFrame([table.features(v) for v in ids.values()], columns=list(CONTENT_FEATURES),
+                         index=pd.Index(list(ids), name="request_id"))
+    feats[TOKEN_IDS] = [list(v) for v in ids.values()]
+    return feats
