@@ -74,6 +74,8 @@ class ContentTable:
         out = np.zeros(len(CONTENT_FEATURES))
         if not ids.size:
             return out
+        if ids.min() < 0:  # take() would read from the table's end
+            raise ValueError(f"token id {int(ids.min())} is negative: not an id of {self.model}'s vocabulary")
         n = len(SHARE_FEATURES)
         tail = ids[-TAIL_TOKENS:]
         try:

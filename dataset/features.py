@@ -3,7 +3,7 @@
 Feature extraction must cost almost nothing at routing time, so it reads only
 what the request already carries (no tokenizer call, no model call) and does a
 handful of float operations. Feature sets are registered by name
-(:func:`register_feature_set`; ``--feature-set`` takes any):
+(:func:`register_feature_set`; the Python API takes any, ``--feature-set`` the three below):
 
 * ``A``: request shape only, numbers that vary from request to request;
 * ``B``: ``A`` plus the categorical workload family and benchmark suite;

@@ -16,7 +16,12 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from modeswitch.dataset.content_features import EMBED_COMPONENTS, ContentTable, token_flags
+from modeswitch.dataset.content_features import (
+    CODE_CHARS,
+    EMBED_COMPONENTS,
+    ContentTable,
+    token_flags,
+)
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.io import atomic_path
 from modeswitch.engine.models.cache import default_cache_dir
@@ -34,9 +39,14 @@ def _weights(folder: Path) -> list[Path]:
     return files
 
 
+#: bump when the table's recipe changes (flags, components): cached tables are then made again
+RECIPE = 1
+
+
 def _key(folder: Path) -> str:
-    stats = [(p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in _weights(folder)]
-    blob = json.dumps([str(folder.resolve()), stats, EMBED_COMPONENTS])
+    files = _weights(folder) + sorted(folder.glob("tokenizer*")) + sorted(folder.glob("vocab*"))
+    stats = [(p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in files]
+    blob = json.dumps([str(folder.resolve()), stats, EMBED_COMPONENTS, sorted(CODE_CHARS), RECIPE])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import pandas as pd
 from modeswitch.dataset.content_features import CONTENT_FEATURES
+from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.requests import Request
+from modeswitch.dataset.workloads import list_workloads
 from modeswitch.engine import prompts
 from modeswitch.engine.content_table import content_table
 
@@ -22,8 +24,20 @@ TOKEN_IDS = "prompt_token_ids"
 
 
 def prompt_ids(requests: list[Request], model: str) -> dict[str, list[int]]:
-    """Each request's prompt token ids, built as the engine builds them for ``model``."""
+    """Each request's prompt token ids, built as the engine builds them for ``model``.
+
+    A request without its text or ids whose family is no registered workload (a profiled
+    benchmark unit: the profile keeps its shape, not its prompt) is an error naming it:
+    the builder would give it another prompt than the one measured."""
     from transformers import AutoTokenizer  # heavy: only when a table takes content columns
+
+    registered = {w.name for w in list_workloads()}
+    for r in requests:
+        if r.prompt is None and r.prompt_token_ids is None and (r.family or r.workload) not in registered:
+            raise InputError(f"request {r.id}: no prompt text or token ids, and its family {r.family!r} is no "
+                             "registered workload, so its prompt cannot be rebuilt for content features (a "
+                             "profiled benchmark unit?); build the table without --content-model, or without "
+                             "--profiled")
 
     builder = prompts.PromptBuilder(AutoTokenizer.from_pretrained(str(model)))
     return {r.id: builder.prepare(r)[1] for r in requests}

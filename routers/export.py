@@ -119,9 +119,9 @@ class RouterPyfunc(mlflow.pyfunc.PythonModel):
                         prompt_token_ids=_token_ids(getattr(r, "prompt_token_ids", None)))
                 for i, r in enumerate(frame.itertuples(index=False))]
         # feature set B's frame carries set A's columns too: every router reads its own
-        fs = self.router_.get_params().get("feature_set") or "A"
+        fs = _inner(self.router_).get_params().get("feature_set") or "A"
         if reads_content(fs):  # and a router reading the prompt, the content columns of set C as well
-            return list(self.router_.predict(features_frame(reqs, fs, content=_content_table(self.router_))))
+            return list(self.router_.predict(features_frame(reqs, fs, content=_inner(self.router_).content_table())))
         return list(self.router_.predict(features_frame(reqs, "B")))
 
 
@@ -129,9 +129,22 @@ def _token_ids(v):
     return None if v is None or (isinstance(v, float) and np.isnan(v)) else tuple(int(t) for t in v)
 
 
-def _content_table(router):
-    """The content table of a router reading the prompt (a wrapper's inner router's)."""
-    return getattr(router, "router_", router).content_table()
+def _inner(router):
+    """The router whose features a wrapper (a certified router) decides on: its fitted
+    inner router, else the one it was given, else the router itself."""
+    return getattr(router, "router_", getattr(router, "router", router))
+
+
+def content_check(router) -> str | None:
+    """A router reading the prompt: its content table, built or read from the cache now
+    (an error naming the checkpoint when it cannot be: a server must not fall back to
+    the reference on every request); its table's hash. None for other routers."""
+    inner = _inner(router)
+    if not reads_content(inner.get_params().get("feature_set") or "A"):
+        return None
+    import hashlib
+
+    return hashlib.sha256(inner.content_table().rows.tobytes()).hexdigest()[:16]
 
 
 def allowed_types() -> frozenset[str]:
@@ -221,7 +234,7 @@ def export_router(router, *, name: str = DEFAULT_NAME, mlruns: str = "mlruns", s
     """Log ``router`` as a pyfunc model, register a new version and alias it ``champion``."""
     setup(Path(mlruns), "modeswitch-export")
     meta = {"modes": list(router.modes_), "backend": backend,
-            "router": type(router).__name__, "feature_set": router.get_params().get("feature_set"),
+            "router": type(router).__name__, "feature_set": _inner(router).get_params().get("feature_set"),
             "source_run_id": source_run_id, "git_commit": git_commit(), **(extra or {})}
     # numbers as doubles: integer token counts convert to them safely, not the reverse
     example = pd.DataFrame([{"prompt_tokens": 512.0, "expected_output_tokens": 64.0,
@@ -229,7 +242,8 @@ def export_router(router, *, name: str = DEFAULT_NAME, mlruns: str = "mlruns", s
                              "memory_pressure": 0.0, "family": "none", "benchmark_suite": "none"}])
     if reads_content(meta["feature_set"] or "A"):  # a router reading the prompt takes its token ids too
         example["prompt_token_ids"] = [[1, 2, 3]]
-        meta["content_model"] = router.get_params().get("content_model")
+        meta["content_model"] = _inner(router).get_params().get("content_model")
+        meta["content_table_sha256"] = content_check(router)
     import skops.io as sio  # lazy: skops pulls scikit-learn
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -346,6 +360,10 @@ def load_router(uri: str, mlruns: str = "mlruns", available_modes=None, compiled
                                      trust_pickle=trust_pickle, recorded_types=meta.get("trusted_types"))
     # the modes it can answer: from the router itself, not from a file beside it
     model.meta_["modes"] = list(model.router_.modes_)
+    table = content_check(model.router_)  # before compiling: a missing table is an error, not a fallback
+    if table is not None and meta.get("content_table_sha256") not in (None, table):
+        raise InputError(f"{uri}: the content table of {meta.get('content_model')} differs from the one the router "
+                         "was exported with (another checkpoint or tokenizer at that path)")
     model.use_compiled(compiled)
     if available_modes is not None:
         check_available_modes(model, uri, available_modes)

@@ -55,6 +55,9 @@ class InputLayout:
     @property
     def numeric(self) -> tuple[str, ...]:
         """The numeric columns' names, in order."""
+        if not self.numeric_names and self.n_numeric > len(FEATURE_SET_A):
+            raise ValueError(f"input layout: {self.n_numeric} numeric columns and no names (feature set A has "
+                             f"{len(FEATURE_SET_A)})")
         return self.numeric_names or FEATURE_SET_A[: self.n_numeric]
 
     @property

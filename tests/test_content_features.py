@@ -39,6 +39,8 @@ def test_features_are_shares_over_the_prompt_end_and_an_embedding_mean_over_its_
     assert not table.features([]).any()
     with pytest.raises(ValueError, match="token id 50 is outside m's vocabulary of 50"):
         table.features([1, 50])
+    with pytest.raises(ValueError, match="token id -1 is negative"):
+        table.features([1, -1])
     assert token_flags("x = 1") == (1.0, 1.0, 0.0) and token_flags("naïve") == (0.0, 0.0, 1.0)
 
 
@@ -145,18 +147,22 @@ def test_content_features_change_a_decision_that_shape_features_cannot(content, 
         comp.route(dataclasses.replace(test_reqs[0], prompt_token_ids=None))
 
 
-def test_export_load_and_serving_decide_as_the_fitted_content_router(content, tiny_models, tmp_path):
+@pytest.mark.parametrize("certified", [False, True])
+def test_export_load_and_serving_decide_as_the_fitted_content_router(content, tiny_models, tmp_path, certified):
     from modeswitch.engine.serving.routing import route
     from modeswitch.routers import get_router
+    from modeswitch.routers.certified import CertifiedRouter
     from modeswitch.routers.export import export_router, load_router
 
-    X, _, _ = _table(content)
+    X, _, _ = _table(content, 480)
     est = get_router("cost_lgbm", feature_set="C", content_model=str(tiny_models.target), n_estimators=40,
-                     min_child_samples=5, max_risk=0.5).fit(X)
+                     min_child_samples=5, max_risk=0.5)
+    est = (CertifiedRouter(est, target_violation_rate=0.05) if certified else est).fit(X)
     mlruns = str(tmp_path / "mlruns")
     info = export_router(est, mlruns=mlruns, source_run_id="r1", backend="transformers")
     loaded = load_router(info["uri"], mlruns, available_modes=[REF, QUANT])
     assert loaded.path_ == "compiled"
+    assert loaded.meta_["feature_set"] == "C" and loaded.meta_["content_model"] == str(tiny_models.target)
     test, reqs, heavy = _table(content, 60, seed=2)
     want = list(est.predict(test))
     assert [loaded.route(q) for q in reqs] == want

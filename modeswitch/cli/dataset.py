@@ -81,7 +81,7 @@ def dataset_build_cmd(
     cm = costmodel_for(costmodel, profile, ", ".join(paths))
     sweep = read_sweep(quality) if quality is not None else None
     table = build_training_table(profile, reqs, c, source=", ".join(paths), costmodel=cm, quality=sweep,
-                                 content_model=None if content_model is None else str(content_model))
+                                 content_model=None if content_model is None else str(content_model.resolve()))
     write_parquet(table, output, overwrite=overwrite)
     counts = table["label"].value_counts()
     console.print(f"wrote {len(table)} requests x {table.shape[1]} columns to {output}")

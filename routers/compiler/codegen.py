@@ -42,6 +42,9 @@ def tree_source(tree: Tree, classes, layout: InputLayout, float32_inputs: bool =
                 name="route") -> str:
     """Source of ``def route(r): ...`` returning the class label for a Request ``r``: the
     class of the largest leaf value (scikit-learn's argmax, first on ties)."""
+    if layout.content or layout.n_numeric > len(FEATURE_SET_A):
+        raise ValueError("generated Python reads a request's shape fields only: a layout with content "
+                         "columns routes through the kernel")
     n_num = layout.n_numeric
     feat_names = list(FEATURE_SET_A[:n_num]) + [("family", c) for c in layout.families] + \
         [("benchmark_suite", c) for c in layout.suites]

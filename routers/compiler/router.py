@@ -111,6 +111,10 @@ class CompiledRouter:
         pick = [CONTENT_FEATURES.index(c) for c in self.numeric_[n_shape:]]
         handle, predict, classes, n_num = self.handle, self._lib.predict_batch, self.classes_, self.n_num
         fam_index, suite_index, n_fam = self.fam_index, self.suite_index, len(self.fam_cats)
+        n_features = self.n_features
+        # the kernel model lives as long as its owner: held here, so a caller keeping only
+        # ``route`` keeps the model (and no reference to self: no cycle for the collector)
+        owner = self._owner
 
         def route(request):
             if table is None:
@@ -119,7 +123,7 @@ class CompiledRouter:
             ids = request.prompt_token_ids
             if ids is None:
                 raise InputError(f"request {request.id}: the router reads the prompt's token ids; it carries none")
-            x = np.zeros((1, self.n_features))
+            x = np.zeros((1, n_features))
             x[0, :n_shape] = _shape(request)
             x[0, n_shape:n_num] = table.features(ids)[pick]
             for index, col, start in ((fam_index, "family", n_num), (suite_index, "benchmark_suite", n_num + n_fam)):
@@ -133,6 +137,7 @@ class CompiledRouter:
                 raise MemoryError("compiled router: out of memory")
             return classes[out[0]]
 
+        route.owner = owner  # the route function holds the model's owner
         return route
 
     # ------------------------------------------------------------- decisions
@@ -153,6 +158,8 @@ class CompiledRouter:
 
     def predict_matrix(self, M: np.ndarray) -> np.ndarray:
         """Class indices for a ready input matrix (the batch path)."""
+        if M.ndim != 2 or M.shape[1] != self.n_features or not M.flags.c_contiguous or M.dtype != np.float64:
+            raise ValueError(f"expected a C-contiguous float64 matrix with {self.n_features} columns")
         out = np.empty(len(M), dtype=np.int32)
         self._lib.predict_batch(self.handle, pointer(M, F64), len(M), pointer(out, I32))
         if len(out) and out.min() < 0:
