@@ -83,8 +83,8 @@ def evaluate(routers: dict, test: pd.DataFrame, decisions: int = 2_000, compiled
     tt = TrainingTable.of(test)
     test = tt.frame
     everyone = {**baselines(tt.modes), **routers}
-    requests = requests_from_table(test)
-    overhead = oh.measure(everyone, requests, decisions, pipeline_decisions, compiled)
+    requests = requests_from_table(test, token_ids=True)  # routers reading the prompt route on its ids
+    overhead = oh.measure(everyone, requests, decisions, pipeline_decisions, compiled, frame=test)
     everyone["oracle"] = OracleRouter().fit(test)
     per_request = score_offline(test, everyone, {k: v.p50_us for k, v in overhead.items()})
     _, overall = aggregate_scores(per_request)

@@ -42,6 +42,7 @@ stores you trust.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -142,8 +143,6 @@ def content_check(router) -> str | None:
     inner = _inner(router)
     if not reads_content(inner.get_params().get("feature_set") or "A"):
         return None
-    import hashlib
-
     return hashlib.sha256(inner.content_table().rows.tobytes()).hexdigest()[:16]
 
 

@@ -194,3 +194,15 @@ def test_export_load_and_serving_decide_as_the_fitted_content_router(content, ti
     served = [route(_State, loaded, q.id, q.prompt_tokens, q.expected_output_tokens, 0, 1,
                     list(q.prompt_token_ids))[1].mode for q in reqs]
     assert served == want
+
+
+def test_tuning_times_a_content_router_on_the_table_requests_token_ids(content, tiny_models):
+    """Tuning's served decision (routers.training.served) routes the fold's rows as raw
+    requests: a router reading the prompt gets their token ids from the table."""
+    from modeswitch.routers import get_router
+    from modeswitch.routers.training.served import served_decision
+
+    X, _, heavy = _table(content)
+    est = get_router("dt", feature_set="C", content_model=str(tiny_models.target)).fit(X, X["label"])
+    picks, p50_ms = served_decision(est, X, decisions=200)
+    assert list(picks) == list(est.predict(X)) and 0 < p50_ms < 5

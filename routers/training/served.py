@@ -28,7 +28,7 @@ def served_decision(router, valid: pd.DataFrame, decisions: int = DECISIONS) -> 
     """(the picks ``router`` serves on the rows of ``valid``, its decision p50 in ms)."""
     fn, _, fast = decision_function(router)
     picks = fast.predict(valid) if fast is not None else router.predict(valid)
-    requests = requests_from_table(valid)
+    requests = requests_from_table(valid, token_ids=True)  # a router reading the prompt routes on its ids
     n = decisions if fast is not None else min(decisions, PIPELINE_DECISIONS)
     times_us = time_decisions(fn, requests, n, warmup=min(200, n))
     return np.asarray(picks, dtype=object), float(np.median(times_us)) / 1e3
