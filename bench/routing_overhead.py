@@ -167,12 +167,12 @@ def content_routers(args, reqs, stream, table, fast, batch, reps):
     ct = content_table(model)
     fast["content features"] = lambda r, f=ct.features: f(r.prompt_token_ids)
     y = table_c["label"].astype(str)
+    frame = features_frame(stream, "C", content=ct)
     for fam, kw in (("dt", dict(max_depth=5, min_samples_leaf=3, class_weight="balanced")),
                     ("lgbm", dict(n_estimators=args.trees, class_weight="balanced")),
                     ("cost_lgbm", dict(n_estimators=args.trees, max_risk=0.3))):
         est = get_router(fam, feature_set="C", content_model=model, **kw).fit(table_c, y)
         c = est.compile()
-        frame = features_frame(stream, "C", content=ct)
         assert (c.predict(frame) == est.predict(frame)).all()
         assert [c.route(r) for r in stream[:200]] == list(est.predict(frame.iloc[:200]))
         fast[f"{fam} C"] = c.route

@@ -40,11 +40,9 @@ FEATURE_SET_B = FEATURE_SET_A + CATEGORICAL_FEATURES
 FEATURE_SET_C = FEATURE_SET_A + CONTENT_FEATURES
 #: every registered feature set: name -> its columns (numeric ones first, as routers read them)
 FEATURE_SETS: dict[str, tuple[str, ...]] = {}
-#: name -> one line on what it reads (``modeswitch train --help`` lists them)
-FEATURE_SET_HELP: dict[str, str] = {}
 
 
-def register_feature_set(name: str, columns: tuple[str, ...], description: str) -> None:
+def register_feature_set(name: str, columns: tuple[str, ...]) -> None:
     """Register a feature set by name. Its columns are feature set A's (a prefix, so the
     compiled kernel computes them from the request's fields), then any of
     :data:`CONTENT_FEATURES` (read from the prompt's token ids) or
@@ -59,7 +57,6 @@ def register_feature_set(name: str, columns: tuple[str, ...], description: str) 
     if FEATURE_SETS.get(name, columns) != columns:
         raise ValueError(f"feature set {name!r} is registered already with other columns")
     FEATURE_SETS[name] = columns
-    FEATURE_SET_HELP[name] = description
 
 
 def reads_content(feature_set: str) -> bool:
@@ -76,10 +73,9 @@ def feature_columns(feature_set: str) -> tuple[str, ...]:
             from None
 
 
-register_feature_set("A", FEATURE_SET_A, "request shape: lengths, shared prefix, concurrency, memory pressure")
-register_feature_set("B", FEATURE_SET_B, "A + the workload family and benchmark suite (one-hot)")
-register_feature_set("C", FEATURE_SET_C, "A + the prompt's content from its token ids (digit, code and "
-                     "non-ASCII shares, embedding principal components)")
+register_feature_set("A", FEATURE_SET_A)
+register_feature_set("B", FEATURE_SET_B)
+register_feature_set("C", FEATURE_SET_C)
 
 #: Categorical value used when a request has no family / suite.
 NONE_CATEGORY = "none"
@@ -100,7 +96,7 @@ def request_features(request: Request, feature_set: str = "A", content=None) -> 
         return base
     cols = feature_columns(feature_set)
     out = list(base)
-    if any(c in CONTENT_FEATURES for c in cols):
+    if reads_content(feature_set):
         if content is None:
             raise InputError(f"feature set {feature_set} reads the prompt's content: give the model's content table")
         if request.prompt_token_ids is None:

@@ -1,11 +1,11 @@
 """The content table of a checkpoint: what :mod:`dataset.content_features` reads.
 
 Made once per checkpoint and cached (``$MODESWITCH_CACHE/content/``, keyed by the
-checkpoint's path, size and time): the tokenizer decodes every vocabulary entry for
+checkpoint's path, its weight and tokenizer files' sizes and times, and the recipe): the tokenizer decodes every vocabulary entry for
 its share flags, and the input embedding matrix (read alone from the safetensors
 files, so an 8B model's other weights are never loaded) is centred and projected on
 its top principal directions (an eigendecomposition of its hidden x hidden
-covariance). SmolLM2-135M: 49,152 entries, about two seconds the first time.
+covariance). SmolLM2-135M: 49,152 entries, 6.5 s the first time here, 0.8 ms from the cache.
 """
 
 from __future__ import annotations

@@ -49,9 +49,9 @@ def test_feature_sets_are_registered_by_name_with_shape_first():
     with pytest.raises(InputError, match="unknown feature set 'Z'"):
         feature_columns("Z")
     with pytest.raises(ValueError, match="must start with feature set A"):
-        register_feature_set("bad", ("digit_share",), "content alone")
+        register_feature_set("bad", ("digit_share",))
     with pytest.raises(ValueError, match="registered already"):
-        register_feature_set("C", FEATURE_SETS["A"], "another C")
+        register_feature_set("C", FEATURE_SETS["A"])
     req = Request(id="r", prompt_tokens=10, expected_output_tokens=4)
     with pytest.raises(InputError, match="carries none"):
         features_frame([req], "C", content=ContentTable("m", np.zeros((5, len(CONTENT_FEATURES)))))

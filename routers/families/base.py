@@ -134,10 +134,11 @@ class LearnedRouter(RouterMixin, BaseEstimator):
         return np.sort(rng.choice(n, size=min(n, self.sample_rows), replace=False))
 
     # -- the Router protocol -------------------------------------------------------------
-    def content_table(self):
+    def content_table(self, required: bool = True):
         """The content table a raw request's token ids are read through (None for a
-        feature set that reads no content)."""
-        if not reads_content(self.feature_set):
+        feature set that reads no content, or without ``content_model`` when not
+        ``required``: a compiled router then decides on ready rows only)."""
+        if not reads_content(self.feature_set) or (self.content_model is None and not required):
             return None
         if self.content_model is None:
             raise InputError(f"{type(self).__name__}: feature set {self.feature_set} reads the prompt's content; "

@@ -248,7 +248,7 @@ class ModeClassifier(ClassifierMixin, LearnedRouter):
             raise TypeError("one class in training: a constant router, nothing to compile")
         return FittedState(tuple(self.classes_), self._input_layout(), self._estimator_state(clf),
                            sample=getattr(self, "X_sample_", None),
-                           content=self.content_table() if self.content_model else None)
+                           content=self.content_table(required=False))
 
     def _estimator_state(self, clf):
         """The fitted classifier ``clf`` as a :class:`~routers.fitted_state.TreeEnsemble` or

@@ -289,7 +289,7 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         return FittedState(tuple(modes), InputLayout(len(cols), numeric_names=numeric_layout(cols)),
                            self._outputs_state(fitted, bias),
                            CostDecision(M, C, modes.index(self.reference_), thr), self.X_sample_,
-                           self.content_table() if self.content_model else None)
+                           self.content_table(required=False))
 
     def _outputs_state(self, fitted: list, bias: np.ndarray):  # pragma: no cover - abstract
         """Every output's model as one description (``fitted``: (output, model, sign))."""
