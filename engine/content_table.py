@@ -31,11 +31,11 @@ EMBEDDING_NAMES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight"
                    "embed_in.weight")
 
 
-def _weights(folder: Path) -> list[Path]:
+def weight_files(folder: Path) -> list[Path]:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise InputError(f"{folder}: no *.safetensors files; content features read the input embeddings "
-                         "of a Hugging Face checkpoint folder")
+        raise InputError(f"{folder}: no *.safetensors files; content and confidence features read a "
+                         "Hugging Face checkpoint folder's weights")
     return files
 
 
@@ -44,7 +44,7 @@ RECIPE = 1
 
 
 def _key(folder: Path) -> str:
-    files = _weights(folder) + sorted(folder.glob("tokenizer*")) + sorted(folder.glob("vocab*"))
+    files = weight_files(folder) + sorted(folder.glob("tokenizer*")) + sorted(folder.glob("vocab*"))
     stats = [(p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in files]
     blob = json.dumps([str(folder.resolve()), stats, EMBED_COMPONENTS, sorted(CODE_CHARS), RECIPE])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -54,7 +54,7 @@ def input_embeddings(folder: Path) -> np.ndarray:
     """The checkpoint's input embedding matrix (vocabulary x hidden, float32), read alone."""
     from safetensors import safe_open  # comes with transformers; only when a table is made
 
-    for path in _weights(folder):
+    for path in weight_files(folder):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
                 if name.endswith(EMBEDDING_NAMES):

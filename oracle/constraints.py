@@ -46,6 +46,13 @@ class Constraints:
     ``request`` on the request's own figures (stricter). ``lossless_at_floor``
     leaves lossless modes' divergence uncharged: it is the reference's own
     self-consistency floor (see :mod:`oracle.family_rule`).
+
+    ``max_quality_risk`` and ``quality_risk``: under ``quality_scope="request"``, with a
+    quality sweep, a request the sweep did not measure takes a lossy mode only when a
+    model fitted on the swept requests (:mod:`oracle.quality_risk`, ``logistic`` or
+    ``lgbm``) puts its probability of failing the quality rule at most
+    ``max_quality_risk``, instead of judging figures interpolated from other requests;
+    ``quality_risk="off"`` keeps the interpolation.
     """
 
     max_energy_ratio: NonNeg = 1.00
@@ -60,6 +67,8 @@ class Constraints:
     confidence_level: Annotated[float, Field(gt=0, lt=1)] = 0.95
     quality_scope: Literal["family", "request"] = "family"
     lossless_at_floor: bool = True
+    max_quality_risk: Annotated[float, Field(ge=0, le=1)] = 0.05
+    quality_risk: Literal["logistic", "lgbm", "off"] = "logistic"
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -203,6 +203,11 @@ def _add_verdicts(cand, c: Constraints):
         energy = cand["energy_ratio_high"].where(cand["energy_ratio_high"].notna(), energy)
     rouge, acc = family_rule.judged_figures(cand, c.quality_scope)
     floor = family_rule.at_floor(cand, c.lossless_at_floor)
+    # a request the sweep did not measure, under the per-request rule: its predicted risk
+    # is judged instead of figures interpolated from other requests (oracle.quality_risk)
+    risk = cand[sweep_quality.RISK] if sweep_quality.RISK in cand else pd.Series(np.nan, index=cand.index)
+    by_risk = risk.notna() & (c.quality_scope == "request")
+    rouge, acc = rouge.where(~by_risk), acc.where(~by_risk)
     cand["judged_rouge_l"], cand["judged_accuracy_delta_pp"] = rouge, acc
     # the per-request view, named for what it is: not a violation under the family rule
     cand["diverges"] = (cand["rouge_l_vs_baseline"] < c.min_rouge_vs_baseline - EPS) & ~cand["is_reference"]
@@ -216,6 +221,7 @@ def _add_verdicts(cand, c: Constraints):
             cand["rouge_vs_reference_delta"] < -c.max_rouge_vs_reference_drop - EPS
         ),
         "quality_missing": (cand["quality_missing"] != "") & (c.missing_quality == "unsafe"),
+        "quality_risk": by_risk & (risk > c.max_quality_risk + EPS) & ~floor,
     }
     for k, v in viol.items():
         cand[f"violates_{k}"] = v.fillna(False).astype(bool) & ~cand["is_reference"]
@@ -312,6 +318,9 @@ def _reason(row, c: Constraints) -> str:
         rouge = row["judged_rouge_l"]
         parts.append(f"ROUGE-L vs reference output{scope} {rouge:.3f} < "
                      f"{c.min_rouge_vs_baseline:.2f} (short by {c.min_rouge_vs_baseline - rouge:.3f})")
+    if row["violates_quality_risk"]:
+        parts.append(f"predicted risk of failing the quality rule {row[sweep_quality.RISK]:.3f} > "
+                     f"{c.max_quality_risk:.3f} (not swept; oracle.quality_risk)")
     if row["violates_quality_missing"]:
         parts.append(f"quality: {row['quality_missing']} (missing-quality rule: unsafe)")
     if row["violates_quality_rouge_vs_reference"]:
@@ -368,7 +377,7 @@ def _family_inputs(cells: Cells, requests: pd.DataFrame | None = None):
 
 def label_requests(profile: pd.DataFrame, requests: pd.DataFrame,
                    constraints: Constraints | None = None, source=None, costmodel=None,
-                   quality: pd.DataFrame | None = None):
+                   quality: pd.DataFrame | None = None, risk_features: pd.DataFrame | None = None):
     """Label requests (a DataFrame of Request fields) from a profile, estimating
     metrics at each request's features where it was not measured itself (with a
     :class:`~oracle.costmodel.CostModel`, from it where it validated better).
@@ -382,6 +391,12 @@ def label_requests(profile: pd.DataFrame, requests: pd.DataFrame,
     est, basis = sweep_quality.apply(est, basis, quality)
     groups, table = _family_inputs(cells, requests)
     table = sweep_quality.family_table(quality, requests, table)
+    risk_info = None
+    if (quality is not None and not quality.empty and risk_features is not None
+            and constraints.quality_scope == "request" and constraints.quality_risk != "off"):
+        from modeswitch.oracle import quality_risk  # scikit-learn: only when a risk model is fitted
+
+        est, risk_info = quality_risk.attach(est, basis, quality, risk_features, groups, constraints)
     labels, cand, skipped = decide(est, basis["reference_mode"], constraints, trials=cells.trials,
                                    groups=groups, family_table=table)
     req = requests.set_index("id")
@@ -391,4 +406,6 @@ def label_requests(profile: pd.DataFrame, requests: pd.DataFrame,
     labels = labels.join(req[cols]).join(basis[["condition", "label_source", "estimate_basis", "quality_basis"]])
     chosen = cand[cand["chosen"]].set_index("unit")["latency_basis"]
     labels["latency_basis"] = chosen.reindex(labels.index)
+    if risk_info is not None:
+        labels.attrs["quality_risk"] = risk_info
     return labels, cand, skipped

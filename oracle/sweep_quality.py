@@ -19,6 +19,8 @@ from modeswitch.oracle import family_rule
 SWEPT = ("rouge_l_vs_baseline", "accuracy")
 #: ``quality_basis`` values
 SWEEP, PROFILE, ESTIMATED = "measured (sweep)", "measured (profile)", "estimated"
+#: the estimate's column holding a request's predicted P(fail) (:mod:`oracle.quality_risk`)
+RISK = "quality_risk"
 
 
 def apply(est: pd.DataFrame, basis: pd.DataFrame, sweep: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -7,7 +7,9 @@ One row per request. Columns: the request's fields and features (sets A and B),
 :mod:`oracle.sweep_quality`), and for every mode ``m``:
 ``latency_ms__m``, ``energy_ratio__m``, ``memory_ratio__m``, ``rouge_l_vs_baseline__m``,
 ``accuracy_delta_pp__m`` (benchmark requests),
-``safe__m`` and ``violates_{quality,energy,memory}__m``. The table's provenance
+``safe__m`` and ``violates_{quality,energy,memory}__m``; with a per-request
+quality-risk model (:mod:`oracle.quality_risk`), ``quality_risk__m`` (P(fail) where
+it judged the request, NaN elsewhere). The table's provenance
 (constraints, profile content hash) is kept in ``DataFrame.attrs``, which parquet
 preserves.
 """
@@ -19,14 +21,19 @@ import json
 
 import numpy as np
 import pandas as pd
+from modeswitch.dataset.confidence_features import CONFIDENCE_FEATURES
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.features import features_frame
 from modeswitch.dataset.requests import Request, requests_frame
+from modeswitch.engine.prompt_confidence import prompt_confidence
+from modeswitch.oracle import sweep_quality
 from modeswitch.oracle.cells import request_rows, summarise
 from modeswitch.oracle.constraints import Constraints
 from modeswitch.oracle.content_columns import TOKEN_IDS, content_columns
 from modeswitch.oracle.label import label_requests
 
+#: request features a quality sweep does not vary (it runs requests batched, untimed)
+UNSWEPT_CONDITIONS = ("concurrent_requests", "memory_pressure")
 PER_MODE = ("latency_ms", "energy_ratio", "memory_ratio", "rouge_l_vs_baseline", "accuracy_delta_pp")
 
 
@@ -67,21 +74,43 @@ def profiled_requests(profile: pd.DataFrame) -> list[Request]:
 def build_training_table(profile: pd.DataFrame, requests: list[Request],
                          constraints: Constraints | None = None, source=None,
                          costmodel=None, quality: pd.DataFrame | None = None,
-                         content_model: str | None = None) -> pd.DataFrame:
+                         content_model: str | None = None, confidence: bool = False,
+                         device: str = "cpu", threads: int | None = None) -> pd.DataFrame:
     """One row per labelled request: its features, the oracle's label and every mode's
     costs and safety. ``content_model``: a checkpoint folder whose prompts and content
     features (:mod:`oracle.content_columns`) the table also takes, for routers that read
-    the prompt (feature set C); None: shape only."""
+    the prompt (feature set C); None: shape only. ``confidence``: also the reference
+    model's confidence at each prompt's end (:mod:`dataset.confidence_features`, one
+    prefill of ``content_model`` per prompt on ``device`` with ``threads``), which the
+    quality-risk model reads."""
     constraints = constraints or Constraints()
     reqs_df = requests_frame(requests)
+    content = None if content_model is None else content_columns(requests, content_model)
+    prefill = None
+    if confidence:
+        if content is None:
+            raise InputError("confidence features read each prompt's token ids through the reference "
+                             "model: give content_model (--content-model)")
+        conf = prompt_confidence(str(content_model), dict(zip(content.index, content[TOKEN_IDS])),
+                                 device=device, threads=threads)
+        content = content.join(conf[list(CONFIDENCE_FEATURES)])
+        prefill = conf["prefill_ms"]
+    # what the per-request quality-risk model reads (oracle.quality_risk): the prompt's and
+    # the answer's shape (not the conditions, which a batched, untimed sweep never varied),
+    # and the prompt's content and the reference's confidence where the table takes them
+    risk_features = features_frame(requests, "A", with_context=False).drop(columns=list(UNSWEPT_CONDITIONS))
+    if content is not None:
+        risk_features = risk_features.join(content.drop(columns=TOKEN_IDS))
     labels, cand, skipped = label_requests(profile, reqs_df, constraints, source=source,
-                                           costmodel=costmodel, quality=quality)
+                                           costmodel=costmodel, quality=quality,
+                                           risk_features=risk_features)
     cand = cand.copy()
     cand["violates_quality"] = cand[[c for c in cand.columns if c.startswith("violates_quality_")]].any(axis=1)
     wide = {}
     # ``diverges``: the request's own output below the ROUGE-L threshold (the per-request
     # view, reported as a rate; the quality verdict is ``violates_quality``)
-    for col in PER_MODE + ("safe", "violates_quality", "violates_energy", "violates_memory", "diverges"):
+    risk = (sweep_quality.RISK,) if sweep_quality.RISK in cand else ()
+    for col in PER_MODE + risk + ("safe", "violates_quality", "violates_energy", "violates_memory", "diverges"):
         piv = cand.pivot(index="unit", columns="mode", values=col)
         for mode in piv.columns:
             wide[f"{col}__{mode}"] = piv[mode]
@@ -90,8 +119,8 @@ def build_training_table(profile: pd.DataFrame, requests: list[Request],
     table = feats.join(labels[["label", "label_source", "estimate_basis", "latency_basis",
                                "quality_basis", "reference_mode", "condition"]])
     table = table.join(wide)
-    if content_model is not None:
-        table = table.join(content_columns([r for r in requests if r.id in labels.index], content_model))
+    if content is not None:
+        table = table.join(content)
     table.index.name = "request_id"
     table = table.reset_index()
     modes = sorted(cand["mode"].unique())
@@ -109,6 +138,12 @@ def build_training_table(profile: pd.DataFrame, requests: list[Request],
         "threads": sorted({int(x) for x in profile["threads"].dropna().unique()})
         if "threads" in profile else [],
         "content_model": None if content_model is None else str(content_model),
+        # what reading the reference's confidence cost: one prefill per prompt
+        "confidence": None if prefill is None else {
+            "prefill_ms_p50": float(prefill.median()), "prefill_ms_p90": float(prefill.quantile(0.9)),
+            "prompts": int(len(prefill))},
+        # the per-request quality-risk model that judged unswept requests, and how it validated
+        "quality_risk": labels.attrs.get("quality_risk"),
         "costmodel": None if costmodel is None else {
             "backend": costmodel.backend,
             "preferred": sorted({f"{m}:{k}" for (m, _, k) in costmodel.groups

@@ -279,3 +279,30 @@ def test_feature_set_b_with_many_families_fits_and_predicts(cls):
     assert r.X_sample_.shape[0] == 400 and r.X_sample_.ndim == 2
     assert set(r.predict(table)) <= {REF, FAST, QUANT}
     assert r.compile() is None and "numbers only" in r.compile_reason_
+
+
+@pytest.mark.parametrize("cls", [LinearCostRouter, LightGBMCostRouter])
+def test_measured_quality_rows_teach_the_per_request_boundary_that_inferred_verdicts_hide(cls):
+    """Half the rows had their quality measured (int8 fails on long prompts only); the
+    other half carry the oracle's verdict for unmeasured requests, unsafe everywhere (a
+    quality-risk model that did not validate answers its base rate). Learning quality
+    from every row teaches "int8 is unsafe"; from measured rows, where it is."""
+    train = synthetic_table(900, seed=5)
+    train["quality_basis"] = np.where(np.arange(len(train)) % 2 == 0, "measured (sweep)", "estimated")
+    inferred = train["quality_basis"].eq("estimated")
+    train.loc[inferred, f"violates_quality__{QUANT}"] = True
+    test = synthetic_table(300, seed=6)
+    short_alone = ((test["prompt_tokens"] < 200) & (test["concurrent_requests"] == 1)).to_numpy()
+    long_alone = ((test["prompt_tokens"] > 400) & (test["concurrent_requests"] == 1)).to_numpy()
+    every = cls(max_risk=0.2, quality_rows="all").fit(train).predict(test)
+    measured = cls(max_risk=0.2, quality_rows="measured").fit(train).predict(test)
+    assert (every[short_alone] == QUANT).mean() < 0.1
+    assert (measured[short_alone] == QUANT).mean() > 0.8 and (measured[long_alone] == QUANT).mean() < 0.1
+    # auto: all rows, unless the table's unmeasured verdicts came from a quality-risk model
+    assert (cls(max_risk=0.2).fit(train).predict(test) == every).all()
+    train[f"quality_risk__{QUANT}"] = np.where(inferred, 0.5, np.nan)
+    assert (cls(max_risk=0.2).fit(train).predict(test) == measured).all()
+    with pytest.raises(ValueError, match="quality_basis"):
+        cls(quality_rows="measured").fit(train.drop(columns="quality_basis"))
+    with pytest.raises(ValueError, match="quality_rows='sometimes'"):
+        cls(quality_rows="sometimes").fit(train)

@@ -163,6 +163,18 @@ def test_the_shipped_study_file_is_valid():
     # the stdlib model's study is study.toml's with the other model, so the two set side by side
     assert tiny.model == "tiny" and tiny.output != cfg.output
     assert tiny.replace(model=cfg.model, name=cfg.name, output=cfg.output) == cfg
+    # the per-request variants: content routers, and quality judged per request with the
+    # risk model reading the reference's confidence; both the CPU study's profile
+    content = StudyConfig.from_toml(REPO / "study-content.toml")
+    request = StudyConfig.from_toml(REPO / "study-request.toml")
+    for v in (content, request):
+        assert v.feature_set == "C" and v.swept_per_family > 0 and v.output != cfg.output
+        assert (v.families, v.requests_per_family, v.length_scale) == (cfg.families, cfg.requests_per_family,
+                                                                       cfg.length_scale)
+    assert content.constraint_set().quality_scope == "family" and not content.confidence
+    assert request.constraint_set().quality_scope == "request" and request.confidence
+    # a field added later leaves the identity of studies begun before it alone at its default
+    assert StudyConfig(confidence=False).identity() == StudyConfig().identity() != StudyConfig(confidence=True).identity()
 
 
 def test_a_profile_too_small_for_the_cost_model_leaves_the_estimates_interpolated(tmp_path):

@@ -86,7 +86,7 @@ def capabilities(device: str = "cpu") -> BackendCapabilities:
     return BackendCapabilities(NAME, ref, "float32" if cpu else "float16", modes)
 
 
-def _quiet_transformers():
+def quiet_transformers():
     import transformers  # lazy: transformers pulls torch
 
     transformers.logging.set_verbosity_error()
@@ -174,7 +174,7 @@ class TransformersEngine:
         support = capabilities(self.device).support(self.mode.name)
         if not support.supported:
             raise NotImplementedError(f"{NAME} cannot run {self.mode.name}: {support.reason}")
-        _quiet_transformers()
+        quiet_transformers()
         if self.threads:
             torch.set_num_threads(self.threads)
         dtype = torch.float32 if self.device == "cpu" else torch.float16

@@ -142,6 +142,10 @@ FeatureSet = Literal["A", "B", "C"]
 Fallback = Literal["rule", "reference"]
 Incomplete = Literal["error", "skip"]
 MissingQuality = Literal["unsafe", "pass"]
+#: ``--quality-scope``: where the quality limits are judged (oracle.Constraints.quality_scope)
+QualityScope = Annotated[Literal["family", "request"] | None, typer.Option(
+    help="Judge the quality limits on each (mode, family)'s mean, as the study does, or on every "
+         "request's own figures [{quality_scope}].")]
 Labels = Literal["all", "measured"]
 Certificate = Literal["pooled", "per-family", "family-held-out", "per-family-held-out"]
 

@@ -4,13 +4,15 @@ benchmarks, their features, oracle labels and every mode's estimated costs)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
+import pandas as pd
 import typer
 
 from modeswitch.cli.common import (
     Incomplete,
     MissingQuality,
+    QualityScope,
     _split,
     deferred_help,
     friendly_errors,
@@ -25,9 +27,9 @@ from modeswitch.dataset.profile_schema import read_profiles
 from modeswitch.dataset.prompt_corpus import in_draft_split
 from modeswitch.dataset.workloads import list_workloads
 from modeswitch.dataset.workloads.conditions import drawn_requests
-from modeswitch.display import console
+from modeswitch.display import console, frame_table
 from modeswitch.engine.quality_sweep import read_sweep
-from modeswitch.oracle.training_table import build_training_table, profiled_requests
+from modeswitch.oracle.training_table import build_training_table, profiled_requests, table_meta
 
 #: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
 app = typer.Typer(add_completion=False)
@@ -57,10 +59,15 @@ def dataset_build_cmd(
     costmodel: Annotated[str, typer.Option(help="Cost model for estimated requests: a file from `modeswitch costmodel fit`, 'auto' (fit and validate on the profile now) or 'none' (interpolation only). Used per (mode, metric) only where it validated better.")] = "auto",
     content_model: Annotated[Path | None, typer.Option(help="A checkpoint folder (the profiled model): the table also takes each request's prompt token ids, built as the engine builds them, and the content features read from them (what feature set C trains on).")] = None,
     quality: Annotated[Path | None, typer.Option(help="A quality sweep (`modeswitch quality-sweep`, same --requests, --seed and --length-scale): each swept request's own measured quality per mode, and the family means the rule judges from it.")] = None,
+    confidence: Annotated[bool, typer.Option(help="With --content-model: also the reference model's confidence at each prompt's end (entropy, top-2 gap, top-1 probability; one prefill per prompt, cached), which the per-request quality-risk model reads.")] = False,
+    quality_scope: QualityScope = None,
+    max_quality_risk: Annotated[float | None, typer.Option(help="--quality-scope request with --quality: a request the sweep did not run takes a lossy mode only at a predicted P(fail) <= this [{max_quality_risk}].")] = None,
+    quality_risk: Annotated[Literal["logistic", "lgbm", "off"] | None, typer.Option(help="The per-request quality-risk model fitted on the swept requests (trusted per mode only where it beats each family's failure rate out of fold and holds the cut; else the family's rate, 95 % upper bound), or off (interpolated figures) [{quality_risk}].")] = None,
 ):
     """Draw requests, compute features, label them with the oracle, attach per-mode costs."""
     c = constraints(config, on_incomplete=incomplete, missing_quality=missing_quality,
-                     noise_aware=noise_aware)
+                     noise_aware=noise_aware, quality_scope=quality_scope,
+                     max_quality_risk=max_quality_risk, quality_risk=quality_risk)
     paths = _split(profiles)
     with reading(", ".join(paths)):
         profile = read_profiles(paths)
@@ -81,7 +88,8 @@ def dataset_build_cmd(
     cm = costmodel_for(costmodel, profile, ", ".join(paths))
     sweep = read_sweep(quality) if quality is not None else None
     table = build_training_table(profile, reqs, c, source=", ".join(paths), costmodel=cm, quality=sweep,
-                                 content_model=None if content_model is None else str(content_model.resolve()))
+                                 content_model=None if content_model is None else str(content_model.resolve()),
+                                 confidence=confidence)
     write_parquet(table, output, overwrite=overwrite)
     counts = table["label"].value_counts()
     console.print(f"wrote {len(table)} requests x {table.shape[1]} columns to {output}")
@@ -93,6 +101,17 @@ def dataset_build_cmd(
     if sweep is not None and not table["quality_basis"].eq("measured (sweep)").any():
         console.print(f"[yellow]no request of {quality} is in the table: sweep the same --requests, --seed "
                       "and --length-scale (or the table's own requests)[/]")
+    risk = table_meta(table).get("quality_risk")
+    if risk:
+        v = pd.DataFrame(risk["validation"]).set_index("mode")[
+            ["rows", "failure_rate", "auc", "brier", "brier_base", "below_cut", "below_cut_failure_rate", "trusted"]]
+        console.print(f"quality risk: {risk['requests_judged']} unswept requests judged at P(fail) <= "
+                      f"{risk['max_quality_risk']}; an untrusted mode answers its family's failure rate "
+                      "(95 % upper bound)")
+        console.print(frame_table(v, title=f"quality-risk model ({risk['estimator']}), out of fold within families"))
+    elif c.quality_scope != "request" and sweep is not None:
+        console.print("[dim]quality judged per family (the study's rule): no quality-risk model "
+                      "(--quality-scope request fits one)[/]")
     console.print("label latency from: " + ", ".join(
         f"{k} {v}" for k, v in table["latency_basis"].value_counts().items()))
     outside = table["estimate_basis"].astype(str).str.contains("outside measured range").sum()

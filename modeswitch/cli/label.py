@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 
 from modeswitch.cli.common import (
     Incomplete,
     MissingQuality,
+    QualityScope,
     _split,
     deferred_help,
     friendly_errors,
@@ -48,7 +49,7 @@ def label_cmd(
     incomplete: Annotated[Incomplete | None, typer.Option(help="What a missing reference row or metric does: error (stop) or skip [{on_incomplete}].")] = None,
     missing_quality: Annotated[MissingQuality | None, typer.Option(help="A mode with no quality evidence: unsafe (the study's rule) or pass (unchecked) [{missing_quality}].")] = None,
     noise_aware: Annotated[bool | None, typer.Option("--noise-aware/--no-noise-aware", help="Measured units with 2+ trials: a mode replaces a safer one only beyond noise, limits met by the interval [{noise_aware}].")] = None,
-    quality_scope: Annotated[Literal["family", "request"] | None, typer.Option(help="Judge the quality limits on each (mode, family)'s mean, as the study does, or on every request's own figures [{quality_scope}].")] = None,
+    quality_scope: QualityScope = None,
     overwrite: Annotated[bool, typer.Option(help="Replace existing output files.")] = False,
     costmodel: Annotated[str, typer.Option(help="Cost model for estimated requests: a file from `modeswitch costmodel fit`, 'auto' (fit and validate on the profile now) or 'none' (interpolation only). Used per (mode, metric) only where it validated better.")] = "auto",
 ):

@@ -37,13 +37,14 @@ TABLES = {
     "model": ("model", "draft_model", "backend", "device"),
     "profile": ("families", "modes", "requests_per_family", "trials", "max_remeasure",
                 "length_scale", "interleave", "threads"),
-    "dataset": ("drawn_requests", "swept_per_family"),
+    "dataset": ("drawn_requests", "swept_per_family", "confidence"),
     "train": ("splits", "routers", "tuning_trials", "feature_set", "labels", "test_size",
               "target_violation_rate", "certificate"),
     "score": ("live", "live_per_family", "live_trials", "decisions"),
 }
 #: fields added after studies had begun, left out of the identity at their default
-LATER_FIELDS = {"target_violation_rate": 0.01, "certificate": "pooled", "swept_per_family": 0}
+LATER_FIELDS = {"target_violation_rate": 0.01, "certificate": "pooled", "swept_per_family": 0,
+                "confidence": False}
 #: tables holding a mapping handed on as it is (checked by their own owners)
 MAPPINGS = ("conditions", "constraints")
 
@@ -78,6 +79,9 @@ class StudyConfig:
     #: ``quality`` step: the reference and every lossy mode, batched, untimed), so
     #: their safety labels are their own, not their family's mean; 0: no sweep
     swept_per_family: int = 0
+    #: the dataset step also reads the reference model's confidence at each prompt's end
+    #: (one prefill per prompt), which the per-request quality-risk model reads
+    confidence: bool = False
     #: :class:`oracle.Constraints` fields; empty: the defaults
     constraints: dict = field(default_factory=dict)
     splits: tuple[str, ...] = ("random", "group", "lofo")

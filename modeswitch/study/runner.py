@@ -316,7 +316,9 @@ class Study:
                                      source=str(self.out / "profile.parquet"), costmodel=self._costmodel(),
                                      quality=read_sweep(sweep) if self.cfg.swept_per_family else None,
                                      content_model=self.outputs("model")["target"]
-                                     if reads_content(self.cfg.feature_set) else None)
+                                     if reads_content(self.cfg.feature_set) or self.cfg.confidence else None,
+                                     confidence=self.cfg.confidence, device=self.cfg.device,
+                                     threads=self.cfg.threads)
         path = self.out / "train.parquet"
         write_parquet(table, path, overwrite=True)
         src = table["label_source"].value_counts()

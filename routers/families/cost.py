@@ -71,11 +71,20 @@ class _Constant:
 class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     """Shared machinery; variants define ``_regressor``, ``_classifier`` and their space.
 
-    ``max_risk``: the largest predicted risk a mode may have to be picked."""
+    ``max_risk``: the largest predicted risk a mode may have to be picked.
+    ``quality_rows``: the rows the quality-risk models learn from: ``all``; ``measured``,
+    only rows whose quality was measured (``quality_basis`` ``measured ...``: a quality
+    sweep's or the profile's), so the quality head is a per-request risk model of
+    measured outcomes (:mod:`oracle.quality_risk`'s question, asked of the router's own
+    features), not of verdicts the oracle inferred for unmeasured requests; ``auto``
+    (default): ``measured`` where the table's verdicts for unmeasured requests are a
+    quality-risk model's (it has ``quality_risk__<mode>`` columns), else ``all`` (under
+    the family rule an unmeasured request carries its family's measured verdict)."""
 
-    def __init__(self, *, max_risk=0.2, **shared):
+    def __init__(self, *, max_risk=0.2, quality_rows="auto", **shared):
         super().__init__(**shared)
         self.max_risk = max_risk
+        self.quality_rows = quality_rows
 
     def _regressor(self):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -118,6 +127,7 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         w = None if sample_weight is None else np.asarray(sample_weight, dtype=float)
         self.prep_ = self._prep(X).fit(X)
         F = self.prep_.transform(X)
+        quality_rows = self._quality_rows(X)
         lat_ref = X[f"latency_ms__{ref}"].to_numpy(float)
         self.ratio_models_, self.risk_models_ = {}, {}
         for m in modes:
@@ -132,7 +142,9 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
             for c in CONSTRAINTS:
                 col = f"violates_{c}__{m}"
                 v = X[col].astype("boolean").fillna(True).to_numpy(bool) if col in X else np.zeros(len(X), bool)
-                self.risk_models_[m][c] = self._fit_clf(F, v | unmeasured, w)
+                rows = quality_rows if c == "quality" else slice(None)
+                self.risk_models_[m][c] = self._fit_clf(F[rows], (v | unmeasured)[rows],
+                                                        None if w is None else w[rows])
         self.reference_ = ref
         self.modes_ = modes
         self.classes_ = np.array(modes, dtype=object)
@@ -140,6 +152,26 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         self.X_sample_ = np.asarray(F[self._sample_rows(len(F))], dtype=np.float64)
         self.threshold_ = float(self.max_risk)
         return self
+
+    def _quality_rows(self, X):
+        """The rows the quality heads learn from (``quality_rows``)."""
+        how = self.quality_rows
+        if how not in ("all", "measured", "auto"):
+            raise ValueError(f"{type(self).__name__}: quality_rows={how!r}; known: 'auto', 'all', 'measured'")
+        if how == "auto":
+            inferred = any(c.startswith("quality_risk__") for c in X.columns) and "quality_basis" in X.columns
+            measured = inferred and X["quality_basis"].astype(str).str.startswith("measured").any()
+            how = "measured" if measured else "all"  # a fold without measured rows: every row
+        if how == "all":
+            return slice(None)
+        if "quality_basis" not in X.columns:
+            raise ValueError(f"{type(self).__name__}: quality_rows='measured' needs the training "
+                             "table's quality_basis column")
+        rows = X["quality_basis"].astype(str).str.startswith("measured").to_numpy()
+        if not rows.any():
+            raise ValueError(f"{type(self).__name__}: quality_rows='measured', but no row's quality "
+                             "was measured (build the table with a quality sweep)")
+        return rows
 
     def _fit_reg(self, F, t, w):
         if len(t) < MIN_ROWS:
