@@ -43,11 +43,16 @@ def weight_files(folder: Path) -> list[Path]:
 RECIPE = 1
 
 
+def checkpoint_key(folder: Path, files: list[Path], *recipe) -> str:
+    """A cache key for what is made from a checkpoint: its path, ``files``' sizes and
+    times, and the recipe's settings (JSON-able)."""
+    stats = [(p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in files]
+    return hashlib.sha256(json.dumps([str(folder.resolve()), stats, *recipe]).encode()).hexdigest()[:16]
+
+
 def _key(folder: Path) -> str:
     files = weight_files(folder) + sorted(folder.glob("tokenizer*")) + sorted(folder.glob("vocab*"))
-    stats = [(p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in files]
-    blob = json.dumps([str(folder.resolve()), stats, EMBED_COMPONENTS, sorted(CODE_CHARS), RECIPE])
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return checkpoint_key(folder, files, EMBED_COMPONENTS, sorted(CODE_CHARS), RECIPE)
 
 
 def input_embeddings(folder: Path) -> np.ndarray:

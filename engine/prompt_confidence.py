@@ -13,7 +13,6 @@ running the model again (``prefill_ms`` is then the time of the run that made it
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from modeswitch.dataset.confidence_features import CONFIDENCE_FEATURES, confiden
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.io import write_parquet
 from modeswitch.engine.backends.transformers_backend import quiet_transformers
-from modeswitch.engine.content_table import weight_files
+from modeswitch.engine.content_table import checkpoint_key, weight_files
 from modeswitch.engine.models.cache import default_cache_dir
 
 #: bump when the recipe changes (dtype, features): cached results are then made again
@@ -30,9 +29,7 @@ RECIPE = 1
 
 
 def _key(folder: Path, device: str) -> str:
-    files = weight_files(folder) + sorted(folder.glob("config.json"))
-    stats = [(p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in files]
-    return hashlib.sha256(json.dumps([str(folder.resolve()), stats, device, RECIPE]).encode()).hexdigest()[:16]
+    return checkpoint_key(folder, weight_files(folder) + sorted(folder.glob("config.json")), device, RECIPE)
 
 
 def _ids_key(ids: list[int]) -> str:

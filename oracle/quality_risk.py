@@ -136,7 +136,7 @@ class QualityRisk(BaseEstimator):
         self._model()  # an unknown estimator fails before any work
         self.features_in_ = self._columns(X)
         fails = self._rows(X, sweep)
-        self.validation_ = self.validate(X, sweep, groups)
+        self.validation_ = self._validate(X[self.features_in_], fails, groups)
         trusted = dict(zip(self.validation_["mode"], self.validation_["trusted"]))
         self.models_, self.base_rate_, self.group_upper_, self.pooled_upper_ = {}, {}, {}, {}
         for mode, g in fails.groupby("mode", sort=True):
@@ -177,8 +177,10 @@ class QualityRisk(BaseEstimator):
         ``below_cut_failure_rate``, and ``trusted`` (Brier better than the base and the
         rate below the cut within the cut). A mode with fewer than :data:`MIN_ROWS` rows
         or one outcome is not validated, and not trusted."""
-        cols = self._columns(X)
-        fails = self._rows(X, sweep)
+        return self._validate(X[self._columns(X)], self._rows(X, sweep), groups)
+
+    def _validate(self, X: pd.DataFrame, fails: pd.DataFrame, groups) -> pd.DataFrame:
+        """:meth:`validate` on ready feature columns ``X`` and :func:`failures` rows."""
         out = []
         for mode, g in fails.groupby("mode", sort=True):
             y = g["failed"].to_numpy(bool)
@@ -188,7 +190,7 @@ class QualityRisk(BaseEstimator):
                    "below_cut_failure_rate": np.nan, "trusted": False}
             k = min(self.folds, int(y.sum()), int((~y).sum()))
             if len(y) >= MIN_ROWS and k >= 2:
-                F = X.loc[g["request_id"], cols].to_numpy(float)
+                F = X.loc[g["request_id"]].to_numpy(float)
                 p, base = np.empty(len(y)), np.empty(len(y))
                 for train, test in StratifiedKFold(k, shuffle=True, random_state=self.random_state).split(F, y):
                     yt, gt = y[train], grp[train]
@@ -225,7 +227,7 @@ def attach(est: pd.DataFrame, basis: pd.DataFrame, sweep: pd.DataFrame, features
         p.index.names = ["unit", "mode"]
         hit = p.index.intersection(est.index)
         est.loc[hit, RISK] = p.loc[hit].to_numpy()
-    checked = model.validation_.assign(base_rate=model.validation_["mode"].map(model.base_rate_))
+    checked = model.validation_
     info = {"estimator": model.estimator, "features": model.features_in_,
             "max_quality_risk": constraints.max_quality_risk, "requests_judged": int(len(todo)),
             "validation": checked.replace({np.nan: None}).to_dict(orient="records")}

@@ -159,7 +159,7 @@ def test_an_unpredictable_failure_leaves_unswept_requests_unsafe_and_says_why():
     assert not unswept["safe__int8_quant"].any() and unswept["violates_quality__int8_quant"].all()
     # each family's upper bound, one value per family, above the pooled failure rate
     per = unswept.groupby("family")["quality_risk__int8_quant"]
-    assert (per.nunique() == 1).all() and (per.first() > v["int8_quant"]["base_rate"]).all()
+    assert (per.nunique() == 1).all() and (per.first() > v["int8_quant"]["failure_rate"]).all()
 
 
 def test_the_studys_family_rule_and_the_off_switch_leave_the_risk_model_out():

@@ -35,6 +35,7 @@ import pandas as pd
 from modeswitch.dataset.features import CATEGORICAL_FEATURES, _shape, feature_columns
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.modes import reference_mode
+from modeswitch.oracle.sweep_quality import PROFILE, RISK, SWEEP
 from modeswitch.routers.families.base import LearnedRouter, column_prep
 from modeswitch.routers.families.lightgbm_params import LightGBMParameters
 from modeswitch.routers.families.logistic_params import LogisticParameters
@@ -158,20 +159,20 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         how = self.quality_rows
         if how not in ("all", "measured", "auto"):
             raise ValueError(f"{type(self).__name__}: quality_rows={how!r}; known: 'auto', 'all', 'measured'")
-        if how == "auto":
-            inferred = any(c.startswith("quality_risk__") for c in X.columns) and "quality_basis" in X.columns
-            measured = inferred and X["quality_basis"].astype(str).str.startswith("measured").any()
-            how = "measured" if measured else "all"  # a fold without measured rows: every row
+        basis = X["quality_basis"] if "quality_basis" in X.columns else None
+        measured = None if basis is None else basis.isin((SWEEP, PROFILE)).to_numpy()
+        if how == "auto":  # a fold without measured rows: every row
+            inferred = any(c.startswith(f"{RISK}__") for c in X.columns)
+            how = "measured" if inferred and measured is not None and measured.any() else "all"
         if how == "all":
             return slice(None)
-        if "quality_basis" not in X.columns:
+        if measured is None:
             raise ValueError(f"{type(self).__name__}: quality_rows='measured' needs the training "
                              "table's quality_basis column")
-        rows = X["quality_basis"].astype(str).str.startswith("measured").to_numpy()
-        if not rows.any():
+        if not measured.any():
             raise ValueError(f"{type(self).__name__}: quality_rows='measured', but no row's quality "
                              "was measured (build the table with a quality sweep)")
-        return rows
+        return measured
 
     def _fit_reg(self, F, t, w):
         if len(t) < MIN_ROWS:
