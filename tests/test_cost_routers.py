@@ -7,7 +7,7 @@ import pytest
 from modeswitch.dataset.features import features_frame
 from modeswitch.dataset.requests import Request
 from modeswitch.routers.certified import CertifiedRouter
-from modeswitch.routers.families.cost import LightGBMCostRouter, LinearCostRouter
+from modeswitch.routers.families.cost import LightGBMCostRouter, LinearCostRouter, _RatioRisk
 from modeswitch.routers.risk_control import (
     binomial_p_value,
     calibration_split,
@@ -34,10 +34,13 @@ def _requests(n, seed, families=("a", "b", "c")):
     return out
 
 
-def synthetic_table(n=600, seed=0, families=("a", "b", "c"), quant_unsafe_above=300):
+def synthetic_table(n=600, seed=0, families=("a", "b", "c"), quant_unsafe_above=300, fast_energy_above=None):
     """Latency ratios with a known shape: continuous batching is faster the more
     requests arrive together (0.35x at 16, 1.3x alone); int8 is 0.8x everywhere but
-    breaks the quality limit on prompts longer than ``quant_unsafe_above`` tokens."""
+    breaks the quality limit on prompts longer than ``quant_unsafe_above`` tokens.
+    With ``fast_energy_above``, continuous batching's energy ratio grows with the prompt,
+    ``0.7 + 0.3 x prompt / fast_energy_above`` (jittered 2 %), and breaks the 1.0x limit
+    on prompts longer than that."""
     reqs = _requests(n, seed, families)
     X = features_frame(reqs, "B").reset_index()
     c = X["concurrent_requests"].to_numpy()
@@ -51,6 +54,12 @@ def synthetic_table(n=600, seed=0, families=("a", "b", "c"), quant_unsafe_above=
         for k in ("quality", "energy", "memory"):
             X[f"violates_{k}__{m}"] = False
     X[f"violates_quality__{QUANT}"] = p > quant_unsafe_above
+    if fast_energy_above is not None:
+        jitter = np.random.default_rng(seed + 100).normal(0, 0.02, len(X))
+        X[f"energy_ratio__{REF}"] = 1.0
+        X[f"energy_ratio__{QUANT}"] = 0.9
+        X[f"energy_ratio__{FAST}"] = (0.7 + 0.3 * p / fast_energy_above) * np.exp(jitter)
+        X[f"violates_energy__{FAST}"] = X[f"energy_ratio__{FAST}"] > 1.0
     for m in (REF, FAST, QUANT):
         X[f"safe__{m}"] = ~X[[f"violates_{k}__{m}" for k in ("quality", "energy", "memory")]].any(axis=1)
     lat = X[[f"latency_ms__{m}" for m in (REF, FAST, QUANT)]].to_numpy()
@@ -90,13 +99,16 @@ def test_risk_keeps_it_off_the_unsafe_mode(cls):
     assert c.get_params() == r.get_params() and not hasattr(c, "ratio_models_")
 
 
+@pytest.mark.parametrize("limit_risk", ["classifier", "ratio"])
 @pytest.mark.parametrize("cls", [LinearCostRouter, LightGBMCostRouter])
-def test_the_compiled_router_decides_as_the_pipeline(cls):
+def test_the_compiled_router_decides_as_the_pipeline(cls, limit_risk):
     """The C kernel's cost decision (the linear weights folded, the LightGBM variant's
     trees summed per output and its region tree) answers what the pipeline answers,
-    at any threshold: none certified (-1), 0, a tuned one, and 1."""
-    r = cls(max_risk=0.3).fit(synthetic_table(600, seed=7))
-    test = synthetic_table(400, seed=8)
+    at any threshold: none certified (-1), 0, a tuned one, and 1; with the energy risk
+    a classifier's or a logistic of the predicted energy ratio."""
+    r = cls(max_risk=0.3, limit_risk=limit_risk).fit(synthetic_table(600, seed=7, fast_energy_above=400))
+    assert isinstance(r.risk_models_[FAST]["energy"], _RatioRisk) == (limit_risk == "ratio")
+    test = synthetic_table(400, seed=8, fast_energy_above=400)
     reqs = _requests(80, seed=21)
     for thr in (0.3, 0.04, 0.0, -1.0, 1.0):
         r.threshold_ = thr
@@ -109,6 +121,27 @@ def test_the_compiled_router_decides_as_the_pipeline(cls):
     assert len(set(r.predict(test))) == 3  # the thresholds above were not all trivial
     if cls is LightGBMCostRouter:
         assert r.compile(distil="never").region_nodes_ > 0
+
+
+@pytest.mark.parametrize("cls", [LinearCostRouter, LightGBMCostRouter])
+def test_a_ratio_limit_risk_follows_the_predicted_ratio_into_a_family_it_never_saw(cls):
+    """Continuous batching breaks the energy limit above 400 prompt tokens. Trained on
+    families whose prompts span the limit, the ratio-based risk is the predicted energy
+    ratio's distance from the limit: on a new family it keeps the mode off long prompts
+    and on short ones, with its spread fitted on families held out in turn."""
+    train = synthetic_table(900, seed=11, quant_unsafe_above=10_000, fast_energy_above=400)
+    r = cls(max_risk=0.1, limit_risk="ratio").fit(train)
+    risk = r.risk_models_[FAST]["energy"]
+    assert isinstance(risk, _RatioRisk) and risk.slope > 0
+    test = synthetic_table(300, seed=12, families=("new",), quant_unsafe_above=10_000, fast_energy_above=400)
+    picks = r.predict(test)
+    busy = test["concurrent_requests"].to_numpy() >= 8
+    long = test["prompt_tokens"].to_numpy() > 460
+    short = test["prompt_tokens"].to_numpy() < 300
+    assert (picks[busy & long] == FAST).mean() < 0.1
+    assert (picks[busy & short] == FAST).mean() > 0.8
+    with pytest.raises(ValueError, match="limit_risk"):
+        cls(limit_risk="guess").fit(train)
 
 
 def test_binomial_p_values_and_the_sample_size_they_need():
@@ -173,11 +206,13 @@ def test_too_few_calibration_requests_certify_nothing_and_answer_the_reference(c
 
 
 @pytest.mark.parametrize("name", ["cost_linear", "cost_lgbm"])
-def test_export_load_decides_identically(tmp_path, name):
+@pytest.mark.parametrize("limit_risk", ["classifier", "ratio"])
+def test_export_load_decides_identically(tmp_path, name, limit_risk):
     from modeswitch.routers import get_router
     from modeswitch.routers.export import export_router, load_router
 
-    est = get_router(name, max_risk=0.3).fit(synthetic_table(500, seed=14))
+    est = get_router(name, max_risk=0.3, limit_risk=limit_risk).fit(
+        synthetic_table(500, seed=14, fast_energy_above=400))
     mlruns = str(tmp_path / "mlruns")
     info = export_router(est, mlruns=mlruns, source_run_id="r1", backend="transformers")
     loaded = load_router(info["uri"], mlruns, available_modes=[REF, FAST, QUANT])

@@ -128,6 +128,27 @@ def test_continuous_batching_shares_its_batch_across_concurrent_calls(tiny_model
     assert not TransformersEngine("fp16_baseline", tiny_models.target).concurrent_runs
 
 
+def test_the_paged_cache_is_checked_against_the_machines_free_memory_not_a_small_numa_node(
+        tiny_models, reqs, reference_outputs, monkeypatch):
+    """A sandbox that reports one NUMA node smaller than the process already holds (here
+    faked: 1 MB, so transformers' own reading leaves nothing) still gets its cache: the
+    footprint is checked against what the kernel says is free."""
+    import psutil
+    from modeswitch.engine.backends import transformers_backend
+    from transformers.generation.continuous_batching import cache
+
+    rss = psutil.Process().memory_info().rss
+    monkeypatch.setattr(cache, "get_device_and_memory_breakdown",
+                        lambda: (torch.device("cpu"), 2**20, rss, rss))
+    transformers_backend.machine_memory_for_paged_cache()
+    _, total, reserved, _ = cache.get_device_and_memory_breakdown()
+    assert total - reserved >= 0.5 * psutil.virtual_memory().available
+    e = engine(tiny_models, "continuous_batching")
+    got = e.run(reqs[:1])
+    e.close()
+    assert got[0].output_ids == reference_outputs[0].output_ids
+
+
 def test_int8_replaces_linear_layers_and_changes_numerics(tiny_models, reqs):
     from torch.ao.nn.quantized.dynamic import Linear as DynLinear
 

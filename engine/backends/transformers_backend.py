@@ -210,6 +210,8 @@ class TransformersEngine:
             gc = GenerationConfig(do_sample=False, max_new_tokens=64,
                                   eos_token_id=self.tokenizer.eos_token_id,
                                   pad_token_id=self.tokenizer.pad_token_id)
+            if self.device == "cpu":
+                machine_memory_for_paged_cache()
             self._cb = self.model.init_continuous_batching(
                 generation_config=gc, continuous_batching_config=self._cb_config())
             self._cb.start()
@@ -443,6 +445,37 @@ class TransformersEngine:
         finally:
             call.end()
         return call.generations()
+
+
+def machine_memory_for_paged_cache() -> None:
+    """Let transformers' paged KV cache check its footprint against the memory the
+    machine has free, not against one NUMA node's size.
+
+    Why: transformers (5.24 on) caps the memory it believes a CPU process may use at the
+    total of the NUMA nodes its cpuset allows, less the process's resident size. Some
+    sandboxes and containers report one node far smaller than the memory the process
+    can use (here: node 0 reads 7.8 GB on a 24 GB machine, every byte of it usable), so
+    an interleaved profile holding a dozen engines (about 8 GB resident) was refused a
+    2 GB cache with "more than available memory 79633612". The cache's size is ours
+    (:meth:`TransformersEngine._cb_config` fixes its blocks and batch tokens); the check
+    that remains should ask the kernel what is free (``psutil.virtual_memory``). Wraps
+    the module's function once; other devices are left as transformers reads them."""
+    import psutil  # lazy: only engines with continuous batching on CPU need it
+    from transformers.generation.continuous_batching import cache  # lazy: transformers pulls torch
+
+    read = cache.get_device_and_memory_breakdown
+    if getattr(read, "machine_memory", False):
+        return
+
+    def breakdown():
+        device, total, reserved, allocated = read()
+        if device.type == "cpu":
+            used = max(reserved, allocated)
+            total = max(total, used + psutil.virtual_memory().available)
+        return device, total, reserved, allocated
+
+    breakdown.machine_memory = True
+    cache.get_device_and_memory_breakdown = breakdown
 
 
 class _BatchCall:

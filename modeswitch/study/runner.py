@@ -56,6 +56,7 @@ from modeswitch.routers.training.table import (
     TrainingTable,  # heavy (scikit-learn): only when run
 )
 from modeswitch.routers.training.trainer import TrainConfig, train
+from modeswitch.study import archive
 from modeswitch.study.config import StudyConfig
 from modeswitch.study.report import write_study_report
 
@@ -105,6 +106,18 @@ class Study:
         self.out.mkdir(parents=True, exist_ok=True)
         with atomic_path(self.out / STATE, overwrite=True) as tmp:
             Path(tmp).write_text(json.dumps(self.state, indent=1, default=str))
+
+    def seed_from(self, src) -> list[str]:
+        """Take the measuring steps this study has not run from the archive ``src``
+        (:mod:`study.archive`); returns the steps taken."""
+        taken = archive.seed(self.state, self.cfg, self.out, src, save=self._save_state)
+        if taken:
+            self.log(f"from the archive {src}: {', '.join(taken)} (copied, not measured again)")
+        return taken
+
+    def archive_to(self, dest) -> dict:
+        """Keep this study's finished measuring steps in ``dest`` (:mod:`study.archive`)."""
+        return archive.archive(self.state, self.cfg, self.out, dest)
 
     def done(self, step: str) -> bool:
         return step in self.state["steps"]

@@ -49,12 +49,16 @@ from modeswitch.routers.fitted_state import (
     numeric_layout,
 )
 from modeswitch.routers.registry import RouterFamily, register_router
+from scipy.special import expit
 from sklearn.base import ClassifierMixin
 from sklearn.compose import ColumnTransformer
 from sklearn.linear_model import LogisticRegression, Ridge
+from sklearn.model_selection import GroupKFold, KFold
 from sklearn.utils.validation import check_is_fitted
 
 CONSTRAINTS = ("quality", "energy", "memory")
+#: the constraints that are a limit on a ratio to the reference (``<c>_ratio__<mode>``)
+RATIO_LIMITS = ("energy", "memory")
 #: fewer training rows than this for a (mode, target): predict the rows' mean instead
 MIN_ROWS = 8
 
@@ -69,6 +73,17 @@ class _Constant:
         return np.full(len(F), self.value)
 
 
+class _RatioRisk:
+    """P(a ratio's limit is broken) from a regressor of the log ratio: the logistic
+    ``intercept + slope x prediction``, its two numbers fitted on predictions for rows
+    the regressor did not see (:meth:`CostPredictingRouter._fit_ratio_risk`)."""
+
+    def __init__(self, regressor, slope: float, intercept: float):
+        self.regressor = regressor
+        self.slope = float(slope)
+        self.intercept = float(intercept)
+
+
 class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     """Shared machinery; variants define ``_regressor``, ``_classifier`` and their space.
 
@@ -80,12 +95,25 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     features), not of verdicts the oracle inferred for unmeasured requests; ``auto``
     (default): ``measured`` where the table's verdicts for unmeasured requests are a
     quality-risk model's (it has ``quality_risk__<mode>`` columns), else ``all`` (under
-    the family rule an unmeasured request carries its family's measured verdict)."""
+    the family rule an unmeasured request carries its family's measured verdict).
+    ``limit_risk``: how the energy and memory risks are predicted: ``classifier``, one
+    classifier per (mode, constraint) on the violation labels; ``ratio``, a regressor of
+    the mode's log energy (memory) ratio to the reference, the same kind as the latency
+    head, whose prediction a one-input logistic turns into the probability of breaking
+    the limit, fitted on predictions for families the regressor did not see (each
+    family's rows predicted by a regressor fitted without it). Why: the limit is a
+    threshold on a quantity that varies smoothly with the request's size; a regression
+    carries that to a new family's sizes, where a classifier's boundary learnt on other
+    families' sizes need not hold, and the logistic's spread is the family-to-family
+    error, not the in-sample one. A (mode, constraint) without the ratio column or with
+    a request missing it (the mode not measured there), or whose held-out predictions
+    do not rank its violations (slope <= 0), keeps the classifier."""
 
-    def __init__(self, *, max_risk=0.2, quality_rows="auto", **shared):
+    def __init__(self, *, max_risk=0.2, quality_rows="auto", limit_risk="classifier", **shared):
         super().__init__(**shared)
         self.max_risk = max_risk
         self.quality_rows = quality_rows
+        self.limit_risk = limit_risk
 
     def _regressor(self):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -120,6 +148,8 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         if not hasattr(X, "columns"):
             raise ValueError(f"{type(self).__name__}.fit needs the training table (per-mode cost columns)")
         X = X.reset_index(drop=True)
+        if self.limit_risk not in ("classifier", "ratio"):
+            raise ValueError(f"{type(self).__name__}: limit_risk={self.limit_risk!r}; known: 'classifier', 'ratio'")
         ref = reference_mode().name
         modes = sorted(c.split("__", 1)[1] for c in X.columns if c.startswith("latency_ms__"))
         if ref not in modes:
@@ -144,8 +174,11 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
                 col = f"violates_{c}__{m}"
                 v = X[col].astype("boolean").fillna(True).to_numpy(bool) if col in X else np.zeros(len(X), bool)
                 rows = quality_rows if c == "quality" else slice(None)
-                self.risk_models_[m][c] = self._fit_clf(F[rows], (v | unmeasured)[rows],
-                                                        None if w is None else w[rows])
+                model = None
+                if c in RATIO_LIMITS and self.limit_risk == "ratio" and not unmeasured.any():
+                    model = self._fit_ratio_risk(F, X, f"{c}_ratio__{m}", v, w)
+                self.risk_models_[m][c] = model or self._fit_clf(F[rows], (v | unmeasured)[rows],
+                                                                 None if w is None else w[rows])
         self.reference_ = ref
         self.modes_ = modes
         self.classes_ = np.array(modes, dtype=object)
@@ -178,6 +211,36 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         if len(t) < MIN_ROWS:
             return _Constant(np.mean(t) if len(t) else 0.0)
         return self._regressor().fit(F, t, sample_weight=w)
+
+    def _fit_ratio_risk(self, F, X, col: str, v: np.ndarray, w) -> _RatioRisk | None:
+        """A :class:`_RatioRisk` for one (mode, constraint), or None to keep the classifier."""
+        if col not in X:
+            return None
+        t = np.log(X[col].to_numpy(float))
+        # a missing ratio is a violation to the classifier (fillna(True)); a regression
+        # cannot learn that, so such a (mode, constraint) keeps the classifier
+        if not np.isfinite(t).all() or len(t) < 2 * MIN_ROWS or v.all() or not v.any():
+            return None
+        held = np.full(len(t), np.nan)
+        groups = X["family"].astype(str).to_numpy() if "family" in X else None
+        if groups is not None and len(set(groups)) >= 2:
+            folds = GroupKFold(n_splits=min(3, len(set(groups)))).split(F, t, groups)
+        else:
+            folds = KFold(n_splits=3, shuffle=True, random_state=self.random_state).split(F)
+        for tr, te in folds:
+            if len(tr) >= MIN_ROWS:
+                held[te] = self._regress(self._regressor().fit(F[tr], t[tr], sample_weight=None if w is None
+                                                                else w[tr]), F[te])
+        seen = np.isfinite(held)
+        if v[seen].all() or not v[seen].any():
+            return None
+        cal = LogisticRegression(C=1e4, max_iter=2000).fit(held[seen, None], v[seen],
+                                                            sample_weight=None if w is None else w[seen])
+        slope = float(np.ravel(cal.coef_)[0]) * (1.0 if cal.classes_[1] else -1.0)
+        if slope <= 0:
+            return None
+        intercept = float(np.ravel(cal.intercept_)[0]) * (1.0 if cal.classes_[1] else -1.0)
+        return _RatioRisk(self._regressor().fit(F, t, sample_weight=w), slope, intercept)
 
     def _fit_clf(self, F, v, w):
         if len(v) < MIN_ROWS or v.all() or not v.any():
@@ -224,8 +287,13 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
             if m == self.reference_:
                 continue
             ratio[:, j] = self._regress(self.ratio_models_[m], F)
-            risk[:, j] = np.max([self._proba(self.risk_models_[m][c], F) for c in CONSTRAINTS], axis=0)
+            risk[:, j] = np.max([self._risk(self.risk_models_[m][c], F) for c in CONSTRAINTS], axis=0)
         return ratio, risk
+
+    def _risk(self, model, F) -> np.ndarray:
+        if isinstance(model, _RatioRisk):
+            return expit(model.intercept + model.slope * self._regress(model.regressor, F))
+        return self._proba(model, F)
 
     @staticmethod
     def _regress(model, F) -> np.ndarray:
@@ -308,7 +376,7 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         M, C = len(modes), len(CONSTRAINTS)
         thr = float(self.threshold_)
         bias = np.zeros(M * (1 + C))
-        fitted = []  # (output, model, sign of its logit: a risk's logit is of P(True))
+        fitted = []  # (output, model, scale, offset): the output is scale x the model's raw score + offset
         for j, m in enumerate(modes):
             if m == self.reference_:
                 continue
@@ -317,15 +385,17 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
             for k, mdl in outputs:
                 if isinstance(mdl, _Constant):
                     bias[k] = mdl.value if k < M else (-np.inf if mdl.value <= thr else np.inf)
-                else:
-                    fitted.append((k, mdl, 1.0 if k < M or mdl.classes_[1] else -1.0))
+                elif isinstance(mdl, _RatioRisk):  # the logit is linear in the regressor's output
+                    fitted.append((k, mdl.regressor, mdl.slope, mdl.intercept))
+                else:  # a risk's logit is of P(True)
+                    fitted.append((k, mdl, 1.0 if k < M or mdl.classes_[1] else -1.0, 0.0))
         return FittedState(tuple(modes), InputLayout(len(cols), numeric_names=numeric_layout(cols)),
                            self._outputs_state(fitted, bias),
                            CostDecision(M, C, modes.index(self.reference_), thr), self.X_sample_,
                            self.content_table(required=False))
 
     def _outputs_state(self, fitted: list, bias: np.ndarray):  # pragma: no cover - abstract
-        """Every output's model as one description (``fitted``: (output, model, sign))."""
+        """Every output's model as one description (``fitted``: (output, model, scale, offset))."""
         raise NotImplementedError
 
 
@@ -362,9 +432,9 @@ class LinearCostRouter(LogisticParameters, CostPredictingRouter):
         """One weight row per output on the standardised features (constants: a zero row)."""
         W = np.zeros((len(bias), self.n_features_in_))
         bias = bias.copy()
-        for k, mdl, sign in fitted:
-            W[k] = sign * np.ravel(np.asarray(mdl.coef_, float))
-            bias[k] = sign * float(np.ravel(mdl.intercept_)[0])
+        for k, mdl, scale, offset in fitted:
+            W[k] = scale * np.ravel(np.asarray(mdl.coef_, float))
+            bias[k] = scale * float(np.ravel(mdl.intercept_)[0]) + offset
         sc = self.prep_.named_transformers_["num"]
         return LinearModel(W, bias, np.asarray(sc.mean_, float), np.asarray(sc.scale_, float))
 
@@ -392,8 +462,11 @@ class LightGBMCostRouter(LightGBMParameters, CostPredictingRouter):
         model a constant: the biases are the whole decision)."""
         if not fitted:
             return LinearModel(np.zeros((len(bias), self.n_features_in_)), bias)
-        trees = [t for k, mdl, sign in sorted(fitted, key=lambda f: f[0])
-                 for t in lightgbm_trees(mdl.booster_, k, sign)[0]]
+        bias = bias.copy()
+        for k, _, _, offset in fitted:
+            bias[k] += offset
+        trees = [t for k, mdl, scale, _ in sorted(fitted, key=lambda f: f[0])
+                 for t in lightgbm_trees(mdl.booster_, k, scale)[0]]
         return TreeEnsemble(tuple(trees), len(bias), "sum", False, bias)
 
     # single decisions skip scikit-learn's input checks: the boosters' own predict on

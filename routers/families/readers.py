@@ -28,7 +28,7 @@ def sklearn_trees(estimators, n_classes: int) -> TreeEnsemble:
     return TreeEnsemble(tuple(sklearn_tree(t, n_classes) for t in estimators), n_classes, "mean", True)
 
 
-def _lightgbm_tree(structure, output: int, sign: float) -> Tree:
+def _lightgbm_tree(structure, output: int, scale: float) -> Tree:
     """One dumped LightGBM tree as node arrays (iterative: deep trees are fine)."""
     feature, threshold, left, right, value = [], [], [], [], []
     todo = [(structure, -1, False)]  # (node, parent, is right child)
@@ -52,16 +52,18 @@ def _lightgbm_tree(structure, output: int, sign: float) -> Tree:
         else:
             value[idx] = float(node["leaf_value"])
     return Tree(np.asarray(feature), np.asarray(threshold, np.float64), np.asarray(left), np.asarray(right),
-                np.asarray(value, np.float64)[:, None] * sign, output)
+                np.asarray(value, np.float64)[:, None] * scale, output)
 
 
-def lightgbm_trees(booster, offset: int = 0, sign: float = 1.0) -> tuple[list[Tree], int]:
+def lightgbm_trees(booster, offset: int = 0, scale: float = 1.0) -> tuple[list[Tree], int]:
     """(a booster's trees, tree ``i`` scoring output ``offset + i % k``; k, its trees per
-    iteration). ``sign`` -1 negates every leaf (exact: the negated sums are the sums
-    negated). One ``dump_model`` call: it serialises the whole booster."""
+    iteration). ``scale`` multiplies every leaf: -1 negates a classifier's logit (exact:
+    the negated sums are the sums negated); any other factor is exact to rounding (a
+    cost router's ratio-based risk, :mod:`routers.families.cost`). One ``dump_model``
+    call: it serialises the whole booster."""
     dump = booster.dump_model()
     k = dump["num_tree_per_iteration"]
-    return [_lightgbm_tree(info["tree_structure"], offset + i % k, sign)
+    return [_lightgbm_tree(info["tree_structure"], offset + i % k, scale)
             for i, info in enumerate(dump["tree_info"])], k
 
 

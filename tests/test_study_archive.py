@@ -1,0 +1,84 @@
+"""A study's measurements archived apart from its folder and seeded into another (study.archive)."""
+
+import json
+
+import pytest
+from modeswitch.dataset.errors import InputError
+
+from modeswitch.study import Study, StudyConfig
+
+
+def _measured_study(tmp_path):
+    """A study folder whose measuring steps have finished (their files stand in for
+    measurements: only copying is tested here)."""
+    cfg = StudyConfig(output=str(tmp_path / "a"), swept_per_family=2, drawn_requests=14)
+    study = Study(cfg, log=lambda *_: None)
+    study.out.mkdir(parents=True)
+    for name, text in [("profile.parquet", "P"), ("costmodel.json", "{}"), ("quality_sweep.parquet", "Q"),
+                       ("quality_sweep_throughput.csv", "mode,requests_per_s\n")]:
+        (study.out / name).write_text(text)
+    study.state["steps"] = {
+        "model": {"seconds": 1.0, "finished": "t0", "outputs": {"target": "/models/x"}},
+        "profile": {"seconds": 3600.0, "finished": "t1", "outputs": {"profile": str(study.out / "profile.parquet"),
+                                                                      "rows": 784}},
+        "costmodel": {"seconds": 20.0, "finished": "t2", "outputs": {"costmodel": str(study.out / "costmodel.json")}},
+        "quality": {"seconds": 3000.0, "finished": "t3",
+                    "outputs": {"sweep": str(study.out / "quality_sweep.parquet"), "requests": 14}},
+    }
+    return cfg, study
+
+
+def test_a_study_with_other_training_settings_starts_from_the_archived_measurements(tmp_path):
+    cfg, study = _measured_study(tmp_path)
+    manifest = study.archive_to(tmp_path / "archive")
+    assert sorted(manifest["steps"]) == ["costmodel", "profile", "quality"]
+    assert (tmp_path / "archive" / "profile.parquet").read_text() == "P"
+    other = Study(cfg.replace(output=str(tmp_path / "b"), tuning_trials=3, feature_set="C"), log=lambda *_: None)
+    assert other.seed_from(tmp_path / "archive") == ["profile", "costmodel", "quality"]
+    assert (other.out / "quality_sweep.parquet").read_text() == "Q"
+    rec = other.state["steps"]["profile"]
+    assert rec["outputs"] == {"profile": str(other.out / "profile.parquet"), "rows": 784}
+    assert rec["copied_from"] == str(tmp_path / "archive") and rec["seconds"] == 3600.0
+    saved = json.loads((other.out / "study_state.json").read_text())
+    assert set(saved["steps"]) == {"profile", "costmodel", "quality"} and not other.done("model")
+    assert other.seed_from(tmp_path / "archive") == []  # taken once; a rerun leaves the steps as they are
+
+
+def test_measurements_taken_with_other_settings_are_refused_and_nothing_is_written_over(tmp_path):
+    cfg, study = _measured_study(tmp_path)
+    study.archive_to(tmp_path / "archive")
+    with pytest.raises(InputError, match="exists already"):
+        study.archive_to(tmp_path / "archive")
+    bigger = Study(cfg.replace(output=str(tmp_path / "c"), requests_per_family=8), log=lambda *_: None)
+    with pytest.raises(InputError, match="profile step was measured with other settings"):
+        bigger.seed_from(tmp_path / "archive")
+    resampled = Study(cfg.replace(output=str(tmp_path / "d"), swept_per_family=3), log=lambda *_: None)
+    with pytest.raises(InputError, match="quality step was measured with other settings"):
+        resampled.seed_from(tmp_path / "archive")
+    unswept = Study(cfg.replace(output=str(tmp_path / "e"), swept_per_family=0), log=lambda *_: None)
+    assert unswept.seed_from(tmp_path / "archive") == ["profile", "costmodel"]
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f" / "profile.parquet").write_text("mine")
+    with pytest.raises(InputError, match="exists already"):
+        Study(cfg.replace(output=str(tmp_path / "f")), log=lambda *_: None).seed_from(tmp_path / "archive")
+    assert (tmp_path / "f" / "profile.parquet").read_text() == "mine"
+    with pytest.raises(InputError, match="not a study archive"):
+        study.seed_from(tmp_path)
+
+
+def test_a_study_that_measured_its_own_profile_takes_the_sweep_but_not_the_cost_model(tmp_path):
+    """The archive's cost model was fitted on the archive's profile: never beside another."""
+    cfg, study = _measured_study(tmp_path)
+    study.archive_to(tmp_path / "archive")
+    own = Study(cfg.replace(output=str(tmp_path / "g")), log=lambda *_: None)
+    own.state["steps"]["profile"] = {"seconds": 1.0, "finished": "t", "outputs": {}}
+    assert own.seed_from(tmp_path / "archive") == ["quality"]
+    running = Study(cfg.replace(output=str(tmp_path / "h")), log=lambda *_: None)
+    running.out.mkdir()
+    (running.out / "profile.parquet.journal.jsonl").write_text("{}\n")  # a profile under way here
+    with pytest.raises(InputError, match="a run of profile began here"):
+        running.seed_from(tmp_path / "archive")
+    (tmp_path / "archive" / "costmodel.json").unlink()
+    with pytest.raises(InputError, match="missing from the archive"):
+        Study(cfg.replace(output=str(tmp_path / "i")), log=lambda *_: None).seed_from(tmp_path / "archive")
+    assert not (tmp_path / "i").exists()
