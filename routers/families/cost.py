@@ -234,12 +234,12 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         seen = np.isfinite(held)
         if v[seen].all() or not v[seen].any():
             return None
+        # v is boolean with both values here: classes_ is [False, True], the logit is of True
         cal = LogisticRegression(C=1e4, max_iter=2000).fit(held[seen, None], v[seen],
                                                             sample_weight=None if w is None else w[seen])
-        slope = float(np.ravel(cal.coef_)[0]) * (1.0 if cal.classes_[1] else -1.0)
+        slope, intercept = float(cal.coef_[0, 0]), float(cal.intercept_[0])
         if slope <= 0:
             return None
-        intercept = float(np.ravel(cal.intercept_)[0]) * (1.0 if cal.classes_[1] else -1.0)
         return _RatioRisk(self._regressor().fit(F, t, sample_weight=w), slope, intercept)
 
     def _fit_clf(self, F, v, w):
