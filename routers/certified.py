@@ -17,8 +17,8 @@ A router has a risk score when it offers (see
 * ``set_risk_threshold(t)``: decide with ``t`` from now on (None: nothing certified,
   the reference mode only).
 
-``fit`` splits the rows (stratified by family), fits a clone of the router on one
-part, takes candidate thresholds from its scores on that part (fixed before the
+``fit`` (``calibrate_on="split"``, the default) splits the rows (stratified by
+family), fits a clone of the router on one part, takes candidate thresholds from its scores on that part (fixed before the
 calibration rows are seen), and on the other part walks them from the strictest while
 the violation rate is certified at most ``target_violation_rate`` with probability
 ``1 - delta``. A violation is a pick other than the reference that the row's
@@ -26,7 +26,7 @@ the violation rate is certified at most ``target_violation_rate`` with probabili
 ``calibration_share`` of the rows, raised to what the target needs to be certifiable at
 all (:func:`routers.risk_control.min_calibration`, 230 for 1 % at delta 0.1), at most
 half. The per-mode models are fitted on the other rows only: refitting on all would
-void the certificate.
+void the certificate. (``calibrate_on="all"``, below, trades that for power.)
 
 Guarantees that survive a new family. A certificate on pooled calibration rows bounds
 the *average* rate; one held-out family can still break it (a certified cost LightGBM
@@ -40,6 +40,23 @@ alone or together:
 * ``cross_fit_groups``: each calibration row is decided by a clone fitted without its
   family's rows, so the calibration sees the shift a new family brings (the picks of
   a model that never saw the family), not the rows of families it was fitted on.
+
+``calibrate_on="all"`` (with ``cross_fit_groups``) certifies on *every* training row,
+each decided by a clone fitted on the other families' rows, and serves a router fitted
+on all of them: leave-one-family-out cross-fitting, as cross-conformal prediction and
+jackknife+ (Barber, Candès, Ramdas, Tibshirani, arXiv:1905.02928) use every row both to
+fit and to calibrate. Why: a split certificate at 2 % sees only its calibration share
+(about 160 rows here), where one violation already fails the binomial test; on all rows
+it sees three times as many, and the served router learns from all of them. What it
+gives up: the served router is not the one calibrated (neither is it with a split
+``cross_fit_groups``: each calibration row's decider was fitted without its family),
+and its candidate thresholds come from the served router's scores on the calibration
+rows themselves (scores, not outcomes: the grid's resolution, not the test). So the
+guarantee is heuristic, the cross-validated one: a new family behaves like a held-out
+one, families exchangeable. Jackknife+'s bounds for cross-fitting (coverage, not this
+risk) allow up to about twice the target plus a term for few folds, and the binomial
+test counts rows as independent while a family's rows share one decider; the scoring
+report therefore sets every held-out family's own rate beside the target.
 """
 
 from __future__ import annotations
@@ -98,12 +115,15 @@ class CertifiedRouter(ClassifierMixin, RouterMixin, BaseEstimator):
     ``cross_fit_groups``: decide each calibration row with a clone fitted without its
     family. ``served_tree``: ``"auto"`` certifies and serves one tree per threshold
     (:mod:`routers.served_tree`) where the router's compiled ensemble would be distilled,
-    so the certificate covers what is served; ``"never"`` keeps the ensemble."""
+    so the certificate covers what is served; ``"never"`` keeps the ensemble.
+    ``calibrate_on``: ``"split"`` (a held-out share certifies) or ``"all"`` (every row,
+    cross-fitted by family; needs ``cross_fit_groups``)."""
 
     decision_path = "pipeline"
 
     def __init__(self, router, *, target_violation_rate=ALPHA, delta=DELTA, calibration_share=0.3,
-                 random_state=0, group_conditional=False, cross_fit_groups=False, served_tree="auto"):
+                 random_state=0, group_conditional=False, cross_fit_groups=False, served_tree="auto",
+                 calibrate_on="split"):
         self.router = router
         self.target_violation_rate = target_violation_rate
         self.delta = delta
@@ -112,10 +132,12 @@ class CertifiedRouter(ClassifierMixin, RouterMixin, BaseEstimator):
         self.group_conditional = group_conditional
         self.cross_fit_groups = cross_fit_groups
         self.served_tree = served_tree
+        self.calibrate_on = calibrate_on
 
     def fit(self, X, y=None, sample_weight=None, safe=None):
         """Fit a clone of the router on part of the rows and certify its threshold on the
-        others. ``safe``: per-mode safety labels (default: ``X``'s ``safe__<mode>`` columns),
+        others (``calibrate_on="all"``: on all rows, and certify on every row with clones
+        fitted without its family). ``safe``: per-mode safety labels (default: ``X``'s ``safe__<mode>`` columns),
         also handed to the router's own fit when given."""
         if not has_risk_score(clone(self.router)):
             raise ValueError(f"{type(self.router).__name__} has no risk score to certify (a mode classifier "
@@ -125,8 +147,16 @@ class CertifiedRouter(ClassifierMixin, RouterMixin, BaseEstimator):
             raise ValueError(f"served_tree {self.served_tree!r}: choose auto or never")
         if groups is None and (self.group_conditional or self.cross_fit_groups):
             raise ValueError("group-conditional or cross-fitted certification needs the rows' family column")
-        fit_rows, cal_rows = calibration_split(len(X), self.calibration_share, self.random_state, groups,
-                                               alpha=self.target_violation_rate, delta=self.delta)
+        if self.calibrate_on not in ("split", "all"):
+            raise ValueError(f"calibrate_on {self.calibrate_on!r}: choose split or all")
+        if self.calibrate_on == "all":
+            if not self.cross_fit_groups or len(np.unique(groups)) < 2:
+                raise ValueError("calibrate_on='all' needs cross_fit_groups and at least two families: "
+                                 "a row may only calibrate a decider that never saw its family")
+            fit_rows = cal_rows = np.arange(len(X))
+        else:
+            fit_rows, cal_rows = calibration_split(len(X), self.calibration_share, self.random_state, groups,
+                                                   alpha=self.target_violation_rate, delta=self.delta)
 
         def fitted(rows):
             kw = {} if sample_weight is None else {"sample_weight": np.asarray(sample_weight)[rows]}

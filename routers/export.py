@@ -73,6 +73,7 @@ INPUT_COLUMNS = ("prompt_tokens", "expected_output_tokens", "shared_prefix_token
 #: classes inside the project's routers that skops does not trust by itself (exact names);
 #: the routers' own classes come from the registry, more from $MODESWITCH_TRUSTED_TYPES
 ESTIMATOR_TYPES = ("modeswitch.routers.families.cost._Constant", "modeswitch.routers.families.cost._RatioRisk",
+                   "modeswitch.routers.families.cost._CalibratedRisk",
                    "modeswitch.routers.certified.CertifiedRouter",
                    "modeswitch.routers.risk_control.Calibration", "sklearn.tree._tree.Tree", "lightgbm.basic.Booster",
                    "lightgbm.sklearn.LGBMClassifier", "lightgbm.sklearn.LGBMRegressor", "collections.OrderedDict")

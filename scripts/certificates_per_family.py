@@ -10,12 +10,13 @@ oracle's latency saving it keeps there (request-weighted). ``lofo`` fits one rou
 held-out family. Everything on the table's own labels; nothing is timed.
 
     .venv/bin/python scripts/certificates_per_family.py [--data runs/study/train.parquet]
-        [--splits group,lofo] [--router cost_lgbm] [--target 0.02]
+        [--splits group,lofo] [--router cost_lgbm] [--target 0.02] [--param limit_risk=ratio]
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import sys
 from pathlib import Path
 
@@ -44,6 +45,14 @@ def held_out_scores(router, test: pd.DataFrame, modes: list[str], ref: str) -> p
                          "oracle_saved": np.nan_to_num(lat[:, r] - lat[rows, oracle])})
 
 
+def _value(text: str):
+    """A parameter's value: a Python literal (31, 0.3, True), else the text itself."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
 def main():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -53,8 +62,12 @@ def main():
     ap.add_argument("--target", type=float, default=0.02, help="the certified violation-rate target")
     ap.add_argument("--certificates", default=",".join(CERTIFICATES))
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                    help="a router parameter (e.g. limit_risk=ratio, max_risk=0.3); repeatable")
     args = ap.parse_args()
 
+    params = dict(p.split("=", 1) for p in args.param)
+    params = {k: _value(v) for k, v in params.items()}
     table = TrainingTable.read(args.data)
     modes, ref = table.modes, str(table.frame["reference_mode"].iloc[0])
     print(f"{args.data}: {len(table)} requests, {table.frame['family'].nunique()} families; "
@@ -65,7 +78,7 @@ def main():
         for cert in args.certificates.split(","):
             parts = []
             for tr, te in folds:
-                est = CertifiedRouter(get_router(args.router), target_violation_rate=args.target,
+                est = CertifiedRouter(get_router(args.router, **params), target_violation_rate=args.target,
                                       **CERTIFICATES[cert])
                 table.fit(est, tr)
                 scored = held_out_scores(est, table.frame.iloc[te], modes, ref)

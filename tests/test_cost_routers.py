@@ -7,7 +7,12 @@ import pytest
 from modeswitch.dataset.features import features_frame
 from modeswitch.dataset.requests import Request
 from modeswitch.routers.certified import CertifiedRouter
-from modeswitch.routers.families.cost import LightGBMCostRouter, LinearCostRouter, _RatioRisk
+from modeswitch.routers.families.cost import (
+    LightGBMCostRouter,
+    LinearCostRouter,
+    _CalibratedRisk,
+    _RatioRisk,
+)
 from modeswitch.routers.risk_control import (
     binomial_p_value,
     calibration_split,
@@ -99,15 +104,20 @@ def test_risk_keeps_it_off_the_unsafe_mode(cls):
     assert c.get_params() == r.get_params() and not hasattr(c, "ratio_models_")
 
 
-@pytest.mark.parametrize("limit_risk", ["classifier", "ratio"])
+RISK_VARIANTS = [{"limit_risk": "classifier"}, {"limit_risk": "ratio"}, {"risk_calibration": "family-held-out"}]
+
+
+@pytest.mark.parametrize("variant", RISK_VARIANTS)
 @pytest.mark.parametrize("cls", [LinearCostRouter, LightGBMCostRouter])
-def test_the_compiled_router_decides_as_the_pipeline(cls, limit_risk):
+def test_the_compiled_router_decides_as_the_pipeline(cls, variant):
     """The C kernel's cost decision (the linear weights folded, the LightGBM variant's
     trees summed per output and its region tree) answers what the pipeline answers,
     at any threshold: none certified (-1), 0, a tuned one, and 1; with the energy risk
-    a classifier's or a logistic of the predicted energy ratio."""
-    r = cls(max_risk=0.3, limit_risk=limit_risk).fit(synthetic_table(600, seed=7, fast_energy_above=400))
-    assert isinstance(r.risk_models_[FAST]["energy"], _RatioRisk) == (limit_risk == "ratio")
+    a classifier's or a logistic of the predicted energy ratio, and with the risk
+    classifiers recalibrated on families they did not see."""
+    r = cls(max_risk=0.3, **variant).fit(synthetic_table(600, seed=7, fast_energy_above=400))
+    assert isinstance(r.risk_models_[FAST]["energy"], _RatioRisk) == (variant.get("limit_risk") == "ratio")
+    assert isinstance(r.risk_models_[QUANT]["quality"], _CalibratedRisk) == ("risk_calibration" in variant)
     test = synthetic_table(400, seed=8, fast_energy_above=400)
     reqs = _requests(80, seed=21)
     for thr in (0.3, 0.04, 0.0, -1.0, 1.0):
@@ -142,6 +152,27 @@ def test_a_ratio_limit_risk_follows_the_predicted_ratio_into_a_family_it_never_s
     assert (picks[busy & short] == FAST).mean() > 0.8
     with pytest.raises(ValueError, match="limit_risk"):
         cls(limit_risk="guess").fit(train)
+
+
+def test_recalibrated_risks_are_not_sure_of_a_family_they_never_saw():
+    """int8 breaks the quality limit above 450 prompt tokens in two families and above
+    150 in a third. A boosted classifier is near-certain either way; recalibrated on
+    families held out in turn, it no longer calls a new family's 150-450-token prompts
+    (unsafe there) safe with confidence: the held-out family taught it that such a call
+    is wrong on a new family."""
+    from tests.test_group_certificates import shifted_table
+
+    train = shifted_table(200, seed=5)
+    raw = LightGBMCostRouter().fit(train)
+    cal = LightGBMCostRouter(risk_calibration="family-held-out").fit(train)
+    assert isinstance(cal.risk_models_[QUANT]["quality"], _CalibratedRisk)
+    new = synthetic_table(300, seed=6, families=("d",), quant_unsafe_above=150)
+    mid = ((new["prompt_tokens"] > 150) & (new["prompt_tokens"] < 450)).to_numpy()
+    q = list(raw.modes_).index(QUANT)
+    sure_raw, sure_cal = raw.scores(new)[1][mid, q] < 0.05, cal.scores(new)[1][mid, q] < 0.05
+    assert sure_raw.mean() > 0.1 and not sure_cal.any()  # 'safe' with confidence, and wrong
+    with pytest.raises(ValueError, match="risk_calibration"):
+        LightGBMCostRouter(risk_calibration="guess").fit(train)
 
 
 def test_binomial_p_values_and_the_sample_size_they_need():
@@ -206,13 +237,14 @@ def test_too_few_calibration_requests_certify_nothing_and_answer_the_reference(c
 
 
 @pytest.mark.parametrize("name", ["cost_linear", "cost_lgbm"])
-@pytest.mark.parametrize("limit_risk", ["classifier", "ratio"])
-def test_export_load_decides_identically(tmp_path, name, limit_risk):
+@pytest.mark.parametrize("variant", RISK_VARIANTS)
+def test_export_load_decides_identically(tmp_path, name, variant):
     from modeswitch.routers import get_router
     from modeswitch.routers.export import export_router, load_router
 
-    est = get_router(name, max_risk=0.3, limit_risk=limit_risk).fit(
+    est = get_router(name, max_risk=0.3, **variant).fit(
         synthetic_table(500, seed=14, fast_energy_above=400))
+    assert isinstance(est.risk_models_[QUANT]["quality"], _CalibratedRisk) == ("risk_calibration" in variant)
     mlruns = str(tmp_path / "mlruns")
     info = export_router(est, mlruns=mlruns, source_run_id="r1", backend="transformers")
     loaded = load_router(info["uri"], mlruns, available_modes=[REF, FAST, QUANT])

@@ -127,7 +127,12 @@ def test_a_rerun_resumes_and_other_settings_are_refused(tiny_study):
     other = tmp / "other.toml"
     other.write_text(cfg.read_text().replace("tuning_trials = 1", "tuning_trials = 2"))
     res = CliRunner().invoke(app, ["study", "run", "--config", str(other)])
+    said = " ".join(res.output.split())  # the console wraps long lines
+    assert res.exit_code == 2 and "other train settings (tuning_trials: 1 -> 2)" in said and "--redo train" in said
+    other.write_text(cfg.read_text().replace("drawn_requests = 40", "drawn_requests = 41"))
+    res = CliRunner().invoke(app, ["study", "run", "--config", str(other), "--redo", "train"])
     assert res.exit_code == 2 and "holds a study with other settings" in res.output
+    assert "drawn_requests: 40 -> 41" in " ".join(res.output.split())
 
 
 @pytest.mark.parametrize("text, where", [
@@ -237,3 +242,38 @@ def test_the_quality_step_sweeps_drawn_requests_for_the_dataset(tiny_models, tmp
     assert set(sweep["request_id"]) == {r.id for r in swept} and set(sweep["mode"]) == {"fp16_baseline", "int8_quant"}
     assert set(got["requests_per_s"]) == {"fp16_baseline", "int8_quant"}
     assert (tmp_path / "q" / "quality_sweep_throughput.csv").exists()
+
+
+def test_other_train_settings_are_taken_in_the_same_folder_only_with_a_redo(tmp_path):
+    """A researcher trying another certificate retrains in the study's folder (the
+    measurements kept) with --redo train; the earlier settings stay in the state; other
+    changes, or no redo, are refused with what changed."""
+    from modeswitch.study import Study
+
+    out = str(tmp_path / "s")
+    study = Study(StudyConfig(output=out), log=lambda m: None)
+    for step in study.steps():
+        study.state["steps"][step] = {"seconds": 1.0, "outputs": {}, "finished": "t"}
+    study._save_state()
+    other = StudyConfig(output=out, certificate="family-cross-fit")
+    with pytest.raises(Exception, match=r"certificate: 'pooled' -> 'family-cross-fit'\); run again with --redo train"):
+        Study(other, log=lambda m: None)
+    with pytest.raises(Exception, match="--redo train"):
+        Study(other, log=lambda m: None, redo=["score"])
+    with pytest.raises(Exception, match="--redo train"):  # one split would keep the others' old settings
+        Study(other, log=lambda m: None, redo=["train:group"])
+    with pytest.raises(Exception, match="--redo dataset"):  # content columns are the table's
+        Study(StudyConfig(output=out, feature_set="C"), log=lambda m: None, redo=["train"])
+    with pytest.raises(Exception, match="new \\[study\\] output folder"):
+        Study(StudyConfig(output=out, drawn_requests=5), log=lambda m: None, redo=["train"])
+    taken = Study(other, log=lambda m: None, redo=["train"])
+    taken.forget("train")
+    assert list(taken.state["steps"]) == ["model", "profile", "costmodel", "labels", "dataset"]
+    history = taken.state["settings_history"]
+    assert {k: list(v) for k, v in history[0]["changed"].items()} == {"certificate": ["pooled", "family-cross-fit"]}
+    taken._save_state()
+    again = Study(other, log=lambda m: None)  # the new settings are the folder's now
+    assert again.state["identity"] == other.identity()
+    scored = Study(StudyConfig(output=out, certificate="family-cross-fit", decisions=10), log=lambda m: None,
+                   redo=["score"])
+    assert scored.state["settings_history"][-1]["changed"]["decisions"][1] == 10

@@ -147,7 +147,8 @@ QualityScope = Annotated[Literal["family", "request"] | None, typer.Option(
     help="Judge the quality limits on each (mode, family)'s mean, as the study does, or on every "
          "request's own figures [{quality_scope}].")]
 Labels = Literal["all", "measured"]
-Certificate = Literal["pooled", "per-family", "family-held-out", "per-family-held-out"]
+Certificate = Literal["pooled", "per-family", "family-held-out", "per-family-held-out", "family-cross-fit",
+                      "per-family-cross-fit"]
 
 
 def backend_names() -> list[str]:

@@ -49,7 +49,7 @@ def study_run_cmd(
     if output is not None:
         cfg = cfg.replace(output=str(output))
     study = Study(cfg, console=console, ray=ray_options(ray, ray_address, ray_workers, ray_cpus_per_worker),
-                  beside=beside)
+                  beside=beside, redo=_split(redo))
     console.print(f"study {cfg.name} in {study.out} (settings {cfg.identity()}); steps: "
                   + ", ".join(study.steps()))
     for step in _split(redo):

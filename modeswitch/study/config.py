@@ -118,7 +118,8 @@ class StudyConfig:
         requests_fit("drawn_requests", self.drawn_requests)
         if not 0 <= self.target_violation_rate < 1:
             raise ValueError("train.target_violation_rate: must lie in [0, 1) (0: no certification)")
-        certificates = ("pooled", "per-family", "family-held-out", "per-family-held-out")
+        certificates = ("pooled", "per-family", "family-held-out", "per-family-held-out", "family-cross-fit",
+                        "per-family-cross-fit")
         if self.certificate not in certificates:
             raise ValueError(f"train.certificate {self.certificate!r}: choose one of {', '.join(certificates)}")
 

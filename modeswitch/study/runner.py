@@ -15,7 +15,9 @@ journal; Optuna studies with their finished trials); a half-written score report
 is moved aside (``.incomplete-<time>``), never overwritten; the other files a step
 writes are replaced only while that step is unfinished (they can only be a
 same-settings attempt's leftovers). A rerun with other settings into the same
-folder is refused. Every step prints the time it took, and
+folder is refused, except for train and score settings taken with ``--redo train``
+(``--redo score``): the measurements are kept, the earlier settings recorded
+(:meth:`Study._take_later_settings`). Every step prints the time it took, and
 the report lists them.
 """
 
@@ -57,7 +59,7 @@ from modeswitch.routers.training.table import (
 )
 from modeswitch.routers.training.trainer import TrainConfig, train
 from modeswitch.study import archive
-from modeswitch.study.config import StudyConfig
+from modeswitch.study.config import LATER_FIELDS, TABLES, StudyConfig
 from modeswitch.study.report import write_study_report
 
 STATE = "study_state.json"
@@ -75,7 +77,7 @@ class Study:
     """One study folder: its config, its state, its steps."""
 
     def __init__(self, cfg: StudyConfig, console=None, log: Callable[[str], None] | None = None,
-                 ray=None, beside=None):
+                 ray=None, beside=None, redo=()):
         self.cfg = cfg
         #: another study's folder the report sets its figures beside (not a study setting:
         #: it changes what the report shows, not what is measured)
@@ -86,6 +88,9 @@ class Study:
         self.out = Path(cfg.output)
         self.console = console
         self.log = log or (self._print if console is not None else print)
+        #: the steps this run redoes (--redo): a change to the train or score settings is
+        #: taken in the same folder only when the steps it touches are redone
+        self.redo = [str(x) for x in redo]
         self.state = self._load_state()
 
     def _print(self, msg: str):
@@ -98,9 +103,46 @@ class Study:
             return {"identity": self.cfg.identity(), "config": self.cfg.to_dict(), "steps": {}}
         state = json.loads(path.read_text())
         if state.get("identity") != self.cfg.identity():
-            raise InputError(f"{self.out} holds a study with other settings ({path}); give a new "
-                             "[study] output folder to start another (results are never overwritten)")
+            self._take_later_settings(state, path)
         return state
+
+    def _take_later_settings(self, state: dict, path: Path):
+        """A study resumed with other settings. Why allow any: the measurements (hours)
+        do not depend on how routers are trained or scored, so a researcher trying
+        another certificate or target retrains in the same folder, with ``--redo train``
+        (``--redo score`` for score settings alone); the earlier settings are kept in the
+        state's ``settings_history`` and the earlier score reports moved aside, never
+        overwritten. Anything else changed needs a new folder."""
+        new = self.cfg.to_dict()
+        old = {k: state.get("config", {}).get(k, LATER_FIELDS.get(k)) for k in new}
+        changed = {k: (old[k], new[k]) for k in new if k != "output" and old[k] != new[k]}
+        train, score = set(TABLES["train"]) - {"splits"}, set(TABLES["score"])
+        step = "train" if set(changed) & train else "score"
+        if "feature_set" in changed and not new["confidence"] and \
+                reads_content(old["feature_set"]) != reads_content(new["feature_set"]):
+            step = "dataset"  # the table carries content columns only for a content feature set
+        said = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in ((k, *v) for k, v in changed.items()))
+        if not changed:  # settings that no longer exist: nothing this study reads changed
+            state["identity"], state["config"] = self.cfg.identity(), new
+            return
+        if not set(changed) <= train | score:
+            raise InputError(f"{self.out} holds a study with other settings ({path}: {said}); give a new "
+                             "[study] output folder to start another (results are never overwritten)")
+        order = ["model", "profile", "costmodel", "labels", "quality", "dataset", "train", "score"]
+        # whole steps only: --redo train:group would leave the other splits on the old settings
+        redone = [order.index(x) for x in self.redo if x in order]
+        if not redone or min(redone) > order.index(step):  # redoing a step redoes all after it
+            raise InputError(f"{self.out} was run with other {'train' if step == 'dataset' else step} settings "
+                             f"({said}); run again with --redo {step} (every split) to "
+                             f"{'rebuild the table, ' if step == 'dataset' else ''}"
+                             f"{'retrain and ' if step != 'score' else ''}rescore in this folder (the "
+                             "measurements are kept, earlier reports moved aside), or give a new [study] "
+                             "output folder")
+        state.setdefault("settings_history", []).append(
+            {"identity": state.get("identity"), "config": state.get("config"), "changed": changed,
+             "until": datetime.now(UTC).isoformat(timespec="seconds")})
+        state["identity"], state["config"] = self.cfg.identity(), new
+        self.log(f"settings changed ({said}); the earlier ones kept in {path.name}'s settings_history")
 
     def _save_state(self):
         self.out.mkdir(parents=True, exist_ok=True)

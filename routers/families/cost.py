@@ -84,6 +84,17 @@ class _RatioRisk:
         self.intercept = float(intercept)
 
 
+class _CalibratedRisk:
+    """A risk classifier whose logit (its raw score) is recalibrated for families it did
+    not see: ``intercept + slope x raw``, the two numbers fitted on raw scores for rows of
+    families the classifier was fitted without (:meth:`CostPredictingRouter._calibrate`)."""
+
+    def __init__(self, classifier, slope: float, intercept: float):
+        self.classifier = classifier
+        self.slope = float(slope)
+        self.intercept = float(intercept)
+
+
 class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     """Shared machinery; variants define ``_regressor``, ``_classifier`` and their space.
 
@@ -107,13 +118,31 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     families' sizes need not hold, and the logistic's spread is the family-to-family
     error, not the in-sample one. A (mode, constraint) without the ratio column or with
     a request missing it (the mode not measured there), or whose held-out predictions
-    do not rank its violations (slope <= 0), keeps the classifier."""
+    do not rank its violations (slope <= 0), keeps the classifier.
+    ``risk_calibration``: ``none`` keeps each risk classifier's own probabilities;
+    ``family-held-out`` recalibrates each one on predictions for families it did not
+    see (its rows' families in three group folds; a one-input logistic on the logit).
+    Why: the routers compare every (mode, constraint)'s risk with one threshold, and a
+    boosted classifier's in-sample probabilities are near 0 or 1 whatever it knows
+    about a new family, so an overconfident head (a lossy mode's quality on a family
+    it never saw) takes the threshold's whole budget; recalibrated, each head's
+    probability is what it is worth on a new family, and one threshold means the same
+    for all. A head whose held-out logits do not rank its violations (slope <= 0), or
+    whose held-out rows are of one class, predicts its rows' (weighted) violation rate.
+    Without a ``family`` column, or with one family, there is nothing to hold out and
+    the classifiers are kept as they are."""
 
-    def __init__(self, *, max_risk=0.2, quality_rows="auto", limit_risk="classifier", **shared):
+    #: defaults of parameters added later, read by get_params on routers saved before them
+    limit_risk = "classifier"
+    risk_calibration = "none"
+
+    def __init__(self, *, max_risk=0.2, quality_rows="auto", limit_risk="classifier", risk_calibration="none",
+                 **shared):
         super().__init__(**shared)
         self.max_risk = max_risk
         self.quality_rows = quality_rows
         self.limit_risk = limit_risk
+        self.risk_calibration = risk_calibration
 
     def _regressor(self):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -150,6 +179,9 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         X = X.reset_index(drop=True)
         if self.limit_risk not in ("classifier", "ratio"):
             raise ValueError(f"{type(self).__name__}: limit_risk={self.limit_risk!r}; known: 'classifier', 'ratio'")
+        if self.risk_calibration not in ("none", "family-held-out"):
+            raise ValueError(f"{type(self).__name__}: risk_calibration={self.risk_calibration!r}; known: "
+                             "'none', 'family-held-out'")
         ref = reference_mode().name
         modes = sorted(c.split("__", 1)[1] for c in X.columns if c.startswith("latency_ms__"))
         if ref not in modes:
@@ -177,8 +209,10 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
                 model = None
                 if c in RATIO_LIMITS and self.limit_risk == "ratio" and not unmeasured.any():
                     model = self._fit_ratio_risk(F, X, f"{c}_ratio__{m}", v, w)
-                self.risk_models_[m][c] = model or self._fit_clf(F[rows], (v | unmeasured)[rows],
-                                                                 None if w is None else w[rows])
+                if model is None:
+                    groups = X["family"].astype(str).to_numpy()[rows] if "family" in X else None
+                    model = self._fit_clf(F[rows], (v | unmeasured)[rows], None if w is None else w[rows], groups)
+                self.risk_models_[m][c] = model
         self.reference_ = ref
         self.modes_ = modes
         self.classes_ = np.array(modes, dtype=object)
@@ -242,10 +276,30 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
             return None
         return _RatioRisk(self._regressor().fit(F, t, sample_weight=w), slope, intercept)
 
-    def _fit_clf(self, F, v, w):
+    def _fit_clf(self, F, v, w, groups=None):
         if len(v) < MIN_ROWS or v.all() or not v.any():
             return _Constant(v.mean() if len(v) else 1.0)
-        return self._classifier().fit(F, v, sample_weight=w)
+        clf = self._classifier().fit(F, v, sample_weight=w)
+        if self.risk_calibration == "none" or groups is None or len(set(groups)) < 2:
+            return clf
+        return self._calibrate(clf, F, v, w, groups)
+
+    def _calibrate(self, clf, F, v, w, groups):
+        """``clf`` recalibrated on logits for families it did not see (``risk_calibration``)."""
+        held = np.full(len(v), np.nan)
+        for tr, te in GroupKFold(n_splits=min(3, len(set(groups)))).split(F, v, groups):
+            if len(tr) >= MIN_ROWS and v[tr].any() and not v[tr].all():
+                fold = self._classifier().fit(F[tr], v[tr], sample_weight=None if w is None else w[tr])
+                held[te] = self._raw(fold, F[te])
+        seen = np.isfinite(held)
+        if not seen.any() or v[seen].all() or not v[seen].any():  # nothing to rank: the rate
+            return _Constant(float(np.average(v, weights=w)))
+        cal = LogisticRegression(C=1e4, max_iter=2000).fit(held[seen, None], v[seen],
+                                                            sample_weight=None if w is None else w[seen])
+        slope, intercept = float(cal.coef_[0, 0]), float(cal.intercept_[0])
+        if slope <= 0:  # the logits do not rank a new family's violations: its base rate
+            return _Constant(float(np.average(v, weights=w)))
+        return _CalibratedRisk(clf, slope, intercept)
 
     # -- the risk score a certification calibrates (routers.certified) ------------------
     #: the threshold at which only the reference is allowed
@@ -293,6 +347,8 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     def _risk(self, model, F) -> np.ndarray:
         if isinstance(model, _RatioRisk):
             return expit(model.intercept + model.slope * self._regress(model.regressor, F))
+        if isinstance(model, _CalibratedRisk):
+            return expit(model.intercept + model.slope * self._raw(model.classifier, F))
         return self._proba(model, F)
 
     @staticmethod
@@ -302,6 +358,12 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     @staticmethod
     def _proba(model, F) -> np.ndarray:
         return _proba(model, F)
+
+    @staticmethod
+    def _raw(model, F) -> np.ndarray:
+        """A risk classifier's raw score: the logit of P(violates), as the compiled router
+        sums it (the labels are boolean with both classes, so classes_[1] is True)."""
+        return model.decision_function(F)
 
     # -- deciding from input rows (routers.certified distils the served decision) -------
     def features(self, X) -> np.ndarray:
@@ -387,6 +449,8 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
                     bias[k] = mdl.value if k < M else (-np.inf if mdl.value <= thr else np.inf)
                 elif isinstance(mdl, _RatioRisk):  # the logit is linear in the regressor's output
                     fitted.append((k, mdl.regressor, mdl.slope, mdl.intercept))
+                elif isinstance(mdl, _CalibratedRisk):  # and in the classifier's own raw score
+                    fitted.append((k, mdl.classifier, mdl.slope, mdl.intercept))
                 else:  # a risk's logit is of P(True)
                     fitted.append((k, mdl, 1.0 if k < M or mdl.classes_[1] else -1.0, 0.0))
         return FittedState(tuple(modes), InputLayout(len(cols), numeric_names=numeric_layout(cols)),
@@ -481,6 +545,10 @@ class LightGBMCostRouter(LightGBMParameters, CostPredictingRouter):
             return model.predict(F)
         p = model.booster_.predict(F)  # binary: P(label 1), label 1 = classes_[1]
         return p if bool(model.classes_[1]) else 1 - p
+
+    @staticmethod
+    def _raw(model, F) -> np.ndarray:
+        return model.booster_.predict(F, raw_score=True)
 
     def route(self, request: Request) -> str:
         if self.feature_set != "A":

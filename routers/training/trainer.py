@@ -61,6 +61,8 @@ CERTIFICATES = {
     "per-family": {"group_conditional": True},
     "family-held-out": {"cross_fit_groups": True},
     "per-family-held-out": {"group_conditional": True, "cross_fit_groups": True},
+    "family-cross-fit": {"cross_fit_groups": True, "calibrate_on": "all"},
+    "per-family-cross-fit": {"group_conditional": True, "cross_fit_groups": True, "calibrate_on": "all"},
 }
 
 
@@ -100,7 +102,9 @@ class TrainConfig:
     target_violation_rate: float = 0.01
     #: what the certificate bounds (routers.certified): "pooled" (the calibration rows'
     #: rate), "per-family" (every family's, small ones pooled), "family-held-out" (pooled,
-    #: each row decided by a clone that never saw its family) or "per-family-held-out" (both)
+    #: each row decided by a clone that never saw its family) or "per-family-held-out" (both);
+    #: "family-cross-fit" / "per-family-cross-fit": the same on every training row, each
+    #: decided by a clone fitted on the other families (routers.certified, calibrate_on)
     certificate: str = "pooled"
 
     def __post_init__(self):
