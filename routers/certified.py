@@ -18,8 +18,9 @@ A router has a risk score when it offers (see
   the reference mode only).
 
 ``fit`` (``calibrate_on="split"``, the default) splits the rows (stratified by
-family), fits a clone of the router on one part, takes candidate thresholds from its scores on that part (fixed before the
-calibration rows are seen), and on the other part walks them from the strictest while
+family), fits a clone of the router on one part, takes candidate thresholds from its
+scores on that part (fixed before the calibration rows are seen), and on the other
+part walks them from the strictest while
 the violation rate is certified at most ``target_violation_rate`` with probability
 ``1 - delta``. A violation is a pick other than the reference that the row's
 ``safe__<mode>`` label (or ``safe=``) says is unsafe. The calibration share is

@@ -121,14 +121,14 @@ class Study:
         if "feature_set" in changed and not new["confidence"] and \
                 reads_content(old["feature_set"]) != reads_content(new["feature_set"]):
             step = "dataset"  # the table carries content columns only for a content feature set
-        said = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in ((k, *v) for k, v in changed.items()))
         if not changed:  # settings that no longer exist: nothing this study reads changed
             state["identity"], state["config"] = self.cfg.identity(), new
             return
+        said = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in ((k, *v) for k, v in changed.items()))
         if not set(changed) <= train | score:
             raise InputError(f"{self.out} holds a study with other settings ({path}: {said}); give a new "
                              "[study] output folder to start another (results are never overwritten)")
-        order = ["model", "profile", "costmodel", "labels", "quality", "dataset", "train", "score"]
+        order = list(dict.fromkeys(s.split(":")[0] for s in self.steps()))  # step kinds, in order
         # whole steps only: --redo train:group would leave the other splits on the old settings
         redone = [order.index(x) for x in self.redo if x in order]
         if not redone or min(redone) > order.index(step):  # redoing a step redoes all after it

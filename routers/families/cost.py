@@ -95,6 +95,21 @@ class _CalibratedRisk:
         self.intercept = float(intercept)
 
 
+def _held_out_logistic(held: np.ndarray, v: np.ndarray, w) -> tuple[float, float] | None:
+    """(slope, intercept) of P(violates) = logistic(intercept + slope x score), fitted on
+    scores ``held`` predicted for rows the scoring model did not see (NaN: not predicted);
+    None when those rows are of one class or the scores do not rank the violations
+    (slope <= 0). Shared by the ratio risk and the recalibrated classifiers."""
+    seen = np.isfinite(held)
+    if not seen.any() or v[seen].all() or not v[seen].any():
+        return None
+    # v is boolean with both values here: classes_ is [False, True], the logit is of True
+    cal = LogisticRegression(C=1e4, max_iter=2000).fit(held[seen, None], v[seen],
+                                                        sample_weight=None if w is None else w[seen])
+    slope, intercept = float(cal.coef_[0, 0]), float(cal.intercept_[0])
+    return None if slope <= 0 else (slope, intercept)
+
+
 class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     """Shared machinery; variants define ``_regressor``, ``_classifier`` and their space.
 
@@ -265,16 +280,10 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
             if len(tr) >= MIN_ROWS:
                 held[te] = self._regress(self._regressor().fit(F[tr], t[tr], sample_weight=None if w is None
                                                                 else w[tr]), F[te])
-        seen = np.isfinite(held)
-        if v[seen].all() or not v[seen].any():
+        fitted = _held_out_logistic(held, v, w)
+        if fitted is None:
             return None
-        # v is boolean with both values here: classes_ is [False, True], the logit is of True
-        cal = LogisticRegression(C=1e4, max_iter=2000).fit(held[seen, None], v[seen],
-                                                            sample_weight=None if w is None else w[seen])
-        slope, intercept = float(cal.coef_[0, 0]), float(cal.intercept_[0])
-        if slope <= 0:
-            return None
-        return _RatioRisk(self._regressor().fit(F, t, sample_weight=w), slope, intercept)
+        return _RatioRisk(self._regressor().fit(F, t, sample_weight=w), *fitted)
 
     def _fit_clf(self, F, v, w, groups=None):
         if len(v) < MIN_ROWS or v.all() or not v.any():
@@ -291,15 +300,10 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
             if len(tr) >= MIN_ROWS and v[tr].any() and not v[tr].all():
                 fold = self._classifier().fit(F[tr], v[tr], sample_weight=None if w is None else w[tr])
                 held[te] = self._raw(fold, F[te])
-        seen = np.isfinite(held)
-        if not seen.any() or v[seen].all() or not v[seen].any():  # nothing to rank: the rate
+        fitted = _held_out_logistic(held, v, w)
+        if fitted is None:  # the logits do not rank a new family's violations: the rate
             return _Constant(float(np.average(v, weights=w)))
-        cal = LogisticRegression(C=1e4, max_iter=2000).fit(held[seen, None], v[seen],
-                                                            sample_weight=None if w is None else w[seen])
-        slope, intercept = float(cal.coef_[0, 0]), float(cal.intercept_[0])
-        if slope <= 0:  # the logits do not rank a new family's violations: its base rate
-            return _Constant(float(np.average(v, weights=w)))
-        return _CalibratedRisk(clf, slope, intercept)
+        return _CalibratedRisk(clf, *fitted)
 
     # -- the risk score a certification calibrates (routers.certified) ------------------
     #: the threshold at which only the reference is allowed
