@@ -12,9 +12,11 @@ themselves; a family in your own package is found through ``$MODESWITCH_PLUGINS`
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.registry import Registry, discover_package
 
 #: built-in families, imported in this order (listing order); other modules in
@@ -58,6 +60,32 @@ def get_family(name: str) -> RouterFamily:
 def get_router(name: str, **params):
     """An unfitted router of family ``name`` with ``params``."""
     return ROUTERS.get(name).factory(**params)
+
+
+#: parameters a training run sets itself (its --feature-set, the table's content model)
+SET_BY_TRAINING = ("feature_set", "content_model")
+
+
+def check_router_params(router_params: dict) -> None:
+    """Refuse fixed router parameters (``{family: {name: value}}``, what ``train
+    --router-params`` and study.toml's ``[train.router_params.FAMILY]`` give) that name
+    an unknown family, a parameter its estimator does not take, or one training sets
+    itself; before any work, not when the family's turn comes."""
+    for family, params in router_params.items():
+        try:
+            factory = get_family(family).factory
+        except (KeyError, ValueError) as exc:
+            raise InputError(f"router parameters for {family!r}: {exc}") from None
+        if not isinstance(params, dict):
+            raise InputError(f"router parameters for {family}: expected a table of NAME = VALUE")
+        takes = inspect.signature(factory).parameters
+        unknown = [k for k in params if k not in takes]
+        if unknown:
+            raise InputError(f"router parameters for {family}: {family} takes no {', '.join(unknown)}")
+        own = [k for k in params if k in SET_BY_TRAINING]
+        if own:
+            raise InputError(f"router parameters for {family}: {', '.join(own)} is set by training "
+                             "(--feature-set; the table's content model)")
 
 
 def list_routers() -> dict[str, str]:

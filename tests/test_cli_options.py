@@ -251,7 +251,7 @@ SET_ALL = {
                "--safety-threshold", "0.5", "--fallback", "reference", "--labels", "measured", "--storage",
                "sqlite:///x.db", "--target-violation-rate", "0.05", "--mlruns", "m2", "--preset", "modeswitch-paper",
                "--workers", "3", "--tracking-uri", "http://127.0.0.1:5999", "--certificate", "per-family",
-               "--no-decision-cost"]],
+               "--no-decision-cost", "--router-params", "dt.max_depth=3"]],
     "score": [["score", "--run", "r1", "--no-compile", "--decisions", "5",
                "--pipeline-decisions", "6", "--live", "--live-requests", "3", "--live-per-family", "4", "--live-trials", "2",
                "--live-threads", "2", "--live-max-remeasure", "1", "--model", "/m",

@@ -104,7 +104,14 @@ def test_risk_keeps_it_off_the_unsafe_mode(cls):
     assert c.get_params() == r.get_params() and not hasattr(c, "ratio_models_")
 
 
-RISK_VARIANTS = [{"limit_risk": "classifier"}, {"limit_risk": "ratio"}, {"risk_calibration": "family-held-out"}]
+RISK_VARIANTS = [{"limit_risk": "classifier"}, {"limit_risk": "ratio"}, {"risk_calibration": "family-held-out"},
+                 {"risk_score": "margin", "risk_calibration": "family-held-out"}]
+
+
+def _tuned(variant) -> float:
+    """A threshold that admits some of each mode: under the margin score 0.47 admits modes
+    predicted at most 0.89x the reference's latency (int8 is 0.8x)."""
+    return 0.47 if variant.get("risk_score") == "margin" else 0.3
 
 
 @pytest.mark.parametrize("variant", RISK_VARIANTS)
@@ -115,19 +122,19 @@ def test_the_compiled_router_decides_as_the_pipeline(cls, variant):
     at any threshold: none certified (-1), 0, a tuned one, and 1; with the energy risk
     a classifier's or a logistic of the predicted energy ratio, and with the risk
     classifiers recalibrated on families they did not see."""
-    r = cls(max_risk=0.3, **variant).fit(synthetic_table(600, seed=7, fast_energy_above=400))
+    r = cls(max_risk=_tuned(variant), **variant).fit(synthetic_table(600, seed=7, fast_energy_above=400))
     assert isinstance(r.risk_models_[FAST]["energy"], _RatioRisk) == (variant.get("limit_risk") == "ratio")
     assert isinstance(r.risk_models_[QUANT]["quality"], _CalibratedRisk) == ("risk_calibration" in variant)
     test = synthetic_table(400, seed=8, fast_energy_above=400)
     reqs = _requests(80, seed=21)
-    for thr in (0.3, 0.04, 0.0, -1.0, 1.0):
+    for thr in (_tuned(variant), 0.3, 0.04, 0.0, -1.0, 1.0):
         r.threshold_ = thr
         for budget in ((0, 0), None):  # walk only, then with the region tree
             fast = r.compile(region_budget=budget, distil="never")
             assert fast is not None
             np.testing.assert_array_equal(fast.predict(test), r.predict(test))
             assert [fast.route(q) for q in reqs] == [r.route(q) for q in reqs]
-    r.threshold_ = 0.3
+    r.threshold_ = _tuned(variant)
     assert len(set(r.predict(test))) == 3  # the thresholds above were not all trivial
     if cls is LightGBMCostRouter:
         assert r.compile(distil="never").region_nodes_ > 0
@@ -242,7 +249,7 @@ def test_export_load_decides_identically(tmp_path, name, variant):
     from modeswitch.routers import get_router
     from modeswitch.routers.export import export_router, load_router
 
-    est = get_router(name, max_risk=0.3, **variant).fit(
+    est = get_router(name, max_risk=_tuned(variant), **variant).fit(
         synthetic_table(500, seed=14, fast_energy_above=400))
     assert isinstance(est.risk_models_[QUANT]["quality"], _CalibratedRisk) == ("risk_calibration" in variant)
     mlruns = str(tmp_path / "mlruns")
@@ -373,3 +380,101 @@ def test_measured_quality_rows_teach_the_per_request_boundary_that_inferred_verd
         cls(quality_rows="measured").fit(train.drop(columns="quality_basis"))
     with pytest.raises(ValueError, match="quality_rows='sometimes'"):
         cls(quality_rows="sometimes").fit(train)
+
+
+@pytest.mark.parametrize("cls", [LinearCostRouter, LightGBMCostRouter])
+def test_the_margin_score_admits_a_mode_only_predicted_faster_by_the_margin(cls):
+    """Under ``risk_score="margin"`` the threshold is a speed-up margin: at 0.4 a mode
+    must be predicted at most 0.67x the reference's latency, so int8 (0.8x) is out and
+    only continuous batching with company comes in; at 0.47 (0.89x) int8 comes in where
+    its quality head passes its gate (short prompts), and no threshold, however loose,
+    admits it where the gate fails (long prompts)."""
+    train = synthetic_table(900, seed=5)
+    r = cls(risk_score="margin", max_risk=0.4).fit(train)
+    test = synthetic_table(400, seed=6)
+    ratio, _ = r.scores(test)
+    picks = np.asarray(r.predict(test))
+    cols = [r.modes_.index(p) for p in picks]
+    picked = np.exp(ratio[np.arange(len(test)), cols])[picks != REF]
+    assert len(picked) and (picked <= 0.4 / 0.6 + 1e-9).all()
+    assert QUANT not in set(picks) and FAST in set(picks)
+    short_alone = ((test["prompt_tokens"] < 200) & (test["concurrent_requests"] == 1)).to_numpy()
+    long_alone = ((test["prompt_tokens"] > 400) & (test["concurrent_requests"] == 1)).to_numpy()
+    r.set_risk_threshold(0.47)
+    picks = np.asarray(r.predict(test))
+    assert (picks[short_alone] == QUANT).mean() > 0.8 and (picks[long_alone] == QUANT).mean() < 0.1
+    r.set_risk_threshold(5.0)  # capped at 0.5 (the reference's own latency): a mode failing a gate scores 1
+    assert r.threshold_ == r.loosest_threshold() == 0.5
+    assert (np.asarray(r.predict(test))[long_alone] == QUANT).mean() < 0.1
+    assert "<= 0.887x" in " ".join(why for _, why in r.set_risk_threshold(0.47).explain(test))
+    with pytest.raises(ValueError, match="risk_score"):
+        cls(risk_score="guess").fit(train)
+    with pytest.raises(ValueError, match="quality_gate"):
+        cls(risk_score="margin", quality_gate=2.0).fit(train)
+
+
+def _with_content(X: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """``X`` with every content column: noise, but ``embed_pc1`` names the family, whose
+    continuous batching is 1.5x slower in family ``a`` (so content predicts the training
+    families' latency, and nothing about a new family's)."""
+    from modeswitch.dataset.content_features import CONTENT_FEATURES
+
+    rng = np.random.default_rng(seed)
+    X = X.copy()
+    for c in CONTENT_FEATURES:
+        X[c] = rng.normal(size=len(X))
+    fam = X["family"].astype(str).to_numpy()
+    X["embed_pc1"] = np.where(fam == "a", 3.0, 0.0) + rng.normal(0, 0.1, len(X))
+    X.loc[fam == "a", f"latency_ms__{FAST}"] *= 1.5
+    return X
+
+
+@pytest.mark.parametrize("cls", [LinearCostRouter, LightGBMCostRouter])
+def test_shape_cost_features_keep_content_out_of_the_latency_and_limit_heads(cls):
+    """``cost_features="shape"``: the latency, energy and memory heads read no content
+    column (no split or weight on one), the quality heads still may, and the compiled
+    router, fed the whole row, decides as the pipeline."""
+    from modeswitch.dataset.content_features import CONTENT_FEATURES
+
+    train = _with_content(synthetic_table(600, seed=31, fast_energy_above=400), 1)
+    names = None
+    for features, reads in (("all", True), ("shape", False)):
+        r = cls(feature_set="C", cost_features=features, max_risk=0.3).fit(train)
+        names = [n.split("__", 1)[-1] for n in r.prep_.get_feature_names_out()]
+        content = [i for i, n in enumerate(names) if n in CONTENT_FEATURES]
+
+        def weight(model, content=content):
+            if hasattr(model, "booster_"):
+                return np.asarray(model.booster_.feature_importance("split"))[content].sum()
+            return np.abs(np.ravel(model.coef_)[content]).sum()
+
+        assert (weight(r.ratio_models_[FAST]) > 1e-9) == reads
+        assert (weight(r.risk_models_[FAST]["energy"]) > 1e-9) == reads
+        test = _with_content(synthetic_table(200, seed=32, fast_energy_above=400), 2)
+        np.testing.assert_array_equal(r.compile(distil="never").predict(test), r.predict(test))
+    with pytest.raises(ValueError, match="cost_features"):
+        cls(cost_features="guess").fit(train)
+
+
+def test_fixed_router_parameters_reach_the_fitted_router_and_name_their_own_tuning():
+    """``TrainConfig.router_params`` (``--router-params``, study.toml
+    ``[train.router_params.FAMILY]``): each family's fixed parameters reach its fit beside
+    the tuned ones (over them where both name one); an unknown family or parameter is
+    refused before any work; a changed setting names a new Optuna study."""
+    from modeswitch.dataset.errors import InputError
+    from modeswitch.routers.training.table import TrainingTable
+    from modeswitch.routers.training.trainer import TrainConfig, _fit, _tuning_key
+
+    fixed = {"cost_lgbm": {"risk_score": "margin", "cost_features": "shape", "max_risk": 0.45}}
+    cfg = TrainConfig(feature_set="B", target_violation_rate=0, router_params=fixed)
+    frame = synthetic_table(300, seed=41)
+    table = TrainingTable(frame, {"modes": [REF, FAST, QUANT]})
+    est = _fit("cost_lgbm", {"max_risk": 0.2, "num_leaves": 7}, cfg, table, np.arange(300), False)
+    assert (est.risk_score, est.cost_features, est.max_risk, est.num_leaves) == ("margin", "shape", 0.45, 7)
+    assert _tuning_key("cost_lgbm", TrainConfig()) == "" and _tuning_key("cost_linear", cfg) == ""
+    assert _tuning_key("cost_lgbm", cfg).startswith("-")
+    assert _tuning_key("cost_lgbm", TrainConfig(test_size=0.5)) not in ("", _tuning_key("cost_lgbm", cfg))
+    with pytest.raises(InputError, match="takes no guess"):
+        TrainConfig(router_params={"cost_lgbm": {"guess": 1}})
+    with pytest.raises(InputError, match="nope"):
+        TrainConfig(router_params={"nope": {}})

@@ -142,6 +142,7 @@ def test_a_rerun_resumes_and_other_settings_are_refused(tiny_study):
     ("[train]\nsplits = ['random', 'kfold']\n", "kfold"),
     ("[conditions]\nmemory_pressure = [2.0]\n", "conditions"),
     ("[constraints]\nmax_energy_ratio = -1\n", "max_energy_ratio"),
+    ("[train.router_params.cost_lgbm]\nguess = 1\n", "router_params.*takes no guess"),
 ])
 def test_a_bad_study_file_names_the_key(tmp_path, text, where):
     p = tmp_path / "s.toml"
@@ -178,6 +179,9 @@ def test_the_shipped_study_file_is_valid():
                                                                        cfg.length_scale)
     assert content.constraint_set().quality_scope == "family" and not content.confidence
     assert request.constraint_set().quality_scope == "request" and request.confidence
+    # its cost routers' fixed parameters come from [train.router_params.<family>]
+    assert request.router_params["cost_lgbm"]["risk_score"] == "margin"
+    assert StudyConfig(router_params={}).identity() == StudyConfig().identity()
     # a field added later leaves the identity of studies begun before it alone at its default
     assert StudyConfig(confidence=False).identity() == StudyConfig().identity() != StudyConfig(confidence=True).identity()
 
@@ -274,6 +278,9 @@ def test_other_train_settings_are_taken_in_the_same_folder_only_with_a_redo(tmp_
     taken._save_state()
     again = Study(other, log=lambda m: None)  # the new settings are the folder's now
     assert again.state["identity"] == other.identity()
+    fixed = {"cost_lgbm": {"risk_score": "margin"}}  # fixed router parameters are train settings too
+    with pytest.raises(Exception, match="router_params.*--redo train"):
+        Study(StudyConfig(output=out, certificate="family-cross-fit", router_params=fixed), log=lambda m: None)
     scored = Study(StudyConfig(output=out, certificate="family-cross-fit", decisions=10), log=lambda m: None,
                    redo=["score"])
     assert scored.state["settings_history"][-1]["changed"]["decisions"][1] == 10

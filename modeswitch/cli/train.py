@@ -9,6 +9,7 @@ with the columns of :mod:`oracle.external_table`), labelled on reading.
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Annotated
 
@@ -29,6 +30,25 @@ from modeswitch.cli.common import (
 from modeswitch.display import console, frame_table
 from modeswitch.oracle.external_table import read_training_table
 from modeswitch.routers.training.trainer import TrainConfig, train
+
+
+def parse_router_params(items: list[str]) -> dict[str, dict]:
+    """``FAMILY.NAME=VALUE`` options as {family: {name: value}}; a value is a Python
+    literal (31, 0.3, True) where it reads as one, else the text itself."""
+    out: dict[str, dict] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        family, dot, name = key.partition(".")
+        if not sep or not dot or not family or not name:
+            raise typer.BadParameter(f"{item!r}: expected FAMILY.NAME=VALUE (e.g. cost_lgbm.risk_score=margin)",
+                                     param_hint="--router-params")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        out.setdefault(family.strip(), {})[name.strip()] = value
+    return out
+
 
 #: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
 app = typer.Typer(add_completion=False)
@@ -56,6 +76,7 @@ def train_cmd(
     mlruns: Annotated[Path, typer.Option(help="MLflow/Optuna store folder.")] = Path("mlruns"),
     tracking_uri: Annotated[str | None, typer.Option(help=TRACKING_HELP)] = None,
     preset: Annotated[str | None, typer.Option(help="modeswitch-paper: the study's setup (split, test size, seed, feature set).")] = None,
+    router_params: Annotated[list[str] | None, typer.Option(help="A fixed router parameter, FAMILY.NAME=VALUE (e.g. cost_lgbm.risk_score=margin); repeatable. Beside the tuned ones, and over them where both name one.")] = None,
 ):
     """Tune and train learned routers with Optuna; track everything in MLflow."""
     table = read_training_table(data)
@@ -66,7 +87,8 @@ def train_cmd(
                       fallback=fallback, storage=storage, workers=workers, mlruns=str(mlruns),
                       tracking_uri=tracking_uri, preset=preset,
                       labels=labels, target_violation_rate=target_violation_rate,
-                      certificate=certificate, decision_cost=decision_cost, **families)
+                      certificate=certificate, decision_cost=decision_cost,
+                      router_params=parse_router_params(router_params or []), **families)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeRemainingColumn(), console=console) as progress:
         res = train(table, cfg, progress)

@@ -19,10 +19,11 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
-from modeswitch.dataset.errors import InputFileError
+from modeswitch.dataset.errors import InputError, InputFileError
 from modeswitch.dataset.limits import count, finite, requests_fit
 from modeswitch.dataset.workloads.conditions import ConditionDraw
 from modeswitch.oracle import Constraints
+from modeswitch.routers.registry import check_router_params
 from modeswitch.routers.training.splits import SPLITS
 
 DEFAULT_FAMILIES = (
@@ -39,12 +40,12 @@ TABLES = {
                 "length_scale", "interleave", "threads"),
     "dataset": ("drawn_requests", "swept_per_family", "confidence"),
     "train": ("splits", "routers", "tuning_trials", "feature_set", "labels", "test_size",
-              "target_violation_rate", "certificate"),
+              "target_violation_rate", "certificate", "router_params"),
     "score": ("live", "live_per_family", "live_trials", "decisions"),
 }
 #: fields added after studies had begun, left out of the identity at their default
 LATER_FIELDS = {"target_violation_rate": 0.01, "certificate": "pooled", "swept_per_family": 0,
-                "confidence": False}
+                "confidence": False, "router_params": {}}
 #: tables holding a mapping handed on as it is (checked by their own owners)
 MAPPINGS = ("conditions", "constraints")
 
@@ -95,6 +96,9 @@ class StudyConfig:
     target_violation_rate: float = 0.01
     #: what the certificate bounds (routers.training.trainer.CERTIFICATES)
     certificate: str = "pooled"
+    #: fixed parameters per router family (``[train.router_params.cost_lgbm]``), beside
+    #: the tuned ones (routers.training.trainer.TrainConfig.router_params)
+    router_params: dict = field(default_factory=dict)
     live: bool = True
     live_per_family: int = 3
     live_trials: int = 2
@@ -159,6 +163,11 @@ class StudyConfig:
             raise InputFileError(path, None, None, str(exc)) from None
         cfg.condition_draw()  # the owners check their own tables now, not an hour in
         cfg.constraint_set()
+        if cfg.router_params:
+            try:
+                check_router_params(cfg.router_params)
+            except InputError as exc:
+                raise InputFileError(path, None, "train.router_params", str(exc)) from None
         return cfg
 
     def replace(self, **changes) -> StudyConfig:

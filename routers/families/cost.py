@@ -16,7 +16,7 @@ not needed. A mode without a latency for a request (unmeasured there) counts as
 a risk for every constraint. ``predict`` needs only the features.
 
 Threshold: ``max_risk`` (tuned by Optuna like any hyperparameter). The predicted
-risk is the router's risk score: :class:`routers.certified.CertifiedRouter` certifies
+risk (or, with ``risk_score="margin"``, the speed-up margin) is the router's risk score: :class:`routers.certified.CertifiedRouter` certifies
 the threshold actually used (``threshold_``) on calibration requests held out of the
 training rows by Learn then Test, the per-mode models then fitted on the other rows
 only.
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from modeswitch.dataset.content_features import CONTENT_FEATURES
 from modeswitch.dataset.features import CATEGORICAL_FEATURES, _shape, feature_columns
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.modes import reference_mode
@@ -145,19 +146,50 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     for all. A head whose held-out logits do not rank its violations (slope <= 0), or
     whose held-out rows are of one class, predicts its rows' (weighted) violation rate.
     Without a ``family`` column, or with one family, there is nothing to hold out and
-    the classifiers are kept as they are."""
+    the classifiers are kept as they are.
+
+    ``risk_score``: what the threshold (``max_risk``, or the certified one) is compared
+    with. ``probability`` (default): every mode's largest predicted violation
+    probability. ``margin``: the mode's predicted latency ratio to the reference, as
+    ``ratio / (1 + ratio)`` (the logistic of the log ratio: threshold ``t`` admits modes
+    predicted at most ``t / (1 - t)`` times the reference's latency, 0.5 the reference's
+    own), for modes whose every risk head passes its fixed gate (quality heads at most
+    ``quality_gate``, energy and memory heads at most ``limit_gate``; a mode that fails
+    a gate scores 1, never admitted). Why: one threshold over every head compares
+    probabilities that mean different things on a new family (a lossy mode's quality
+    head, ranked badly there, takes the whole budget), while what most often breaks a
+    lossless mode's energy or memory limit is being slower than the reference (on CPUs
+    energy is CPU time), which the latency head already predicts. A certified threshold
+    is then a certified speed-up margin: a mode is picked only when predicted faster
+    than the reference by a margin that held on held-out rows, gates included. The gates
+    are fixed before calibration, so the certificate covers the whole rule.
+    ``cost_features``: the columns the latency heads and the energy and memory heads
+    read: ``all`` of the feature set, or ``shape`` (the feature set without its content
+    columns, which are masked to a constant, so no split or weight reads them; feature
+    set B's family one-hots stay; the compiled router still takes the whole row). Why: a request's cost follows its
+    shape (tokens, concurrency, shared prefix); content columns let a latency model learn
+    its training families apart, which does not carry to a new family. The quality heads
+    read every column: content is what tells which output flips."""
 
     #: defaults of parameters added later, read by get_params on routers saved before them
     limit_risk = "classifier"
     risk_calibration = "none"
+    risk_score = "probability"
+    quality_gate = 0.05
+    limit_gate = 0.5
+    cost_features = "all"
 
     def __init__(self, *, max_risk=0.2, quality_rows="auto", limit_risk="classifier", risk_calibration="none",
-                 **shared):
+                 risk_score="probability", quality_gate=0.05, limit_gate=0.5, cost_features="all", **shared):
         super().__init__(**shared)
         self.max_risk = max_risk
         self.quality_rows = quality_rows
         self.limit_risk = limit_risk
         self.risk_calibration = risk_calibration
+        self.risk_score = risk_score
+        self.quality_gate = quality_gate
+        self.limit_gate = limit_gate
+        self.cost_features = cost_features
 
     def _regressor(self):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -197,6 +229,13 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         if self.risk_calibration not in ("none", "family-held-out"):
             raise ValueError(f"{type(self).__name__}: risk_calibration={self.risk_calibration!r}; known: "
                              "'none', 'family-held-out'")
+        if self.risk_score not in ("probability", "margin"):
+            raise ValueError(f"{type(self).__name__}: risk_score={self.risk_score!r}; known: 'probability', 'margin'")
+        if self.cost_features not in ("all", "shape"):
+            raise ValueError(f"{type(self).__name__}: cost_features={self.cost_features!r}; known: 'all', 'shape'")
+        for name in ("quality_gate", "limit_gate"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{type(self).__name__}: {name}={getattr(self, name)!r} must lie in [0, 1]")
         ref = reference_mode().name
         modes = sorted(c.split("__", 1)[1] for c in X.columns if c.startswith("latency_ms__"))
         if ref not in modes:
@@ -205,6 +244,7 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         w = None if sample_weight is None else np.asarray(sample_weight, dtype=float)
         self.prep_ = self._prep(X).fit(X)
         F = self.prep_.transform(X)
+        Fc = self._cost_inputs(F)
         quality_rows = self._quality_rows(X)
         lat_ref = X[f"latency_ms__{ref}"].to_numpy(float)
         self.ratio_models_, self.risk_models_ = {}, {}
@@ -214,27 +254,44 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
             lat = X[f"latency_ms__{m}"].to_numpy(float)
             ratio = np.log(lat / lat_ref)
             ok = np.isfinite(ratio)
-            self.ratio_models_[m] = self._fit_reg(F[ok], ratio[ok], None if w is None else w[ok])
+            self.ratio_models_[m] = self._fit_reg(Fc[ok], ratio[ok], None if w is None else w[ok])
             unmeasured = ~np.isfinite(lat)
             self.risk_models_[m] = {}
             for c in CONSTRAINTS:
                 col = f"violates_{c}__{m}"
                 v = X[col].astype("boolean").fillna(True).to_numpy(bool) if col in X else np.zeros(len(X), bool)
                 rows = quality_rows if c == "quality" else slice(None)
+                inputs = F if c == "quality" else Fc
                 model = None
                 if c in RATIO_LIMITS and self.limit_risk == "ratio" and not unmeasured.any():
-                    model = self._fit_ratio_risk(F, X, f"{c}_ratio__{m}", v, w)
+                    model = self._fit_ratio_risk(inputs, X, f"{c}_ratio__{m}", v, w)
                 if model is None:
                     groups = X["family"].astype(str).to_numpy()[rows] if "family" in X else None
-                    model = self._fit_clf(F[rows], (v | unmeasured)[rows], None if w is None else w[rows], groups)
+                    model = self._fit_clf(inputs[rows], (v | unmeasured)[rows], None if w is None else w[rows],
+                                          groups)
                 self.risk_models_[m][c] = model
         self.reference_ = ref
         self.modes_ = modes
         self.classes_ = np.array(modes, dtype=object)
         self.n_features_in_ = F.shape[1]
         self.X_sample_ = np.asarray(F[self._sample_rows(len(F))], dtype=np.float64)
-        self.threshold_ = float(self.max_risk)
+        self.set_risk_threshold(float(self.max_risk))
         return self
+
+    def _cost_inputs(self, F: np.ndarray) -> np.ndarray:
+        """The rows the latency, energy and memory heads learn from: ``F`` itself, or with
+        ``cost_features="shape"`` every content column set to 0. A constant column is one
+        no LightGBM split and no ridge weight reads (its weight stays 0 under the
+        penalty), so the fitted heads take the whole row when deciding and ignore content."""
+        if self.cost_features == "all":
+            return F
+        names = [n.split("__", 1)[-1] for n in self.prep_.get_feature_names_out()]
+        content = [i for i, n in enumerate(names) if n in CONTENT_FEATURES]
+        if not content:
+            return F
+        Fc = np.array(F, dtype=float, copy=True)
+        Fc[:, content] = 0.0
+        return Fc
 
     def _quality_rows(self, X):
         """The rows the quality heads learn from (``quality_rows``)."""
@@ -312,15 +369,21 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     max_risk_ceiling = 0.99
 
     def loosest_threshold(self) -> float:
-        return self.max_risk_ceiling
+        # under the margin score a looser threshold than 0.5 admits only modes predicted
+        # slower than the reference, which the argmin never picks over it: no change
+        return 0.5 if self.risk_score == "margin" else self.max_risk_ceiling
 
     def risk_scores(self, X) -> np.ndarray:
-        """What the threshold is compared with: every other mode's predicted risk."""
+        """What the threshold is compared with: every other mode's risk score (its largest
+        predicted violation probability; under ``risk_score="margin"``, its speed-up margin
+        or 1 where a gate fails)."""
         return self.scores(X)[1][:, self._others()].ravel()
 
     def set_risk_threshold(self, threshold: float | None):
         """Decide with ``threshold`` from now on (None: nothing certified, the reference)."""
         self.threshold_ = self.strictest_threshold if threshold is None else float(threshold)
+        if self.risk_score == "margin":  # a mode failing a gate scores 1: no threshold may admit it
+            self.threshold_ = min(self.threshold_, self.loosest_threshold())
         return self
 
     # ------------------------------------------------------------ deciding
@@ -331,9 +394,10 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         return self.prep_.transform(X)
 
     def scores(self, X) -> tuple[np.ndarray, np.ndarray]:
-        """(n, modes) predicted log latency ratio to the reference and predicted risk
-        (the largest of the constraints' predicted violation probabilities); the
-        reference's column is 0 in both."""
+        """(n, modes) predicted log latency ratio to the reference and risk score (the
+        largest of the constraints' predicted violation probabilities; under
+        ``risk_score="margin"``, the logistic of the log ratio where every gate passes,
+        else 1); the reference's column is 0 in both."""
         check_is_fitted(self, "ratio_models_")
         return self._scores_of(self._features(X))
 
@@ -341,12 +405,22 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         n = F.shape[0]
         ratio = np.zeros((n, len(self.modes_)))
         risk = np.zeros((n, len(self.modes_)))
+        margin = self.risk_score == "margin"
         for j, m in enumerate(self.modes_):
             if m == self.reference_:
                 continue
             ratio[:, j] = self._regress(self.ratio_models_[m], F)
-            risk[:, j] = np.max([self._risk(self.risk_models_[m][c], F) for c in CONSTRAINTS], axis=0)
+            heads = [self._risk(self.risk_models_[m][c], F) for c in CONSTRAINTS]
+            if margin:  # the speed-up margin where every gate passes, else never admitted
+                passes = np.all([h <= g for h, g in zip(heads, self._gates())], axis=0)
+                risk[:, j] = np.where(passes, expit(ratio[:, j]), 1.0)
+            else:
+                risk[:, j] = np.max(heads, axis=0)
         return ratio, risk
+
+    def _gates(self) -> tuple[float, ...]:
+        """Each constraint's fixed gate under ``risk_score="margin"`` (CONSTRAINTS' order)."""
+        return tuple(float(self.quality_gate) if c == "quality" else float(self.limit_gate) for c in CONSTRAINTS)
 
     def _risk(self, model, F) -> np.ndarray:
         if isinstance(model, _RatioRisk):
@@ -405,9 +479,15 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         out = []
         for i, j in enumerate(idx):
             m = self.modes_[j]
-            why = (f"predicted {np.exp(ratio[i, j]):.2f}x the reference's latency, risk "
-                   f"{risk[i, j]:.2f} <= {self.threshold_:.3g}" if m != self.reference_
-                   else f"no faster mode predicted safe (threshold {self.threshold_:.3g})")
+            if self.risk_score == "margin":
+                limit = self.threshold_ / (1 - self.threshold_) if 0 < self.threshold_ < 1 else 0.0
+                why = (f"predicted {np.exp(ratio[i, j]):.2f}x the reference's latency <= {limit:.3g}x, every "
+                       "risk within its gate" if m != self.reference_
+                       else f"no mode predicted at most {limit:.3g}x the reference's latency within its gates")
+            else:
+                why = (f"predicted {np.exp(ratio[i, j]):.2f}x the reference's latency, risk "
+                       f"{risk[i, j]:.2f} <= {self.threshold_:.3g}" if m != self.reference_
+                       else f"no faster mode predicted safe (threshold {self.threshold_:.3g})")
             out.append((m, f"{type(self).__name__}: {why}"))
         return out
 
@@ -430,33 +510,47 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     # -- the fitted decision as plain data (what the compiler reads) ----------------
     def fitted_state(self) -> FittedState:
         """Outputs: each mode's predicted log latency ratio, then each (mode, constraint)'s
-        risk logit, under the cost decision. A model that predicts a constant (too few
-        rows, one class) becomes its output's bias; a constant risk is compared with the
-        threshold here, once (allowed: -inf, not: +inf)."""
+        risk logit (under ``risk_score="margin"`` shifted by the threshold's logit less
+        its gate's, then the mode's log ratio once more as a last "constraint"), under the
+        cost decision. A model that predicts a constant (too few rows, one class) becomes
+        its output's bias; a constant risk is compared with the threshold (its gate)
+        here, once (allowed: -inf, not: +inf)."""
         check_is_fitted(self, "ratio_models_")
         cols = feature_columns(self.feature_set)
         if any(c in CATEGORICAL_FEATURES for c in cols):
             raise ValueError(f"compiled cost-predicting routers take numbers only (feature set {self.feature_set} "
                              "has categories)")
         modes = list(self.modes_)
-        M, C = len(modes), len(CONSTRAINTS)
+        margin = self.risk_score == "margin"
+        # under the margin score each mode has one more risk output, its latency ratio
+        # itself (allowed: logistic(ratio) <= threshold), and every constraint's logit is
+        # shifted so that the threshold's cut stands for the head's fixed gate
+        M, C = len(modes), len(CONSTRAINTS) + margin
         thr = float(self.threshold_)
+        cut = _logit(thr)
+        gates = self._gates() if margin else (thr,) * len(CONSTRAINTS)
         bias = np.zeros(M * (1 + C))
         fitted = []  # (output, model, scale, offset): the output is scale x the model's raw score + offset
         for j, m in enumerate(modes):
             if m == self.reference_:
                 continue
-            outputs = [(j, self.ratio_models_[m])]
-            outputs += [(M + j * C + c, self.risk_models_[m][name]) for c, name in enumerate(CONSTRAINTS)]
-            for k, mdl in outputs:
-                if isinstance(mdl, _Constant):
-                    bias[k] = mdl.value if k < M else (-np.inf if mdl.value <= thr else np.inf)
+            outputs = [(j, self.ratio_models_[m], None)]
+            outputs += [(M + j * C + c, self.risk_models_[m][name], gates[c]) for c, name in enumerate(CONSTRAINTS)]
+            if margin:
+                outputs.append((M + j * C + len(CONSTRAINTS), self.ratio_models_[m], None))
+            for k, mdl, gate in outputs:
+                shift = 0.0 if gate is None or not margin or not np.isfinite(cut) else cut - _logit(gate)
+                if gate is not None and (isinstance(mdl, _Constant) or not np.isfinite(shift)):
+                    value = mdl.value if isinstance(mdl, _Constant) else (0.0 if gate >= 1 else 1.0)
+                    bias[k] = -np.inf if value <= gate else np.inf  # compared with its gate here, once
+                elif isinstance(mdl, _Constant):
+                    bias[k] = mdl.value
                 elif isinstance(mdl, _RatioRisk):  # the logit is linear in the regressor's output
-                    fitted.append((k, mdl.regressor, mdl.slope, mdl.intercept))
+                    fitted.append((k, mdl.regressor, mdl.slope, mdl.intercept + shift))
                 elif isinstance(mdl, _CalibratedRisk):  # and in the classifier's own raw score
-                    fitted.append((k, mdl.classifier, mdl.slope, mdl.intercept))
-                else:  # a risk's logit is of P(True)
-                    fitted.append((k, mdl, 1.0 if k < M or mdl.classes_[1] else -1.0, 0.0))
+                    fitted.append((k, mdl.classifier, mdl.slope, mdl.intercept + shift))
+                else:  # a ratio, or a risk's logit of P(True)
+                    fitted.append((k, mdl, 1.0 if gate is None or mdl.classes_[1] else -1.0, shift))
         return FittedState(tuple(modes), InputLayout(len(cols), numeric_names=numeric_layout(cols)),
                            self._outputs_state(fitted, bias),
                            CostDecision(M, C, modes.index(self.reference_), thr), self.X_sample_,
@@ -465,6 +559,15 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     def _outputs_state(self, fitted: list, bias: np.ndarray):  # pragma: no cover - abstract
         """Every output's model as one description (``fitted``: (output, model, scale, offset))."""
         raise NotImplementedError
+
+
+def _logit(p: float) -> float:
+    """The logit of ``p``, infinite at and beyond 0 and 1 (as the compiled cut is)."""
+    if p <= 0:
+        return -np.inf
+    if p >= 1:
+        return np.inf
+    return float(np.log(p / (1 - p)))
 
 
 def _proba(model, F) -> np.ndarray:

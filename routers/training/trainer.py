@@ -12,6 +12,7 @@ its signature) and one nested run per trial (optuna-integration's callback).
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import os
@@ -26,7 +27,12 @@ import pandas as pd
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.features import reads_content
 from modeswitch.routers.certified import CertifiedRouter, has_risk_score
-from modeswitch.routers.registry import get_family, get_router, learned_families
+from modeswitch.routers.registry import (
+    check_router_params,
+    get_family,
+    get_router,
+    learned_families,
+)
 from modeswitch.routers.rule_baseline import RuleBaselineRouter
 from modeswitch.routers.training import parallel
 from modeswitch.routers.training.costs import UNSAFE_PENALTY, objective_metrics
@@ -106,10 +112,14 @@ class TrainConfig:
     #: "family-cross-fit" / "per-family-cross-fit": the same on every training row, each
     #: decided by a clone fitted on the other families (routers.certified, calibrate_on)
     certificate: str = "pooled"
+    #: fixed parameters per router family, beside the tuned ones (and over them where
+    #: both name one), e.g. {"cost_lgbm": {"risk_score": "margin", "cost_features": "shape"}}
+    router_params: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.workers < 1:
             raise InputError(f"--workers {self.workers}: must be at least 1")
+        check_router_params(self.router_params)
         if not 0 <= self.target_violation_rate < 1:
             raise InputError(f"--target-violation-rate {self.target_violation_rate}: must lie in "
                              "[0, 1) (0: no certification)")
@@ -141,11 +151,28 @@ def _fit(family, params, cfg: TrainConfig, table: TrainingTable, idx, use_weight
         if extra["content_model"] is None:
             raise InputError(f"feature set {cfg.feature_set} reads the prompt's content; this training table has "
                              "no content columns (build it with `dataset build --content-model PATH`)")
+    extra.update(cfg.router_params.get(family, {}))
     est = get_router(family, feature_set=cfg.feature_set, **extra)
     if certify and cfg.target_violation_rate and has_risk_score(est):
         est = CertifiedRouter(est, target_violation_rate=cfg.target_violation_rate,
                               **CERTIFICATES[cfg.certificate])
     return table.fit(est, idx, use_weights, cfg.unsafe_penalty)
+
+
+def _tuning_key(family: str, cfg: TrainConfig) -> str:
+    """What else the trials' scores depend on, as a suffix of the Optuna study's name
+    (empty at the defaults, so studies named before it resume): a changed test share,
+    labels, penalty, decision cost or fixed parameters start a new study instead of
+    mixing their trials with the old ones."""
+    d = {"test_size": cfg.test_size, "labels": cfg.labels, "unsafe_penalty": cfg.unsafe_penalty,
+         "decision_cost": cfg.decision_cost, "params": cfg.router_params.get(family, {}),
+         "safety_threshold": cfg.safety_threshold, "fallback": cfg.fallback}
+    defaults = {"test_size": 0.25, "labels": "all", "unsafe_penalty": UNSAFE_PENALTY, "decision_cost": True,
+                "params": {}, "safety_threshold": None, "fallback": "rule"}
+    changed = {k: v for k, v in d.items() if v != defaults[k]}
+    if not changed:
+        return ""
+    return "-" + hashlib.sha256(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
 def _accepts(family: str, param: str) -> bool:
@@ -367,7 +394,9 @@ def _train_family(family, cfg: TrainConfig, data: TrainingData, on_trial=None) -
     mlflow.set_tags(_tags(family, cfg, data))
     log_table_input(data.table.frame, "training")
     tuned = _tune_or_preset(family, cfg, data, on_trial)
-    mlflow.log_params({**{f"param_{k}": v for k, v in tuned.params.items()},
+    fixed = cfg.router_params.get(family, {})
+    mlflow.log_params({**{f"param_{k}": v for k, v in {**tuned.params, **fixed}.items()},
+                       **{f"fixed_{k}": v for k, v in fixed.items()},
                        "regret_weights": tuned.use_weights, "trials": cfg.trials,
                        "safety_threshold": cfg.safety_threshold, "fallback": cfg.fallback,
                        "test_size": cfg.test_size, "seed": cfg.seed,
@@ -382,7 +411,7 @@ def _train_family(family, cfg: TrainConfig, data: TrainingData, on_trial=None) -
         "model_uri": model_uri, "best_validation_objective": tuned.best_value,
         **{f"test_{k}": v for k, v in metrics.items()},
         **{f"rule_{k}": v for k, v in rule_metrics.items()},
-        "n_test": len(held.rows), "params": json.dumps(tuned.params, default=str),
+        "n_test": len(held.rows), "params": json.dumps({**tuned.params, **fixed}, default=str),
     }
 
 
@@ -409,7 +438,7 @@ def _tune_or_preset(family, cfg: TrainConfig, data: TrainingData, on_trial=None)
     if cfg.preset:
         return Tuned(dict(PAPER_PRESET["params"].get(family, {})), False, None)
     cbs = [mlflow_callback(cfg, {"nested": True})] + ([on_trial] if on_trial is not None else [])
-    study_name = f"{data.experiment}-{family}-{cfg.split}-{cfg.feature_set}-s{cfg.seed}"
+    study_name = f"{data.experiment}-{family}-{cfg.split}-{cfg.feature_set}-s{cfg.seed}{_tuning_key(family, cfg)}"
     train_idx = data.folds[0][0] if cfg.split != "lofo" else np.arange(len(data.table))
     study = tune(family, cfg, data.table, train_idx, study_name, cbs,
                  parent_run_id=mlflow.active_run().info.run_id)
