@@ -1,6 +1,6 @@
 """Do certified thresholds hold in every held-out family? Pooled against per-family certificates.
 
-For each split and each certificate (``routers.training.trainer.CERTIFICATES``: pooled,
+For each split and each certificate (``routers.certificates.CERTIFICATES``: pooled,
 per-family, family-held-out, per-family-held-out), a cost-predicting router is fitted
 and certified on the training part of a training table, then scored offline on the
 held-out part: per held-out family its violation rate (a pick other than the
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from modeswitch.routers.certificates import CERTIFICATES
 from modeswitch.routers.certified import CertifiedRouter
 from modeswitch.routers.registry import get_router
 from modeswitch.routers.risk_control import sampling_slack
 from modeswitch.routers.training.table import TrainingTable
-from modeswitch.routers.training.trainer import CERTIFICATES
 
 
 def held_out_scores(router, test: pd.DataFrame, modes: list[str], ref: str) -> pd.DataFrame:

@@ -22,7 +22,14 @@ import pytest
 from typer.testing import CliRunner
 
 from modeswitch.cli import app
-from modeswitch.cli.common import Fallback, FeatureSet, Incomplete, Split, config_defaults
+from modeswitch.cli.common import (
+    Certificate,
+    Fallback,
+    FeatureSet,
+    Incomplete,
+    Split,
+    config_defaults,
+)
 from modeswitch.cli.lazy import load_command
 
 runner = CliRunner()
@@ -288,6 +295,9 @@ def test_choices_match_the_code_that_consumes_them():
     assert typing.get_args(Incomplete) == typing.get_args(hints["on_incomplete"])
     # the learned routers' fallback: "rule" or "reference" (routers.families.base)
     assert typing.get_args(Fallback) == ("rule", "reference")
+    from modeswitch.routers.certificates import CERTIFICATES
+
+    assert typing.get_args(Certificate) == tuple(CERTIFICATES)
 
 
 @pytest.mark.parametrize("cmd", ["serve", "profile", "score"])

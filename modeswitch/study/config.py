@@ -23,6 +23,7 @@ from modeswitch.dataset.errors import InputError, InputFileError
 from modeswitch.dataset.limits import count, finite, requests_fit
 from modeswitch.dataset.workloads.conditions import ConditionDraw
 from modeswitch.oracle import Constraints
+from modeswitch.routers.certificates import CERTIFICATES
 from modeswitch.routers.registry import check_router_params
 from modeswitch.routers.training.splits import SPLITS
 
@@ -94,7 +95,7 @@ class StudyConfig:
     test_size: float = 0.25
     #: certified violation-rate target of the routers that take one (cost-predicting)
     target_violation_rate: float = 0.01
-    #: what the certificate bounds (routers.training.trainer.CERTIFICATES)
+    #: what the certificate bounds (routers.certificates.CERTIFICATES)
     certificate: str = "pooled"
     #: fixed parameters per router family (``[train.router_params.cost_lgbm]``), beside
     #: the tuned ones (routers.training.trainer.TrainConfig.router_params)
@@ -122,10 +123,8 @@ class StudyConfig:
         requests_fit("drawn_requests", self.drawn_requests)
         if not 0 <= self.target_violation_rate < 1:
             raise ValueError("train.target_violation_rate: must lie in [0, 1) (0: no certification)")
-        certificates = ("pooled", "per-family", "family-held-out", "per-family-held-out", "family-cross-fit",
-                        "per-family-cross-fit")
-        if self.certificate not in certificates:
-            raise ValueError(f"train.certificate {self.certificate!r}: choose one of {', '.join(certificates)}")
+        if self.certificate not in CERTIFICATES:
+            raise ValueError(f"train.certificate {self.certificate!r}: choose one of {', '.join(CERTIFICATES)}")
 
     # ------------------------------------------------------------- the file
     @classmethod

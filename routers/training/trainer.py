@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.features import reads_content
+from modeswitch.routers.certificates import CERTIFICATES
 from modeswitch.routers.certified import CertifiedRouter, has_risk_score
 from modeswitch.routers.registry import (
     check_router_params,
@@ -61,15 +62,6 @@ PAPER_PRESET = {
 }
 
 
-#: --certificate -> CertifiedRouter's options
-CERTIFICATES = {
-    "pooled": {},
-    "per-family": {"group_conditional": True},
-    "family-held-out": {"cross_fit_groups": True},
-    "per-family-held-out": {"group_conditional": True, "cross_fit_groups": True},
-    "family-cross-fit": {"cross_fit_groups": True, "calibrate_on": "all"},
-    "per-family-cross-fit": {"group_conditional": True, "cross_fit_groups": True, "calibrate_on": "all"},
-}
 
 
 @dataclass
