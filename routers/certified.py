@@ -180,9 +180,14 @@ class CertifiedRouter(ClassifierMixin, RouterMixin, BaseEstimator):
             trees = {id(model): ThresholdTrees(model, self.random_state) for model, _ in deciders}
             trees.setdefault(id(est), ThresholdTrees(est, self.random_state))
         X_cal = _rows(X, cal_rows)
-        cal = self._certify(est, _rows(X, fit_rows), X_cal,
-                            _safe_matrix(X, safe, list(est.modes_))[cal_rows], deciders,
-                            groups[cal_rows] if groups is not None else None, trees)
+        cal, picks = self._certify(est, _rows(X, fit_rows), X_cal,
+                                   _safe_matrix(X, safe, list(est.modes_))[cal_rows], deciders,
+                                   groups[cal_rows] if groups is not None else None, trees)
+        # what the certificate saw: each calibration row's pick at the certified threshold
+        # (by the decider that calibrated it); with calibrate_on="all", every row's, decided
+        # without its family: what tuning scores (routers.training.trainer)
+        self.calibration_rows_ = np.asarray(cal_rows)
+        self.calibration_picks_ = picks
         est.set_risk_threshold(cal.threshold)
         self.served_tree_, self.distilled_ = None, None
         if trees and cal.threshold is not None:
@@ -204,12 +209,14 @@ class CertifiedRouter(ClassifierMixin, RouterMixin, BaseEstimator):
         return [strict, *grid]
 
     def _certify(self, est, X_fit, X_cal, safe_cal: np.ndarray, deciders, groups_cal=None, trees=None):
+        """The certificate, and the calibration rows' picks (mode names) at its threshold
+        (the reference where nothing is certified)."""
         modes = list(est.modes_)
         rows = np.arange(len(X_cal))
         trees = trees or {}
         inputs = {id(model): model.features(_rows(X_cal, part)) for model, part in deciders if id(model) in trees}
 
-        def violates(t) -> np.ndarray:
+        def picks_at(t) -> np.ndarray:
             picks = np.empty(len(X_cal), dtype=int)
             for model, part in deciders:
                 if id(model) in trees:  # the tree it would serve at t
@@ -218,13 +225,21 @@ class CertifiedRouter(ClassifierMixin, RouterMixin, BaseEstimator):
                     continue
                 model.set_risk_threshold(t)
                 picks[part] = [modes.index(str(m)) for m in model.predict(_rows(X_cal, part))]
-            return ~safe_cal[rows, picks]
+            return picks
+
+        def violates(t) -> np.ndarray:
+            return ~safe_cal[rows, picks_at(t)]
 
         candidates = self._candidates(est, X_fit)
         if self.group_conditional:
-            return learn_then_test_groups(violates, candidates, groups_cal, self.target_violation_rate, self.delta)
-        return learn_then_test(lambda t: int(violates(t).sum()), candidates, len(X_cal),
-                               self.target_violation_rate, self.delta)
+            cal = learn_then_test_groups(violates, candidates, groups_cal, self.target_violation_rate, self.delta)
+        else:
+            cal = learn_then_test(lambda t: int(violates(t).sum()), candidates, len(X_cal),
+                                  self.target_violation_rate, self.delta)
+        names = np.asarray(modes, dtype=object)
+        if cal.threshold is None:  # nothing certified: the served router answers the reference
+            return cal, np.full(len(X_cal), reference_mode().name, dtype=object)
+        return cal, names[picks_at(cal.threshold)]
 
     # -- the Router protocol: the certified router decides --------------------------------
     def _served_picks(self, X) -> np.ndarray:

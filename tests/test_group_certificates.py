@@ -123,3 +123,29 @@ def test_a_cross_fitted_certificate_calibrates_on_every_row_and_holds_on_a_new_f
         CertifiedRouter(LinearCostRouter(), calibrate_on="all").fit(train)
     with pytest.raises(ValueError, match="calibrate_on"):
         CertifiedRouter(LinearCostRouter(), calibrate_on="half").fit(train)
+
+
+def test_the_calibration_picks_are_the_cross_fitted_deciders_and_tuning_scores_them(tmp_path):
+    """``calibration_picks_``: every calibration row's pick at the certified threshold,
+    by a clone that never saw its family; with a cross-fitted certificate Optuna scores
+    each trial on them (one certified fit per trial, no inner folds)."""
+    from modeswitch.routers.training.table import TrainingTable
+    from modeswitch.routers.training.trainer import TrainConfig, _tunes_certified, tune
+    from sklearn.base import clone
+
+    train = shifted_table(60, seed=3, shifted=(), plain=("a", "b", "c"))
+    r = CertifiedRouter(LinearCostRouter(max_risk=0.5), target_violation_rate=0.02, cross_fit_groups=True,
+                        calibrate_on="all").fit(train)
+    assert r.threshold_ is not None and list(r.calibration_rows_) == list(range(len(train)))
+    fam = train["family"].to_numpy()
+    for g in ("a", "b", "c"):
+        clone_ = clone(r.router).fit(train[fam != g]).set_risk_threshold(r.threshold_)
+        assert list(r.calibration_picks_[fam == g]) == list(clone_.predict(train[fam == g]))
+    cfg = TrainConfig(routers=["cost_linear"], feature_set="B", trials=2, target_violation_rate=0.02,
+                      certificate="per-family-cross-fit", mlruns=str(tmp_path / "m"))
+    assert _tunes_certified("cost_linear", cfg) and not _tunes_certified("dt", cfg)
+    assert not _tunes_certified("cost_linear", TrainConfig(certificate="per-family-held-out"))
+    assert not _tunes_certified("cost_linear", TrainConfig(certificate="family-cross-fit", target_violation_rate=0))
+    table = TrainingTable(train, {"modes": sorted({*train["label"]})})
+    study = tune("cost_linear", cfg, table, np.arange(len(train)), "t")
+    assert len(study.trials) == 2 and all("certified_threshold" in t.user_attrs for t in study.trials)
