@@ -156,3 +156,14 @@ class FittedState:
     decision: CostDecision | None = None
     sample: np.ndarray | None = None
     content: ContentTable | None = None
+
+
+def cut_logit(p: float) -> float:
+    """The logit of a threshold ``p``, infinite at and beyond 0 and 1: the cut the
+    compiled cost decision compares risk logits with (packing), and what a cost
+    router's gated heads are shifted by (routers.families.cost)."""
+    if p <= 0:
+        return -np.inf
+    if p >= 1:
+        return np.inf
+    return float(np.log(p / (1 - p)))

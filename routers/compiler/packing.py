@@ -12,7 +12,13 @@ from __future__ import annotations
 import numpy as np
 from modeswitch.routers.compiler.kernel import NODE, library
 from modeswitch.routers.compiler.tree_checks import check_tree_arrays
-from modeswitch.routers.fitted_state import CostDecision, FittedState, LinearModel, TreeEnsemble
+from modeswitch.routers.fitted_state import (
+    CostDecision,
+    FittedState,
+    LinearModel,
+    TreeEnsemble,
+    cut_logit,
+)
 
 #: the kernel's model kinds: averaged trees on float32 inputs (scikit-learn), summed
 #: trees on doubles (LightGBM), a linear model
@@ -148,17 +154,9 @@ def pack_linear(model: LinearModel, n_numeric: int) -> dict:
     return dict(weights=np.ascontiguousarray(W), bias=bias, n_classes=W.shape[0])
 
 
-def _logit(p: float) -> float:
-    if p <= 0:
-        return -np.inf
-    if p >= 1:
-        return np.inf
-    return float(np.log(p / (1 - p)))
-
-
 def _cost_arrays(cost: CostDecision) -> dict:
     return dict(n_modes=cost.n_modes, n_constraints=cost.n_constraints, ref=cost.reference,
-                threshold=float(cost.threshold), cut=_logit(float(cost.threshold)))
+                threshold=float(cost.threshold), cut=cut_logit(float(cost.threshold)))
 
 
 def _tree_kind(model: TreeEnsemble) -> int:

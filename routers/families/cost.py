@@ -47,6 +47,7 @@ from modeswitch.routers.fitted_state import (
     InputLayout,
     LinearModel,
     TreeEnsemble,
+    cut_logit,
     numeric_layout,
 )
 from modeswitch.routers.registry import RouterFamily, register_router
@@ -527,7 +528,7 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         # shifted so that the threshold's cut stands for the head's fixed gate
         M, C = len(modes), len(CONSTRAINTS) + margin
         thr = float(self.threshold_)
-        cut = _logit(thr)
+        cut = cut_logit(thr)
         gates = self._gates() if margin else (thr,) * len(CONSTRAINTS)
         bias = np.zeros(M * (1 + C))
         fitted = []  # (output, model, scale, offset): the output is scale x the model's raw score + offset
@@ -539,7 +540,7 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
             if margin:
                 outputs.append((M + j * C + len(CONSTRAINTS), self.ratio_models_[m], None))
             for k, mdl, gate in outputs:
-                shift = 0.0 if gate is None or not margin or not np.isfinite(cut) else cut - _logit(gate)
+                shift = 0.0 if gate is None or not margin or not np.isfinite(cut) else cut - cut_logit(gate)
                 if gate is not None and (isinstance(mdl, _Constant) or not np.isfinite(shift)):
                     value = mdl.value if isinstance(mdl, _Constant) else (0.0 if gate >= 1 else 1.0)
                     bias[k] = -np.inf if value <= gate else np.inf  # compared with its gate here, once
@@ -559,15 +560,6 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     def _outputs_state(self, fitted: list, bias: np.ndarray):  # pragma: no cover - abstract
         """Every output's model as one description (``fitted``: (output, model, scale, offset))."""
         raise NotImplementedError
-
-
-def _logit(p: float) -> float:
-    """The logit of ``p``, infinite at and beyond 0 and 1 (as the compiled cut is)."""
-    if p <= 0:
-        return -np.inf
-    if p >= 1:
-        return np.inf
-    return float(np.log(p / (1 - p)))
 
 
 def _proba(model, F) -> np.ndarray:
