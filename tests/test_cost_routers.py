@@ -433,23 +433,31 @@ def _with_content(X: pd.DataFrame, seed: int) -> pd.DataFrame:
 def test_shape_cost_features_keep_content_out_of_the_latency_and_limit_heads(cls):
     """``cost_features="shape"``: the latency, energy and memory heads read no content
     column (no split or weight on one), the quality heads still may, and the compiled
-    router, fed the whole row, decides as the pipeline."""
+    router, fed the whole row, decides as the pipeline; ``log-shape``: no raw token
+    count either, the log columns only."""
     from modeswitch.dataset.content_features import CONTENT_FEATURES
+    from modeswitch.routers.families.cost import RAW_COUNT_FEATURES
 
     train = _with_content(synthetic_table(600, seed=31, fast_energy_above=400), 1)
     names = None
-    for features, reads in (("all", True), ("shape", False)):
+    for features, reads in (("all", True), ("shape", False), ("log-shape", False)):
         r = cls(feature_set="C", cost_features=features, max_risk=0.3).fit(train)
         names = [n.split("__", 1)[-1] for n in r.prep_.get_feature_names_out()]
         content = [i for i, n in enumerate(names) if n in CONTENT_FEATURES]
+        raw = [i for i, n in enumerate(names) if n in RAW_COUNT_FEATURES]
 
-        def weight(model, content=content):
+        def weight(model, columns):
             if hasattr(model, "booster_"):
-                return np.asarray(model.booster_.feature_importance("split"))[content].sum()
-            return np.abs(np.ravel(model.coef_)[content]).sum()
+                return np.asarray(model.booster_.feature_importance("split"))[columns].sum()
+            return np.abs(np.ravel(model.coef_)[columns]).sum()
 
-        assert (weight(r.ratio_models_[FAST]) > 1e-9) == reads
-        assert (weight(r.risk_models_[FAST]["energy"]) > 1e-9) == reads
+        assert (weight(r.ratio_models_[FAST], content) > 1e-9) == reads
+        assert (weight(r.risk_models_[FAST]["energy"], content) > 1e-9) == reads
+        # log-shape: no raw token count read either (the log columns carry the shape)
+        assert (weight(r.ratio_models_[FAST], raw) > 1e-9) == (features != "log-shape")
+        if features == "log-shape":
+            logs = [names.index("log_prompt_tokens"), names.index("log_expected_output_tokens")]
+            assert weight(r.ratio_models_[FAST], logs) > 1e-9
         test = _with_content(synthetic_table(200, seed=32, fast_energy_above=400), 2)
         np.testing.assert_array_equal(r.compile(distil="never").predict(test), r.predict(test))
     with pytest.raises(ValueError, match="cost_features"):

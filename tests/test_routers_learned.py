@@ -244,3 +244,28 @@ def test_the_training_table_names_what_training_and_scoring_read(table):
     assert set(est.predict(part.frame)) <= set(modes)
     again = tt.refit(est, tr)
     assert again is not est and list(again.predict(part.frame)) == list(est.predict(part.frame))
+
+
+def test_tuning_tries_the_family_defaults_first_once(table, tmp_path, monkeypatch):
+    """A study's first trial is the family's own defaults (routers.training.first_trial),
+    so a few random start-up draws cannot lose them; resumed with more trials, the
+    defaults are not tried again."""
+    import optuna
+    from modeswitch.routers.training import trainer
+    from modeswitch.routers.training.first_trial import default_trial
+    from modeswitch.routers.training.table import TrainingTable
+
+    expected = {"max_depth": 5, "min_samples_leaf": 3, "criterion": "gini", "class_weight": None,
+                "regret_weights": False}
+    assert default_trial("dt") == expected
+    monkeypatch.setattr(trainer, "served_decision", lambda est, valid: (est.predict(valid), 0.0))
+    data = TrainingTable.of(table)
+    cfg = trainer.TrainConfig(routers=["dt"], trials=2, split="random", mlruns=str(tmp_path / "m"))
+    study = trainer.tune("dt", cfg, data, np.arange(len(table)), "defaults-first")
+    assert study.trials[0].params == expected
+    assert study.trials[1].params != expected
+    cfg = trainer.TrainConfig(routers=["dt"], trials=4, split="random", mlruns=str(tmp_path / "m"))
+    study = trainer.tune("dt", cfg, data, np.arange(len(table)), "defaults-first")
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 4 and sum(t.params == expected for t in done) == 1
+

@@ -65,6 +65,14 @@ RATIO_LIMITS = ("energy", "memory")
 MIN_ROWS = 8
 
 
+#: what the latency, energy and memory heads may read (``cost_features``)
+COST_FEATURES = ("all", "shape", "log-shape")
+#: feature set A's raw token counts, each with a log-scale twin in the set
+#: (``log_prompt_tokens``, ``log_expected_output_tokens``, and their difference for the
+#: ratio), masked from the cost heads under ``cost_features="log-shape"``
+RAW_COUNT_FEATURES = ("prompt_tokens", "expected_output_tokens", "output_prompt_ratio")
+
+
 class _Constant:
     """A fitted model that predicts one value (a target with one class or few rows)."""
 
@@ -169,8 +177,17 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     columns, which are masked to a constant, so no split or weight reads them; feature
     set B's family one-hots stay; the compiled router still takes the whole row). Why: a request's cost follows its
     shape (tokens, concurrency, shared prefix); content columns let a latency model learn
-    its training families apart, which does not carry to a new family. The quality heads
-    read every column: content is what tells which output flips."""
+    its training families apart, which does not carry to a new family. ``log-shape``:
+    ``shape`` without the raw token counts that have log-scale twins in feature set A
+    (:data:`RAW_COUNT_FEATURES`). Why: a linear head extrapolates; on raw counts a new
+    family of long answers to short prompts lies 12 standard deviations out in
+    ``output_prompt_ratio`` (the training families reach 7) and gets impossible
+    speed-ups (continuous batching predicted 3x faster on average where it is 1.25x
+    faster, and half the requests it was admitted on broke a limit),
+    while on the log columns it stays near the training range (per-request CPU study,
+    cost_linear held out of short_prompt_long_output: 34 % violations with ``shape``,
+    0 % with ``log-shape``). Trees split on ranks, so for them it changes nothing. The
+    quality heads read every column: content is what tells which output flips."""
 
     #: defaults of parameters added later, read by get_params on routers saved before them
     limit_risk = "classifier"
@@ -232,8 +249,9 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
                              "'none', 'family-held-out'")
         if self.risk_score not in ("probability", "margin"):
             raise ValueError(f"{type(self).__name__}: risk_score={self.risk_score!r}; known: 'probability', 'margin'")
-        if self.cost_features not in ("all", "shape"):
-            raise ValueError(f"{type(self).__name__}: cost_features={self.cost_features!r}; known: 'all', 'shape'")
+        if self.cost_features not in COST_FEATURES:
+            raise ValueError(f"{type(self).__name__}: cost_features={self.cost_features!r}; known: "
+                             + ", ".join(repr(c) for c in COST_FEATURES))
         for name in ("quality_gate", "limit_gate"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{type(self).__name__}: {name}={getattr(self, name)!r} must lie in [0, 1]")
@@ -281,17 +299,19 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
 
     def _cost_inputs(self, F: np.ndarray) -> np.ndarray:
         """The rows the latency, energy and memory heads learn from: ``F`` itself, or with
-        ``cost_features="shape"`` every content column set to 0. A constant column is one
-        no LightGBM split and no ridge weight reads (its weight stays 0 under the
-        penalty), so the fitted heads take the whole row when deciding and ignore content."""
+        ``cost_features="shape"`` every content column set to 0 (``log-shape``: the raw
+        token counts too). A constant column is one no LightGBM split and no ridge weight
+        reads (its weight stays 0 under the penalty), so the fitted heads take the whole
+        row when deciding and ignore the masked columns."""
         if self.cost_features == "all":
             return F
+        masked = set(CONTENT_FEATURES) | (set(RAW_COUNT_FEATURES) if self.cost_features == "log-shape" else set())
         names = [n.split("__", 1)[-1] for n in self.prep_.get_feature_names_out()]
-        content = [i for i, n in enumerate(names) if n in CONTENT_FEATURES]
-        if not content:
+        drop = [i for i, n in enumerate(names) if n in masked]
+        if not drop:
             return F
         Fc = np.array(F, dtype=float, copy=True)
-        Fc[:, content] = 0.0
+        Fc[:, drop] = 0.0
         return Fc
 
     def _quality_rows(self, X):

@@ -37,6 +37,7 @@ from modeswitch.routers.registry import (
 from modeswitch.routers.rule_baseline import RuleBaselineRouter
 from modeswitch.routers.training import parallel
 from modeswitch.routers.training.costs import UNSAFE_PENALTY, objective_metrics
+from modeswitch.routers.training.first_trial import default_trial
 from modeswitch.routers.training.served import served_decision
 from modeswitch.routers.training.splits import inner_folds
 from modeswitch.routers.training.table import TrainingTable
@@ -128,23 +129,33 @@ class TrainConfig:
         return self
 
 
+def _router(family, params, cfg: TrainConfig, content_model=None):
+    """The family's unfitted router as training builds it: the trial's ``params``, the
+    guard's settings where the family takes them, the content model where given, and
+    the config's fixed parameters over all of them."""
+    extra = {k: v for k, v in params.items() if k != "regret_weights"}
+    for name, value in (("safety_threshold", cfg.safety_threshold), ("fallback", cfg.fallback)):
+        if _accepts(family, name):  # the guard is the mode classifiers' own
+            extra[name] = value
+    if content_model is not None:
+        extra["content_model"] = content_model
+    extra.update(cfg.router_params.get(family, {}))
+    return get_router(family, feature_set=cfg.feature_set, **extra)
+
+
 def _fit(family, params, cfg: TrainConfig, table: TrainingTable, idx, use_weights, certify=True):
     """One router fitted on rows ``idx``. ``certify``: with the config's target, a router
     with a risk score is wrapped in :class:`~routers.certified.CertifiedRouter`, its
     threshold certified on held-out rows of ``idx`` (the final and cross-fitted fits);
     Optuna's inner folds fit without it, so tuning compares the models (with their
     tuned ``max_risk``), not folds too small to certify anything."""
-    extra = {k: v for k, v in params.items() if k != "regret_weights"}
-    for name, value in (("safety_threshold", cfg.safety_threshold), ("fallback", cfg.fallback)):
-        if _accepts(family, name):  # the guard is the mode classifiers' own
-            extra[name] = value
+    content_model = None
     if reads_content(cfg.feature_set) and _accepts(family, "content_model"):
-        extra["content_model"] = table.meta.get("content_model")
-        if extra["content_model"] is None:
+        content_model = table.meta.get("content_model")
+        if content_model is None:
             raise InputError(f"feature set {cfg.feature_set} reads the prompt's content; this training table has "
                              "no content columns (build it with `dataset build --content-model PATH`)")
-    extra.update(cfg.router_params.get(family, {}))
-    est = get_router(family, feature_set=cfg.feature_set, **extra)
+    est = _router(family, params, cfg, content_model)
     if certify and cfg.target_violation_rate and has_risk_score(est):
         est = CertifiedRouter(est, target_violation_rate=cfg.target_violation_rate,
                               **CERTIFICATES[cfg.certificate])
@@ -176,16 +187,12 @@ def _tunes_certified(family: str, cfg: TrainConfig) -> bool:
     on the tuning rows, scored by the objective on every row's pick at the certified
     threshold, made by a clone that never saw the row's family. Why: tuned on inner folds
     without the certificate, the models that win are the ones bold at their tuned
-    ``max_risk``, which the certificate then reins in (on the per-request CPU study the
-    tuned cost routers kept 11-12 points less of the saving than the defaults); scored
-    as certified, a trial is judged on what it will serve, with no extra fold. (Its
+    ``max_risk``, which the certificate then reins in; scored as certified, a trial is
+    judged on what it will serve, with no extra fold. (Its
     decision cost is not timed per trial; the score step times the final router.)"""
     if not cfg.target_violation_rate or CERTIFICATES[cfg.certificate].get("calibrate_on") != "all":
         return False
-    extra = dict(cfg.router_params.get(family, {}))
-    if _accepts(family, "safety_threshold"):  # a mode classifier's guard is its risk score
-        extra["safety_threshold"] = cfg.safety_threshold
-    return has_risk_score(get_router(family, **extra))
+    return has_risk_score(_router(family, {}, cfg))  # a mode classifier's guard is its risk score
 
 
 def _accepts(family: str, param: str) -> bool:
@@ -253,6 +260,8 @@ def tune(family, cfg: TrainConfig, table: TrainingTable, train_idx, study_name, 
 
     states = parallel.finished_states()
     remaining = max(0, cfg.trials - len(study.get_trials(deepcopy=False, states=states)))
+    if worker == 0 and remaining:  # the family's defaults first, once per study (first_trial)
+        study.enqueue_trial(default_trial(family), skip_if_exists=True)
     procs = []
     if worker == 0 and cfg.workers > 1 and remaining:
         job = {"cfg": cfg, "family": family, "table": table, "train_idx": train_idx, "study_name": study_name}
