@@ -192,7 +192,7 @@ def _tunes_certified(family: str, cfg: TrainConfig) -> bool:
     decision cost is not timed per trial; the score step times the final router.)"""
     if not cfg.target_violation_rate or CERTIFICATES[cfg.certificate].get("calibrate_on") != "all":
         return False
-    return has_risk_score(_router(family, {}, cfg))  # a mode classifier's guard is its risk score
+    return has_risk_score(_router(family, {}, cfg))  # a guarded mode classifier has one too
 
 
 def _accepts(family: str, param: str) -> bool:
