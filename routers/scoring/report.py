@@ -66,7 +66,8 @@ def _reference_line(ax, vertical=False):
 
 
 def plots(out: Path, per_request: pd.DataFrame, per_family: pd.DataFrame, overall: pd.DataFrame,
-          overhead: dict, live: pd.DataFrame | None = None, frontier=None, content_frontier=None) -> list[Path]:
+          overhead: dict, live: pd.DataFrame | None = None, frontier=None, content_frontier=None,
+          router_curves: pd.DataFrame | None = None) -> list[Path]:
     """Write the report's plots under ``out/plots``; returns their paths in order.
     Router-level plots use equal family weights, as the headline table does."""
     plt = _pyplot()
@@ -93,31 +94,51 @@ def plots(out: Path, per_request: pd.DataFrame, per_family: pd.DataFrame, overal
     if live is not None and len(live):
         save(_live_plot(live), "live_speedup_energy.png")
     if frontier is not None and len(frontier.curve):
-        save(_frontier_plot(frontier, router_points(per_request), content_frontier), "capture_vs_violations.png")
+        save(_frontier_plot(frontier, router_points(per_request), content_frontier, router_curves),
+             "capture_vs_violations.png")
     return paths
 
 
-def _frontier_plot(frontier, points: pd.DataFrame, content_frontier=None):
+#: the right-hand panel of ``capture_vs_violations.png``: violation rates up to this (%)
+FRONTIER_ZOOM_PCT = 10.0
+
+
+def _frontier_plot(frontier, points: pd.DataFrame, content_frontier=None, router_curves=None):
     """Capture of the oracle's saving against the violation rate: each router a point,
     the measured ceiling (shape features, every latency known) a line, and beside it
-    the ceiling with content features where it was measured."""
-    fig, ax = _fig(7, 5)
-    env = envelope(frontier.curve)
-    ax.plot(env["violations"] * 100, env["capture"], color="black", lw=1.5,
-            label="ceiling: safety from the request's shape, latencies known")
-    if content_frontier is not None and len(content_frontier.curve):
-        env = envelope(content_frontier.curve)
-        ax.plot(env["violations"] * 100, env["capture"], color="tab:purple", lw=1.5, ls="-.",
-                label="ceiling: safety from shape and prompt content, latencies known")
-    for r in points.itertuples():
-        ax.scatter(r.violations * 100, r.capture, s=60, marker="*" if r.router in ("oracle", "rule") else "o")
-        ax.annotate(r.router, (r.violations * 100, r.capture), textcoords="offset points", xytext=(5, 3))
-    ax.axvline(2.0, color="grey", lw=1, ls="--")
-    ax.set_xlabel("held-out requests whose pick violates a constraint (%)")
-    ax.set_ylabel("share of the oracle's latency saving kept")
-    ax.set_title(f"capture vs violations, {frontier.split} split ({frontier.scored} requests inside the "
-                 "training ranges)")
-    ax.legend(loc="lower right", fontsize=8)
+    the ceiling with content features where it was measured; each certified router's
+    own threshold swept over the held-out requests a thin line of its point's colour
+    (routers.scoring.threshold_sweep: a hindsight diagnostic). Left every rate, right
+    the low rates a target lives at (up to ``FRONTIER_ZOOM_PCT``), where the certified
+    routers and their curves would otherwise sit on the axis."""
+    fig, axes = _pyplot().subplots(1, 2, figsize=(13, 5))
+    colours = {r: f"C{i % 10}" for i, r in enumerate(points["router"])}
+    for ax in axes:
+        if router_curves is not None:
+            for r, c in router_curves.groupby("router", sort=False):
+                c = c.dropna(subset=["capture", "violations"]).sort_values("threshold")
+                ax.plot(c["violations"] * 100, c["capture"], color=colours.get(r, "grey"), lw=1, alpha=0.7,
+                        label=f"{r}: its threshold swept over the held-out requests")
+        env = envelope(frontier.curve)
+        ax.plot(env["violations"] * 100, env["capture"], color="black", lw=1.5,
+                label="ceiling: safety from the request's shape, latencies known")
+        if content_frontier is not None and len(content_frontier.curve):
+            env = envelope(content_frontier.curve)
+            ax.plot(env["violations"] * 100, env["capture"], color="tab:purple", lw=1.5, ls="-.",
+                    label="ceiling: safety from shape and prompt content, latencies known")
+        for r in points.itertuples():
+            ax.scatter(r.violations * 100, r.capture, s=60, marker="*" if r.router in ("oracle", "rule") else "o",
+                       color=colours[r.router])
+            if ax is axes[0] or r.violations * 100 <= FRONTIER_ZOOM_PCT:
+                ax.annotate(r.router, (r.violations * 100, r.capture), textcoords="offset points", xytext=(5, 3))
+        ax.axvline(2.0, color="grey", lw=1, ls="--")
+        ax.set_xlabel("held-out requests whose pick violates a constraint (%)")
+    axes[0].set_ylabel("share of the oracle's latency saving kept")
+    axes[1].set_xlim(-0.3, FRONTIER_ZOOM_PCT)
+    axes[1].set_title(f"violation rates up to {FRONTIER_ZOOM_PCT:g} %")
+    axes[0].set_title(f"capture vs violations, {frontier.split} split ({frontier.scored} requests inside the "
+                      "training ranges)")
+    axes[0].legend(loc="lower right", fontsize=8)
     return fig
 
 
@@ -256,7 +277,7 @@ def _md_table(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
 def write_report(out: Path, *, per_request, per_family, overall, overhead: dict, context: dict,
                  live_per=None, live_summary=None, estimate=None, live_figures=None, live_runs=None,
                  live_family=None, intervals=None, coverage=None, frontier=None,
-                 content_frontier=None) -> list[Path]:
+                 content_frontier=None, router_curves=None, certificate_price=None) -> list[Path]:
     """Write the report folder (which must not exist yet); returns the files written."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -295,7 +316,12 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
             csv(coverage["risk"], "risk_control.csv", index=False)
         if coverage.get("risk_family") is not None and len(coverage["risk_family"]):
             csv(coverage["risk_family"], "risk_control_by_family.csv", index=False)
-    files += plots(out, per_request, per_family, overall, overhead, live_summary, frontier, content_frontier)
+    files += plots(out, per_request, per_family, overall, overhead, live_summary, frontier, content_frontier,
+                   router_curves)
+    if router_curves is not None and len(router_curves):
+        csv(router_curves, "router_curves.csv", index=False)
+    if certificate_price is not None and len(certificate_price):
+        csv(certificate_price, "certificate_price.csv", index=False)
     if frontier is not None and len(frontier.curve):
         curves = [frontier.curve.assign(features="shape")]
         if content_frontier is not None and len(content_frontier.curve):
@@ -317,6 +343,8 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
             md += [f"- {k}: {v}" for k, v in live_figures.items()] + [""]
     if coverage is not None:
         md += _coverage_md(coverage)
+    if certificate_price is not None and len(certificate_price):
+        md += _price_md(certificate_price)
     md[2:2] = ["## Findings (computed from the tables below)", "",
                *findings(head, live_summary), ""]
     md += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in files if p.suffix == ".png"]
@@ -352,6 +380,23 @@ def _coverage_md(cov: dict) -> list[str]:
         md += ["### Features outside the training range, per held-out family", "",
                _md_table(cov["ranges"].set_index("family")), ""]
     return md
+
+
+def _price_md(price: pd.DataFrame) -> list[str]:
+    """The section that splits a certified router's distance from the ceiling in two."""
+    md = ["## What the certificate costs (held-out requests inside the training ranges, request-weighted)", "",
+          "Each certified router's threshold swept over the held-out requests (`router_curves.csv`, the thin "
+          "lines of `capture_vs_violations.png`). *Hindsight* is the curve's best capture at or below the "
+          "target, its threshold chosen on the held-out outcomes: no router could serve it. From the "
+          "ceiling (every latency known) to hindsight is what predicting a new family's latencies and "
+          "risks costs; from hindsight to certified is what the certificate costs (its threshold chosen "
+          "on training families only, each decided by a model fitted without it).", ""]
+    for r in price.itertuples():
+        ceiling = getattr(r, "ceiling_capture", np.nan)
+        md.append(f"- {r.router}: certified {r.certified_capture:.1%} at {r.certified_violations:.1%} violations; "
+                  f"hindsight {r.hindsight_capture:.1%} at {r.hindsight_violations:.1%}; ceiling "
+                  f"{ceiling:.1%} at <= {r.target:.0%}.")
+    return md + ["", _md_table(price.set_index("router")), ""]
 
 
 def _router_kind(name: str) -> str:

@@ -25,6 +25,7 @@ from modeswitch.routers.reference import FixedModeRouter, OracleRouter
 from modeswitch.routers.rule_baseline import RuleBaselineRouter
 from modeswitch.routers.scoring import overhead as oh
 from modeswitch.routers.scoring import report
+from modeswitch.routers.scoring.capture import envelope, router_points
 from modeswitch.routers.scoring.coverage import (
     coverage,
     risk_by_family,
@@ -39,6 +40,7 @@ from modeswitch.routers.scoring.offline import (
     requests_from_table,
     score_offline,
 )
+from modeswitch.routers.scoring.threshold_sweep import certificate_price, router_curves, targets_of
 from modeswitch.routers.training.splits import split_indices
 from modeswitch.routers.training.table import TrainingTable
 from modeswitch.routers.training.tracking import setup, use_tracking_uri
@@ -270,6 +272,10 @@ class Scoring:
     #: the same ceiling with safety predicted from shape and content (feature set C), where
     #: the table has content columns
     content_frontier: object = None
+    #: each certified router's capture / violations with its threshold swept over the
+    #: held-out requests (routers.scoring.threshold_sweep), and what its certificate costs
+    router_curves: pd.DataFrame | None = None
+    certificate_price: pd.DataFrame | None = None
 
     @property
     def p50(self) -> dict:
@@ -342,6 +348,20 @@ def frontier_step(s: Scoring, say) -> None:
             s.content_frontier = frontier(s.table.frame, split, "C", "lgbm", True, test_size, seed)
     except (ValueError, KeyError) as exc:  # a table without per-mode safety: no ceiling to draw
         say(f"frontier: not computed ({exc})")
+
+
+def certificate_price_step(s: Scoring, say) -> None:
+    """Each certified router's threshold swept over the held-out requests, and its
+    certified point set beside the curve's best at its target (hindsight) and the
+    ceiling's (routers.scoring.threshold_sweep)."""
+    targets = targets_of(s.scored)
+    if not targets:
+        return
+    say("sweeping the certified routers' thresholds over the held-out requests (hindsight, a diagnostic)")
+    s.router_curves = router_curves({k: s.scored[k] for k in targets}, s.test, s.marks)
+    ceiling = s.content_frontier if s.content_frontier is not None else s.frontier
+    env = envelope(ceiling.curve) if ceiling is not None and len(ceiling.curve) else None
+    s.certificate_price = certificate_price(s.router_curves, router_points(s.per_request), targets, env)
 
 
 def report_context(s: Scoring, cfg: ScoreConfig, out: Path) -> dict:
@@ -418,6 +438,7 @@ def write_outputs(s: Scoring, cfg: ScoreConfig, out: Path, live: LiveScores, con
                         live_summary=live.summary, estimate=live.estimate, live_figures=live.figures,
                         live_family=live.family, live_runs=live.runs, intervals=intervals,
                         frontier=s.frontier, content_frontier=s.content_frontier,
+                        router_curves=s.router_curves, certificate_price=s.certificate_price,
                         coverage=coverage_info(s, head, live, context))
     run_id = report.log_to_mlflow(out, Path(cfg.mlruns), head, context,
                                   {t.name: t.run_id for t in s.trained}, live.summary, table=s.table.frame)
@@ -436,6 +457,7 @@ def score_routers(table, cfg: ScoreConfig, out: Path, progress=None) -> dict:
     score_offline_step(s, say)
     if cfg.frontier:
         frontier_step(s, say)
+        certificate_price_step(s, say)
     context = report_context(s, cfg, out)
     live = score_live_step(s, cfg, context, say) if cfg.live else LiveScores()
     head, run_id = write_outputs(s, cfg, out, live, context, say)
