@@ -4,7 +4,7 @@
 import numpy as np
 import pandas as pd
 import pytest
-from modeswitch.dataset.features import features_frame
+from modeswitch.dataset.features import feature_columns, features_frame
 from modeswitch.dataset.requests import Request
 from modeswitch.routers.certified import CertifiedRouter
 from modeswitch.routers.families.cost import (
@@ -479,10 +479,59 @@ def test_fixed_router_parameters_reach_the_fitted_router_and_name_their_own_tuni
     table = TrainingTable(frame, {"modes": [REF, FAST, QUANT]})
     est = _fit("cost_lgbm", {"max_risk": 0.2, "num_leaves": 7}, cfg, table, np.arange(300), False)
     assert (est.risk_score, est.cost_features, est.max_risk, est.num_leaves) == ("margin", "shape", 0.45, 7)
-    assert _tuning_key("cost_lgbm", TrainConfig()) == "" and _tuning_key("cost_linear", cfg) == ""
-    assert _tuning_key("cost_lgbm", cfg).startswith("-")
+    assert _tuning_key("cost_linear", TrainConfig()) == "" and _tuning_key("cost_linear", cfg) == ""
+    # a changed search space (cost_lgbm's version 2: cost_regimes) names its own study too
+    assert _tuning_key("cost_lgbm", TrainConfig()).startswith("-")
+    assert _tuning_key("cost_lgbm", cfg) not in ("", _tuning_key("cost_lgbm", TrainConfig()))
     assert _tuning_key("cost_lgbm", TrainConfig(test_size=0.5)) not in ("", _tuning_key("cost_lgbm", cfg))
     with pytest.raises(InputError, match="takes no guess"):
         TrainConfig(router_params={"cost_lgbm": {"guess": 1}})
     with pytest.raises(InputError, match="nope"):
         TrainConfig(router_params={"nope": {}})
+
+
+def lone_short_prompts_unseen(n: int, seed: int) -> pd.DataFrame:
+    """Continuous batching 0.5x on short prompts in company, 0.9x on long ones in
+    company, 1.15x alone; the training rows hold no short prompt that came alone (as a
+    family of batch traffic would, with the lone short prompts' family left out)."""
+    X = synthetic_table(n, seed, quant_unsafe_above=10_000)
+    short = X["prompt_tokens"].to_numpy() < 300
+    alone = X["concurrent_requests"].to_numpy() == 1
+    X[f"latency_ms__{FAST}"] = X[f"latency_ms__{REF}"] * np.where(alone, 1.15, np.where(short, 0.5, 0.9))
+    return X, short & alone
+
+
+@pytest.mark.parametrize("regimes", ["none", "concurrency"])
+def test_concurrency_regimes_keep_lone_requests_apart(regimes):
+    """``cost_regimes="concurrency"``: every latency tree splits lone requests from those in
+    company first, so a lone short prompt is predicted from lone long ones (batching gains
+    nothing alone), not from short ones in company."""
+    X, lone_short = lone_short_prompts_unseen(1200, seed=1)
+    r = LightGBMCostRouter(feature_set="A", cost_regimes=regimes).fit(X[~lone_short].reset_index(drop=True))
+    ratio, _ = r.scores(X[lone_short])
+    predicted = ratio[:, r.modes_.index(FAST)]
+    booster = r.ratio_models_[FAST].booster_
+    roots = {t["tree_structure"].get("split_feature") for t in booster.dump_model()["tree_info"]}
+    lone = feature_columns("A").index("concurrent_requests")
+    if regimes == "concurrency":
+        assert np.median(predicted) > 0.05  # slower than the reference alone: never admitted
+        assert roots == {lone}
+    else:  # without: short prompts "batch well", alone or not
+        assert np.median(predicted) < -0.3
+        assert roots != {lone}
+
+
+def test_the_cost_regimes_are_tuned_and_the_first_trial_has_none():
+    from modeswitch.routers.training.first_trial import default_trial
+
+    assert default_trial("cost_lgbm")["cost_regimes"] == "none"
+    import optuna
+
+    trial = optuna.create_study().ask()
+    assert LightGBMCostRouter.search_space(trial)["cost_regimes"] in ("none", "concurrency")
+
+
+def test_an_unknown_cost_regime_is_refused_with_the_known_ones():
+    X, _ = lone_short_prompts_unseen(200, seed=2)
+    with pytest.raises(ValueError, match="'none', 'concurrency'"):
+        LightGBMCostRouter(feature_set="A", cost_regimes="prefix").fit(X)

@@ -101,6 +101,11 @@ class LearnedRouter(RouterMixin, BaseEstimator):
         init.__signature__ = inspect.Signature([self_param, *params])
 
     # -- tuning ------------------------------------------------------------------------
+    #: raised when the search space changes, so a family's Optuna studies start anew
+    #: (routers.training.trainer names them with it) instead of resuming trials drawn
+    #: from the old space, which would count against the new one's budget
+    search_space_version = 1
+
     @classmethod
     def _search_space(cls, trial) -> dict:  # pragma: no cover - abstract
         """The family's own hyperparameters for one Optuna trial."""

@@ -30,6 +30,10 @@ tree, each one C call per decision with the same answers.
 
 from __future__ import annotations
 
+import json
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 from modeswitch.dataset.content_features import CONTENT_FEATURES
@@ -622,14 +626,73 @@ class LinearCostRouter(LogisticParameters, CostPredictingRouter):
         return LinearModel(W, bias, np.asarray(sc.mean_, float), np.asarray(sc.scale_, float))
 
 
+#: ``cost_regimes`` -> the splits every tree of a LightGBM latency head takes first
+#: (feature, threshold), LightGBM's forced splits
+COST_REGIMES = {"none": (), "concurrency": (("concurrent_requests", 1.5),)}
+
+
 class LightGBMCostRouter(LightGBMParameters, CostPredictingRouter):
     """LightGBM regressor per mode for the latency ratio, LightGBM classifier per
-    (mode, constraint) for the risk."""
+    (mode, constraint) for the risk.
+
+    ``cost_regimes``: ``"none"``, or ``"concurrency"``: every tree of the latency heads
+    (and of the ratio-risk regressors) first splits a request alone from one in company
+    (``concurrent_requests`` at 1.5, a LightGBM forced split), and learns each side
+    apart. Why: the batching modes gain nothing alone, whatever the request's size, but
+    a tree that splits on size first learns "short prompts batch well" from families
+    whose short prompts all came in company, and promises a new family's lone short
+    prompts continuous batching's 2x. Leaving one family out, a certificate's
+    calibration rows are decided by models that lack two families, where that error
+    is common. What it gave (per-request CPU study, default parameters otherwise,
+    per-family-cross-fit at 2 %, ``scripts/certificates_per_family.py``, 2026-12-04):
+    leaving one family out, certified pooled capture 34.6 % without, 42.5 % with; on
+    group 72.0 % without, 68.2 % with. Neither wins both, so it is in the search space
+    (``search_space_version`` 2) and each split's tuning chooses. A second forced split,
+    on a shared prefix, did worse in a cruder diagnostic."""
+
+    cost_regimes = "none"  # routers saved before the parameter
+    #: 2: ``cost_regimes`` joined the search space
+    search_space_version = 2
+
+    def __init__(self, *, cost_regimes="none", **shared):
+        super().__init__(**shared)
+        self.cost_regimes = cost_regimes
+
+    def fit(self, X, y=None, sample_weight=None):
+        """:meth:`CostPredictingRouter.fit`, the latency heads with ``cost_regimes``'
+        forced splits (LightGBM reads them from a file, written for the fit's length;
+        the fitted boosters keep its name among their parameters and are never refitted)."""
+        if self.cost_regimes not in COST_REGIMES:
+            raise ValueError(f"{type(self).__name__}: cost_regimes={self.cost_regimes!r}; known: "
+                             + ", ".join(repr(c) for c in COST_REGIMES))
+        splits = COST_REGIMES[self.cost_regimes]
+        if not splits:
+            return super().fit(X, y, sample_weight)
+        numeric = [c for c in feature_columns(self.feature_set) if c not in CATEGORICAL_FEATURES]
+        missing = [f for f, _ in splits if f not in numeric]
+        if missing:
+            raise ValueError(f"{type(self).__name__}: cost_regimes={self.cost_regimes!r} splits on "
+                             f"{', '.join(missing)}, which feature set {self.feature_set} lacks")
+        spec = None
+        for feature, threshold in reversed(splits):  # nested: the first split at the root
+            node = {"feature": numeric.index(feature), "threshold": float(threshold)}
+            if spec is not None:
+                node.update(left=spec, right=json.loads(json.dumps(spec)))
+            spec = node
+        with tempfile.TemporaryDirectory(prefix="modeswitch-regimes-") as d:
+            path = Path(d) / "forced_splits.json"
+            path.write_text(json.dumps(spec))
+            self._forced_splits = str(path)
+            try:
+                return super().fit(X, y, sample_weight)
+            finally:
+                self._forced_splits = None
 
     def _regressor(self):
         from lightgbm import LGBMRegressor  # heavy (~0.3 s): only when a LightGBM router is built
 
-        return LGBMRegressor(**self._lightgbm_kwargs())
+        forced = getattr(self, "_forced_splits", None)  # set while fit runs with cost_regimes
+        return LGBMRegressor(**self._lightgbm_kwargs(), **({"forcedsplits_filename": forced} if forced else {}))
 
     def _classifier(self):
         from lightgbm import LGBMClassifier  # heavy (~0.3 s): only when a LightGBM router is built
@@ -638,7 +701,8 @@ class LightGBMCostRouter(LightGBMParameters, CostPredictingRouter):
 
     @classmethod
     def _search_space(cls, trial) -> dict:
-        return cls._lightgbm_space(trial, max_leaves=31, max_child_samples=40)
+        return {**cls._lightgbm_space(trial, max_leaves=31, max_child_samples=40),
+                "cost_regimes": trial.suggest_categorical("cost_regimes", list(COST_REGIMES))}
 
     def _outputs_state(self, fitted, bias):
         """Every model's trees as one ensemble, each tree scoring its own output (every

@@ -166,12 +166,14 @@ def _tuning_key(family: str, cfg: TrainConfig) -> str:
     """What else the trials' scores depend on, as a suffix of the Optuna study's name
     (empty at the defaults, so studies named before it resume): a changed test share,
     labels, penalty, decision cost or fixed parameters start a new study instead of
-    mixing their trials with the old ones."""
+    mixing their trials with the old ones; so does a family's changed search space
+    (its ``search_space_version``)."""
     d = {"test_size": cfg.test_size, "labels": cfg.labels, "unsafe_penalty": cfg.unsafe_penalty,
          "decision_cost": cfg.decision_cost, "params": cfg.router_params.get(family, {}),
-         "safety_threshold": cfg.safety_threshold, "fallback": cfg.fallback}
+         "safety_threshold": cfg.safety_threshold, "fallback": cfg.fallback,
+         "search_space": getattr(get_family(family).factory, "search_space_version", 1)}
     defaults = {"test_size": 0.25, "labels": "all", "unsafe_penalty": UNSAFE_PENALTY, "decision_cost": True,
-                "params": {}, "safety_threshold": None, "fallback": "rule"}
+                "params": {}, "safety_threshold": None, "fallback": "rule", "search_space": 1}
     if _tunes_certified(family, cfg):  # its trials score other picks: their own study
         d["certified"] = {"target": cfg.target_violation_rate, "certificate": cfg.certificate}
     changed = {k: v for k, v in d.items() if v != defaults.get(k)}
