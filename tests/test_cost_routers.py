@@ -521,6 +521,19 @@ def test_concurrency_regimes_keep_lone_requests_apart(regimes):
         assert roots != {lone}
 
 
+def test_a_regime_without_rows_on_both_sides_is_not_forced():
+    """Every request alone (a profile without conditions), or fewer lone ones than a leaf
+    needs: LightGBM would crash the process on the forced split, so it is left out."""
+    X, _ = lone_short_prompts_unseen(600, seed=3)
+    alone = X[X["concurrent_requests"] == 1].reset_index(drop=True)
+    r = LightGBMCostRouter(feature_set="A", cost_regimes="concurrency").fit(alone)
+    assert np.isfinite(r.scores(alone)[0]).all()
+    few = pd.concat([X[X["concurrent_requests"] > 1], alone.head(5)], ignore_index=True)
+    r = LightGBMCostRouter(feature_set="A", cost_regimes="concurrency", min_child_samples=10).fit(few)
+    roots = {t["tree_structure"].get("split_feature") for t in r.ratio_models_[FAST].booster_.dump_model()["tree_info"]}
+    assert roots != {feature_columns("A").index("concurrent_requests")}
+
+
 def test_the_cost_regimes_are_tuned_and_the_first_trial_has_none():
     from modeswitch.routers.training.first_trial import default_trial
 

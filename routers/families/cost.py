@@ -216,6 +216,10 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     def _regressor(self):  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def _regressor_for(self, F):
+        """The unfitted regressor for rows ``F`` (a variant may shape it to its rows)."""
+        return self._regressor()
+
     def _classifier(self):  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -341,7 +345,7 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     def _fit_reg(self, F, t, w):
         if len(t) < MIN_ROWS:
             return _Constant(np.mean(t) if len(t) else 0.0)
-        return self._regressor().fit(F, t, sample_weight=w)
+        return self._regressor_for(F).fit(F, t, sample_weight=w)
 
     def _fit_ratio_risk(self, F, X, col: str, v: np.ndarray, w) -> _RatioRisk | None:
         """A :class:`_RatioRisk` for one (mode, constraint), or None to keep the classifier."""
@@ -360,12 +364,12 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
             folds = KFold(n_splits=3, shuffle=True, random_state=self.random_state).split(F)
         for tr, te in folds:
             if len(tr) >= MIN_ROWS:
-                held[te] = self._regress(self._regressor().fit(F[tr], t[tr], sample_weight=None if w is None
+                held[te] = self._regress(self._regressor_for(F[tr]).fit(F[tr], t[tr], sample_weight=None if w is None
                                                                 else w[tr]), F[te])
         fitted = _held_out_logistic(held, v, w)
         if fitted is None:
             return None
-        return _RatioRisk(self._regressor().fit(F, t, sample_weight=w), *fitted)
+        return _RatioRisk(self._regressor_for(F).fit(F, t, sample_weight=w), *fitted)
 
     def _fit_clf(self, F, v, w, groups=None):
         if len(v) < MIN_ROWS or v.all() or not v.any():
@@ -682,17 +686,31 @@ class LightGBMCostRouter(LightGBMParameters, CostPredictingRouter):
         with tempfile.TemporaryDirectory(prefix="modeswitch-regimes-") as d:
             path = Path(d) / "forced_splits.json"
             path.write_text(json.dumps(spec))
-            self._forced_splits = str(path)
+            # (the file, each split as (column, threshold)): _regressor_for checks the rows
+            self._forced_splits = (str(path), [(numeric.index(f), float(t)) for f, t in splits])
             try:
                 return super().fit(X, y, sample_weight)
             finally:
                 self._forced_splits = None
 
-    def _regressor(self):
+    def _regressor(self, forced: str | None = None):
         from lightgbm import LGBMRegressor  # heavy (~0.3 s): only when a LightGBM router is built
 
-        forced = getattr(self, "_forced_splits", None)  # set while fit runs with cost_regimes
         return LGBMRegressor(**self._lightgbm_kwargs(), **({"forcedsplits_filename": forced} if forced else {}))
+
+    def _regressor_for(self, F):
+        """With ``cost_regimes`` (while fit runs), the forced splits where ``F`` has at least
+        ``min_child_samples`` rows on each side of every one, else none: LightGBM crashes
+        the process (a segmentation fault, LightGBM 4) on a forced split with a side
+        smaller than that, a constant column included (every request alone)."""
+        forced = getattr(self, "_forced_splits", None)
+        if forced is None:
+            return self._regressor()
+        path, splits = forced
+        F = np.asarray(F, dtype=float)
+        need = max(int(self.min_child_samples), 1)
+        ok = all(need <= int((F[:, i] <= t).sum()) <= len(F) - need for i, t in splits)
+        return self._regressor(path if ok else None)
 
     def _classifier(self):
         from lightgbm import LGBMClassifier  # heavy (~0.3 s): only when a LightGBM router is built
