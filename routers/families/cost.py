@@ -630,9 +630,9 @@ class LinearCostRouter(LogisticParameters, CostPredictingRouter):
         return LinearModel(W, bias, np.asarray(sc.mean_, float), np.asarray(sc.scale_, float))
 
 
-#: ``cost_regimes`` -> the splits every tree of a LightGBM latency head takes first
-#: (feature, threshold), LightGBM's forced splits
-COST_REGIMES = {"none": (), "concurrency": (("concurrent_requests", 1.5),)}
+#: ``cost_regimes`` -> the split every tree of a LightGBM latency head takes first
+#: (feature, threshold; LightGBM's forced split), None for none
+COST_REGIMES = {"none": None, "concurrency": ("concurrent_requests", 1.5)}
 
 
 class LightGBMCostRouter(LightGBMParameters, CostPredictingRouter):
@@ -645,7 +645,8 @@ class LightGBMCostRouter(LightGBMParameters, CostPredictingRouter):
     apart. Why: the batching modes gain nothing alone, whatever the request's size, but
     a tree that splits on size first learns "short prompts batch well" from families
     whose short prompts all came in company, and promises a new family's lone short
-    prompts continuous batching's 2x. Leaving one family out, a certificate's
+    prompts continuous batching at least 1.8x faster (the calibration picks that broke a
+    limit at a margin of 0.55x were such), where it is 1.07-1.19x slower. Leaving one family out, a certificate's
     calibration rows are decided by models that lack two families, where that error
     is common. What it gave (per-request CPU study, default parameters otherwise,
     per-family-cross-fit at 2 %, ``scripts/certificates_per_family.py``, 2026-12-04):
@@ -669,25 +670,20 @@ class LightGBMCostRouter(LightGBMParameters, CostPredictingRouter):
         if self.cost_regimes not in COST_REGIMES:
             raise ValueError(f"{type(self).__name__}: cost_regimes={self.cost_regimes!r}; known: "
                              + ", ".join(repr(c) for c in COST_REGIMES))
-        splits = COST_REGIMES[self.cost_regimes]
-        if not splits:
+        split = COST_REGIMES[self.cost_regimes]
+        if split is None:
             return super().fit(X, y, sample_weight)
+        feature, threshold = split
         numeric = [c for c in feature_columns(self.feature_set) if c not in CATEGORICAL_FEATURES]
-        missing = [f for f, _ in splits if f not in numeric]
-        if missing:
+        if feature not in numeric:
             raise ValueError(f"{type(self).__name__}: cost_regimes={self.cost_regimes!r} splits on "
-                             f"{', '.join(missing)}, which feature set {self.feature_set} lacks")
-        spec = None
-        for feature, threshold in reversed(splits):  # nested: the first split at the root
-            node = {"feature": numeric.index(feature), "threshold": float(threshold)}
-            if spec is not None:
-                node.update(left=spec, right=json.loads(json.dumps(spec)))
-            spec = node
+                             f"{feature}, which feature set {self.feature_set} lacks")
+        column = numeric.index(feature)  # the numeric columns come first, in order (column_prep)
         with tempfile.TemporaryDirectory(prefix="modeswitch-regimes-") as d:
             path = Path(d) / "forced_splits.json"
-            path.write_text(json.dumps(spec))
-            # (the file, each split as (column, threshold)): _regressor_for checks the rows
-            self._forced_splits = (str(path), [(numeric.index(f), float(t)) for f, t in splits])
+            path.write_text(json.dumps({"feature": column, "threshold": float(threshold)}))
+            # (the file, the column, the threshold): _regressor_for checks the rows
+            self._forced_splits = (str(path), column, float(threshold))
             try:
                 return super().fit(X, y, sample_weight)
             finally:
@@ -699,18 +695,17 @@ class LightGBMCostRouter(LightGBMParameters, CostPredictingRouter):
         return LGBMRegressor(**self._lightgbm_kwargs(), **({"forcedsplits_filename": forced} if forced else {}))
 
     def _regressor_for(self, F):
-        """With ``cost_regimes`` (while fit runs), the forced splits where ``F`` has at least
-        ``min_child_samples`` rows on each side of every one, else none: LightGBM crashes
-        the process (a segmentation fault, LightGBM 4) on a forced split with a side
-        smaller than that, a constant column included (every request alone)."""
+        """With ``cost_regimes`` (while fit runs), the forced split where ``F`` has at least
+        ``min_child_samples`` rows on each side of it, else none: LightGBM 4.7 crashes the
+        process (a segmentation fault) on a forced split with a side smaller than that, a
+        constant column included (every request alone)."""
         forced = getattr(self, "_forced_splits", None)
         if forced is None:
             return self._regressor()
-        path, splits = forced
-        F = np.asarray(F, dtype=float)
+        path, column, threshold = forced
+        below = int((np.asarray(F, dtype=float)[:, column] <= threshold).sum())
         need = max(int(self.min_child_samples), 1)
-        ok = all(need <= int((F[:, i] <= t).sum()) <= len(F) - need for i, t in splits)
-        return self._regressor(path if ok else None)
+        return self._regressor(path if need <= below <= len(F) - need else None)
 
     def _classifier(self):
         from lightgbm import LGBMClassifier  # heavy (~0.3 s): only when a LightGBM router is built
