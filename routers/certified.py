@@ -180,7 +180,7 @@ class CertifiedRouter(ClassifierMixin, RouterMixin, BaseEstimator):
             trees = {id(model): ThresholdTrees(model, self.random_state) for model, _ in deciders}
             trees.setdefault(id(est), ThresholdTrees(est, self.random_state))
         X_cal = _rows(X, cal_rows)
-        cal, picks = self._certify(est, _rows(X, fit_rows), X_cal,
+        cal, picks, refused = self._certify(est, _rows(X, fit_rows), X_cal,
                                    _safe_matrix(X, safe, list(est.modes_))[cal_rows], deciders,
                                    groups[cal_rows] if groups is not None else None, trees)
         # what the certificate saw: each calibration row's pick at the certified threshold
@@ -188,6 +188,13 @@ class CertifiedRouter(ClassifierMixin, RouterMixin, BaseEstimator):
         # without its family: what tuning scores (routers.training.trainer)
         self.calibration_rows_ = np.asarray(cal_rows)
         self.calibration_picks_ = picks
+        # what stopped the walk: the first candidate refused and the calibration rows'
+        # picks there (None where every candidate passed), for the report's "what the
+        # certificate refused" (routers.scoring.refusals)
+        self.refused_threshold_, self.refused_picks_ = refused
+        # the calibration rows by name, so a report can find them in the table again
+        self.calibration_request_ids_ = (np.asarray(X["request_id"].iloc[cal_rows]).astype(str)
+                                         if hasattr(X, "columns") and "request_id" in X else None)
         est.set_risk_threshold(cal.threshold)
         self.served_tree_, self.distilled_ = None, None
         if trees and cal.threshold is not None:
@@ -209,8 +216,9 @@ class CertifiedRouter(ClassifierMixin, RouterMixin, BaseEstimator):
         return [strict, *grid]
 
     def _certify(self, est, X_fit, X_cal, safe_cal: np.ndarray, deciders, groups_cal=None, trees=None):
-        """The certificate, and the calibration rows' picks (mode names) at its threshold
-        (the reference where nothing is certified)."""
+        """The certificate, the calibration rows' picks (mode names) at its threshold
+        (the reference where nothing is certified), and (the first candidate the test
+        refused, the rows' picks there), or (None, None) where none was refused."""
         modes = list(est.modes_)
         rows = np.arange(len(X_cal))
         trees = trees or {}
@@ -237,9 +245,15 @@ class CertifiedRouter(ClassifierMixin, RouterMixin, BaseEstimator):
             cal = learn_then_test(lambda t: int(violates(t).sum()), candidates, len(X_cal),
                                   self.target_violation_rate, self.delta)
         names = np.asarray(modes, dtype=object)
+        # the walk stops at the first refused candidate, the tested-th (it tests up to it)
+        refused = (None, None)
+        if cal.tested and cal.tested <= len(candidates) and (
+                cal.threshold is None or candidates[cal.tested - 1] != cal.threshold):
+            t = candidates[cal.tested - 1]
+            refused = (float(t), names[picks_at(t)])
         if cal.threshold is None:  # nothing certified: the served router answers the reference
-            return cal, np.full(len(X_cal), reference_mode().name, dtype=object)
-        return cal, names[picks_at(cal.threshold)]
+            return cal, np.full(len(X_cal), reference_mode().name, dtype=object), refused
+        return cal, names[picks_at(cal.threshold)], refused
 
     # -- the Router protocol: the certified router decides --------------------------------
     def _served_picks(self, X) -> np.ndarray:

@@ -28,6 +28,7 @@ from modeswitch.cli.common import (
     FeatureSet,
     Incomplete,
     Split,
+    TuningObjective,
     config_defaults,
 )
 from modeswitch.cli.lazy import load_command
@@ -258,7 +259,7 @@ SET_ALL = {
                "--safety-threshold", "0.5", "--fallback", "reference", "--labels", "measured", "--storage",
                "sqlite:///x.db", "--target-violation-rate", "0.05", "--mlruns", "m2", "--preset", "modeswitch-paper",
                "--workers", "3", "--tracking-uri", "http://127.0.0.1:5999", "--certificate", "per-family",
-               "--no-decision-cost", "--router-params", "dt.max_depth=3"]],
+               "--no-decision-cost", "--router-params", "dt.max_depth=3", "--tuning-objective", "capture"]],
     "score": [["score", "--run", "r1", "--no-compile", "--decisions", "5",
                "--pipeline-decisions", "6", "--live", "--live-requests", "3", "--live-per-family", "4", "--live-trials", "2",
                "--live-threads", "2", "--live-max-remeasure", "1", "--model", "/m",
@@ -298,6 +299,9 @@ def test_choices_match_the_code_that_consumes_them():
     from modeswitch.routers.certificates import CERTIFICATES
 
     assert typing.get_args(Certificate) == tuple(CERTIFICATES)
+    from modeswitch.routers.training.costs import OBJECTIVES
+
+    assert typing.get_args(TuningObjective) == OBJECTIVES
 
 
 @pytest.mark.parametrize("cmd", ["serve", "profile", "score"])

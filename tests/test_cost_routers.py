@@ -471,7 +471,7 @@ def test_fixed_router_parameters_reach_the_fitted_router_and_name_their_own_tuni
     refused before any work; a changed setting names a new Optuna study."""
     from modeswitch.dataset.errors import InputError
     from modeswitch.routers.training.table import TrainingTable
-    from modeswitch.routers.training.trainer import TrainConfig, _fit, _tuning_key
+    from modeswitch.routers.training.trainer import TrainConfig, _fit, _tuning_key, objective_of
 
     fixed = {"cost_lgbm": {"risk_score": "margin", "cost_features": "shape", "max_risk": 0.45}}
     cfg = TrainConfig(feature_set="B", target_violation_rate=0, router_params=fixed)
@@ -484,6 +484,16 @@ def test_fixed_router_parameters_reach_the_fitted_router_and_name_their_own_tuni
     assert _tuning_key("cost_lgbm", TrainConfig()).startswith("-")
     assert _tuning_key("cost_lgbm", cfg) not in ("", _tuning_key("cost_lgbm", TrainConfig()))
     assert _tuning_key("cost_lgbm", TrainConfig(test_size=0.5)) not in ("", _tuning_key("cost_lgbm", cfg))
+    # so does another tuning objective (its trials' scores are on another scale), for the
+    # families it applies to: those whose trials are scored as certified
+    certified = {"certificate": "per-family-cross-fit", "target_violation_rate": 0.02}
+    regret, capture = TrainConfig(**certified), TrainConfig(**certified, tuning_objective="capture")
+    assert objective_of("cost_linear", capture) == "capture" and objective_of("dt", capture) == "regret"
+    assert _tuning_key("cost_linear", capture) != _tuning_key("cost_linear", regret)
+    assert _tuning_key("dt", capture) == _tuning_key("dt", regret) == ""
+    assert objective_of("cost_linear", TrainConfig(tuning_objective="capture")) == "regret"  # uncertified
+    with pytest.raises(InputError, match="--tuning-objective 'speed'"):
+        TrainConfig(tuning_objective="speed")
     with pytest.raises(InputError, match="takes no guess"):
         TrainConfig(router_params={"cost_lgbm": {"guess": 1}})
     with pytest.raises(InputError, match="nope"):

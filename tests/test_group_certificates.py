@@ -8,6 +8,7 @@ import pytest
 from modeswitch.routers.certified import CertifiedRouter
 from modeswitch.routers.families.cost import LinearCostRouter
 from modeswitch.routers.risk_control import (
+    binomial_p_value,
     group_clusters,
     learn_then_test,
     learn_then_test_groups,
@@ -149,3 +150,39 @@ def test_the_calibration_picks_are_the_cross_fitted_deciders_and_tuning_scores_t
     table = TrainingTable(train, {"modes": sorted({*train["label"]})})
     study = tune("cost_linear", cfg, table, np.arange(len(train)), "t")
     assert len(study.trials) == 2 and all("certified_threshold" in t.user_attrs for t in study.trials)
+
+
+def test_the_report_names_what_stopped_the_certificate():
+    """The first threshold the walk refused, and the calibration picks that broke a limit
+    there (routers.scoring.refusals): int8 on the shifted family's prompts of 350-450
+    tokens (unsafe above 350 there, above 450 elsewhere), over the quality limit."""
+    from modeswitch.routers.scoring.refusals import certificate_refusals, refusal_rows
+
+    from tests.test_cost_routers import QUANT, synthetic_table
+
+    train = pd.concat([synthetic_table(200, 5, families=("a", "b"), quant_unsafe_above=450),
+                       synthetic_table(100, 1005, families=("c",), quant_unsafe_above=350)], ignore_index=True)
+    r = CertifiedRouter(LinearCostRouter(max_risk=0.5), target_violation_rate=ALPHA, cross_fit_groups=True,
+                        group_conditional=True, calibrate_on="all").fit(train)
+    assert r.threshold_ is not None and r.refused_threshold_ is not None
+    assert r.refused_threshold_ != r.threshold_ and (r.calibration_picks_ != REF).mean() > 0.5
+    assert len(r.refused_picks_) == len(r.calibration_request_ids_) == len(train)
+    # at the refused threshold the shifted family's picks violate too often for its test
+    shifted = train["family"].to_numpy() == "c"
+    safe = train[[f"safe__{m}" for m in r.modes_]].to_numpy(bool)
+
+    def broke(picks):
+        return np.array([p != REF and not safe[i, r.modes_.index(p)] for i, p in enumerate(picks)])
+
+    assert binomial_p_value(int(broke(r.refused_picks_)[shifted].sum()), int(shifted.sum()), ALPHA) > 0.1
+    assert broke(r.calibration_picks_)[shifted].sum() < broke(r.refused_picks_)[shifted].sum()
+    got = refusal_rows(r, train.sample(frac=1, random_state=0))  # by request id, not position
+    top = got.iloc[0]
+    assert (top["family"], top["mode"], top["limit"]) == ("c", QUANT, "quality")
+    assert top["violations"] == broke(r.refused_picks_)[shifted].sum() and top["calibration_rows"] == 100
+    assert got["violations"].sum() == broke(r.refused_picks_).sum()
+    assert top["threshold"] == r.threshold_ and top["refused_threshold"] == r.refused_threshold_
+    both = certificate_refusals({"cost": {None: r}, "old": {None: object()}}, train)
+    assert list(both.columns[:2]) == ["router", "held_out"] and set(both["router"]) == {"cost"}
+    with pytest.raises(ValueError, match="not in the table"):
+        refusal_rows(r, train.iloc[10:])

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.workloads import get_workload
 from modeswitch.oracle.training_table import build_training_table, table_meta
 from modeswitch.routers import get_router, learned_families
@@ -111,6 +112,33 @@ def test_costs_and_regret_weights(table):
     assert ev["oracle_match"] == 1 and ev["objective"] == pytest.approx(0) and ev["violation_rate_any"] == 0
     bad = objective_metrics(table, ["gptq_4bit"] * len(table), modes)
     assert bad["violation_rate_quality"] > 0 and bad["objective"] > 0
+
+
+def test_the_capture_objective_weighs_milliseconds_and_the_regret_objective_requests():
+    """Two requests, one short and one long; a safe fast mode saves 50 % on either.
+    Missing the saving on the short one costs as much mean regret as on the long one,
+    but 1/11 of the pooled capture: the two objectives rank the picks apart."""
+    modes = [REF, "fast"]
+    table = pd.DataFrame({
+        "request_id": ["short", "long"], "family": ["f", "f"], "label": ["fast", "fast"],
+        f"latency_ms__{REF}": [20.0, 200.0], "latency_ms__fast": [10.0, 100.0],
+        f"safe__{REF}": [True, True], "safe__fast": [True, True],
+        **{f"violates_{k}__{m}": [False, False] for k in ("quality", "energy", "memory") for m in modes},
+    })
+    miss_short, miss_long = [REF, "fast"], ["fast", REF]
+    regret = [objective_metrics(table, p, modes)["objective"] for p in (miss_short, miss_long)]
+    capture = [objective_metrics(table, p, modes, objective="capture") for p in (miss_short, miss_long)]
+    assert regret[0] == pytest.approx(regret[1]) == pytest.approx(0.5)
+    assert capture[0]["capture"] == pytest.approx(100 / 110) and capture[1]["capture"] == pytest.approx(10 / 110)
+    assert capture[0]["objective"] < capture[1]["objective"]
+    # an unsafe pick pays the penalty on top of what it saves; the overhead is paid per request
+    table.loc[0, "safe__fast"] = False
+    hurt = objective_metrics(table, ["fast", "fast"], modes, unsafe_penalty=2.0, objective="capture")
+    assert hurt["objective"] == pytest.approx(0 + 2.0 * 0.5)
+    paid = objective_metrics(table, ["fast", "fast"], modes, overhead_ms=1.0, objective="capture")
+    assert paid["capture"] == pytest.approx((110 - 2) / 110)
+    with pytest.raises(InputError, match="tuning objective 'speed'"):
+        objective_metrics(table, ["fast", "fast"], modes, objective="speed")
 
 
 def test_the_decision_cost_counts_against_each_request_latency(table):

@@ -143,6 +143,7 @@ def test_a_rerun_resumes_and_other_settings_are_refused(tiny_study):
     ("[conditions]\nmemory_pressure = [2.0]\n", "conditions"),
     ("[constraints]\nmax_energy_ratio = -1\n", "max_energy_ratio"),
     ("[train.router_params.cost_lgbm]\nguess = 1\n", "router_params.*takes no guess"),
+    ("[train]\ntuning_objective = 'speed'\n", "tuning_objective 'speed'"),
 ])
 def test_a_bad_study_file_names_the_key(tmp_path, text, where):
     p = tmp_path / "s.toml"
@@ -181,6 +182,9 @@ def test_the_shipped_study_file_is_valid():
     assert request.constraint_set().quality_scope == "request" and request.confidence
     # its cost routers' fixed parameters come from [train.router_params.<family>]
     assert request.router_params["cost_lgbm"]["risk_score"] == "margin"
+    # and Optuna ranks trials by the capture the report gives, not mean regret
+    assert request.tuning_objective == "capture" and cfg.tuning_objective == "regret"
+    assert StudyConfig(tuning_objective="regret").identity() == StudyConfig().identity()
     assert StudyConfig(router_params={}).identity() == StudyConfig().identity()
     # a field added later leaves the identity of studies begun before it alone at its default
     assert StudyConfig(confidence=False).identity() == StudyConfig().identity() != StudyConfig(confidence=True).identity()

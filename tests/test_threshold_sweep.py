@@ -14,7 +14,8 @@ from modeswitch.routers.families.cost import LinearCostRouter
 from modeswitch.routers.registry import get_router
 from modeswitch.routers.scoring import report
 from modeswitch.routers.scoring.capture import capture_and_violations, envelope, router_points
-from modeswitch.routers.scoring.offline import score_requests
+from modeswitch.routers.scoring.offline import aggregate_scores, score_requests
+from modeswitch.routers.scoring.overhead import Overhead
 from modeswitch.routers.scoring.threshold_sweep import (
     certificate_price,
     picks_at,
@@ -108,3 +109,30 @@ def test_the_price_sets_the_certified_point_beside_hindsight_and_the_ceiling(tmp
     assert price["ceiling_capture"] == pytest.approx(0.9)  # the envelope's best at <= 5 %
     md = "\n".join(report._price_md(pd.DataFrame([price])))
     assert "## What the certificate costs" in md and f"hindsight {price['hindsight_capture']:.1%}" in md
+
+
+def test_the_report_writes_what_each_certificate_refused(tmp_path):
+    """certificate_refusals.csv and its README lines, one per certificate (leave one family
+    out: per held-out family), from the calibration picks at the refused threshold."""
+    from modeswitch.routers.scoring.refusals import certificate_refusals
+
+    train = shifted_table(100, seed=5)
+    parts = {"a": certified(train[train["family"] != "a"]), "c": certified(train[train["family"] != "c"])}
+    got = certificate_refusals({"cost": parts}, train)
+    assert set(got["held_out"]) <= {"a", "c"} and len(got)
+    for held, g in got.groupby("held_out"):
+        assert held not in set(g["family"])  # its certificate never calibrated on the held-out family
+        assert (g["refused_threshold"] == parts[held].refused_threshold_).all()
+    md = "\n".join(report._refusals_md(got))
+    first = got.iloc[0]
+    assert "## What the certificate refused" in md and f"(held out: {first['held_out']})" in md
+    assert f"{first['mode']} on {first['family']} ({first['limit']}) {int(first['violations'])} of" in md
+    test = held_out(7)
+    per = score_requests(test, np.asarray(parts["a"].predict(test), dtype=object), router="cost")
+    per_family, overall = aggregate_scores(per)
+    files = report.write_report(tmp_path / "r", per_request=per, per_family=per_family, overall=overall,
+                                overhead={"cost": Overhead("cost", "compiled", 10, 1.0, 1.0, 1.0, None)},
+                                context={"name": "t"}, certificate_refusals=got)
+    assert tmp_path / "r" / "certificate_refusals.csv" in files
+    assert len(pd.read_csv(tmp_path / "r" / "certificate_refusals.csv")) == len(got)
+    assert "## What the certificate refused" in (tmp_path / "r" / "README.md").read_text()

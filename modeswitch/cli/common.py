@@ -147,6 +147,7 @@ QualityScope = Annotated[Literal["family", "request"] | None, typer.Option(
     help="Judge the quality limits on each (mode, family)'s mean, as the study does, or on every "
          "request's own figures [{quality_scope}].")]
 Labels = Literal["all", "measured"]
+TuningObjective = Literal["regret", "capture"]
 Certificate = Literal["pooled", "per-family", "family-held-out", "per-family-held-out", "family-cross-fit",
                       "per-family-cross-fit"]
 

@@ -23,6 +23,7 @@ from modeswitch.cli.common import (
     FeatureSet,
     Labels,
     Split,
+    TuningObjective,
     _split,
     deferred_help,
     friendly_errors,
@@ -77,6 +78,7 @@ def train_cmd(
     tracking_uri: Annotated[str | None, typer.Option(help=TRACKING_HELP)] = None,
     preset: Annotated[str | None, typer.Option(help="modeswitch-paper: the study's setup (split, test size, seed, feature set).")] = None,
     router_params: Annotated[list[str] | None, typer.Option(help="A fixed router parameter, FAMILY.NAME=VALUE (e.g. cost_lgbm.risk_score=margin); repeatable. Beside the tuned ones, and over them where both name one.")] = None,
+    tuning_objective: Annotated[TuningObjective, typer.Option(help="What Optuna minimises for routers whose trials are scored as certified (a cross-fitted --certificate with a target): regret (mean latency regret + the unsafe penalty per pick; every request weighs alike) or capture (1 - the pooled share of the oracle's saving kept + the penalty times the violation rate; the score report's figure, long requests weigh most). Other routers minimise regret.")] = "regret",
 ):
     """Tune and train learned routers with Optuna; track everything in MLflow."""
     table = read_training_table(data)
@@ -88,7 +90,8 @@ def train_cmd(
                       tracking_uri=tracking_uri, preset=preset,
                       labels=labels, target_violation_rate=target_violation_rate,
                       certificate=certificate, decision_cost=decision_cost,
-                      router_params=parse_router_params(router_params or []), **families)
+                      router_params=parse_router_params(router_params or []),
+                      tuning_objective=tuning_objective, **families)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeRemainingColumn(), console=console) as progress:
         res = train(table, cfg, progress)

@@ -25,6 +25,7 @@ from modeswitch.dataset.workloads.conditions import ConditionDraw
 from modeswitch.oracle import Constraints
 from modeswitch.routers.certificates import CERTIFICATES
 from modeswitch.routers.registry import check_router_params
+from modeswitch.routers.training.costs import OBJECTIVES
 from modeswitch.routers.training.splits import SPLITS
 
 DEFAULT_FAMILIES = (
@@ -41,12 +42,12 @@ TABLES = {
                 "length_scale", "interleave", "threads"),
     "dataset": ("drawn_requests", "swept_per_family", "confidence"),
     "train": ("splits", "routers", "tuning_trials", "feature_set", "labels", "test_size",
-              "target_violation_rate", "certificate", "router_params"),
+              "target_violation_rate", "certificate", "router_params", "tuning_objective"),
     "score": ("live", "live_per_family", "live_trials", "decisions"),
 }
 #: fields added after studies had begun, left out of the identity at their default
 LATER_FIELDS = {"target_violation_rate": 0.01, "certificate": "pooled", "swept_per_family": 0,
-                "confidence": False, "router_params": {}}
+                "confidence": False, "router_params": {}, "tuning_objective": "regret"}
 #: tables holding a mapping handed on as it is (checked by their own owners)
 MAPPINGS = ("conditions", "constraints")
 
@@ -100,6 +101,8 @@ class StudyConfig:
     #: fixed parameters per router family (``[train.router_params.cost_lgbm]``), beside
     #: the tuned ones (routers.training.trainer.TrainConfig.router_params)
     router_params: dict = field(default_factory=dict)
+    #: what Optuna minimises: "regret" or "capture" (routers.training.costs.OBJECTIVES)
+    tuning_objective: str = "regret"
     live: bool = True
     live_per_family: int = 3
     live_trials: int = 2
@@ -125,6 +128,8 @@ class StudyConfig:
             raise ValueError("train.target_violation_rate: must lie in [0, 1) (0: no certification)")
         if self.certificate not in CERTIFICATES:
             raise ValueError(f"train.certificate {self.certificate!r}: choose one of {', '.join(CERTIFICATES)}")
+        if self.tuning_objective not in OBJECTIVES:
+            raise ValueError(f"train.tuning_objective {self.tuning_objective!r}: choose one of {', '.join(OBJECTIVES)}")
 
     # ------------------------------------------------------------- the file
     @classmethod

@@ -393,7 +393,8 @@ class Study:
         cfg = TrainConfig(feature_set=c.feature_set, split=split, test_size=c.test_size,
                           trials=c.tuning_trials, seed=42 + c.seed, mlruns=c.mlruns, labels=c.labels,
                           target_violation_rate=c.target_violation_rate, certificate=c.certificate,
-                          router_params={k: dict(v) for k, v in c.router_params.items()}, **families)
+                          router_params={k: dict(v) for k, v in c.router_params.items()},
+                          tuning_objective=c.tuning_objective, **families)
         if self.console is None:
             res = train(self._table(), cfg, None)
         else:

@@ -277,7 +277,8 @@ def _md_table(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
 def write_report(out: Path, *, per_request, per_family, overall, overhead: dict, context: dict,
                  live_per=None, live_summary=None, estimate=None, live_figures=None, live_runs=None,
                  live_family=None, intervals=None, coverage=None, frontier=None,
-                 content_frontier=None, router_curves=None, certificate_price=None) -> list[Path]:
+                 content_frontier=None, router_curves=None, certificate_price=None,
+                 certificate_refusals=None) -> list[Path]:
     """Write the report folder (which must not exist yet); returns the files written."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -322,6 +323,8 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
         csv(router_curves, "router_curves.csv", index=False)
     if certificate_price is not None and len(certificate_price):
         csv(certificate_price, "certificate_price.csv", index=False)
+    if certificate_refusals is not None and len(certificate_refusals):
+        csv(certificate_refusals, "certificate_refusals.csv", index=False)
     if frontier is not None and len(frontier.curve):
         curves = [frontier.curve.assign(features="shape")]
         if content_frontier is not None and len(content_frontier.curve):
@@ -345,6 +348,8 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
         md += _coverage_md(coverage)
     if certificate_price is not None and len(certificate_price):
         md += _price_md(certificate_price)
+    if certificate_refusals is not None and len(certificate_refusals):
+        md += _refusals_md(certificate_refusals)
     md[2:2] = ["## Findings (computed from the tables below)", "",
                *findings(head, live_summary), ""]
     md += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in files if p.suffix == ".png"]
@@ -397,6 +402,26 @@ def _price_md(price: pd.DataFrame) -> list[str]:
                   f"hindsight {r.hindsight_capture:.1%} at {r.hindsight_violations:.1%}; ceiling "
                   f"{ceiling:.1%} at <= {r.target:.0%}.")
     return md + ["", _md_table(price.set_index("router")), ""]
+
+
+def _refusals_md(refusals: pd.DataFrame, top: int = 5) -> list[str]:
+    """The section that names what stopped each certificate: its largest groups of
+    violating calibration picks at the first threshold it refused."""
+    md = ["## What the certificate refused (calibration rows, each decided without its family)", "",
+          "Each certificate walks its thresholds from the strictest and stops at the first whose "
+          "calibration picks violate too often. The picks that broke a limit there, by the family they "
+          "came from, the mode picked and the limit broken (`certificate_refusals.csv`, every group): "
+          "what a better model has to fix before the certificate can loosen.", ""]
+    for (router, held), g in refusals.groupby(["router", "held_out"], sort=False):
+        lead = g.head(top)
+        where = f" (held out: {held})" if held else ""
+        total = int(g["violations"].sum())
+        md.append(f"- {router}{where}: certified {g['threshold'].iloc[0]:.3f}, refused "
+                  f"{g['refused_threshold'].iloc[0]:.3f} with {total} violating pick(s); most: "
+                  + "; ".join(f"{r.mode} on {r.family} ({r.limit}) {int(r.violations)} of "
+                              f"{int(r.calibration_rows)}, latency {r.median_latency_ratio:.2f}x"
+                              for r in lead.itertuples()) + ".")
+    return md + [""]
 
 
 def _router_kind(name: str) -> str:

@@ -40,7 +40,13 @@ from modeswitch.routers.scoring.offline import (
     requests_from_table,
     score_offline,
 )
-from modeswitch.routers.scoring.threshold_sweep import certificate_price, router_curves, targets_of
+from modeswitch.routers.scoring.refusals import certificate_refusals
+from modeswitch.routers.scoring.threshold_sweep import (
+    certificate_price,
+    certified_parts,
+    router_curves,
+    targets_of,
+)
 from modeswitch.routers.training.splits import split_indices
 from modeswitch.routers.training.table import TrainingTable
 from modeswitch.routers.training.tracking import setup, use_tracking_uri
@@ -276,6 +282,7 @@ class Scoring:
     #: held-out requests (routers.scoring.threshold_sweep), and what its certificate costs
     router_curves: pd.DataFrame | None = None
     certificate_price: pd.DataFrame | None = None
+    certificate_refusals: pd.DataFrame | None = None
 
     @property
     def p50(self) -> dict:
@@ -362,6 +369,7 @@ def certificate_price_step(s: Scoring, say) -> None:
     ceiling = s.content_frontier if s.content_frontier is not None else s.frontier
     env = envelope(ceiling.curve) if ceiling is not None and len(ceiling.curve) else None
     s.certificate_price = certificate_price(s.router_curves, router_points(s.per_request), targets, env)
+    s.certificate_refusals = certificate_refusals({k: certified_parts(s.scored[k]) for k in targets}, s.table.frame)
 
 
 def report_context(s: Scoring, cfg: ScoreConfig, out: Path) -> dict:
@@ -439,6 +447,7 @@ def write_outputs(s: Scoring, cfg: ScoreConfig, out: Path, live: LiveScores, con
                         live_family=live.family, live_runs=live.runs, intervals=intervals,
                         frontier=s.frontier, content_frontier=s.content_frontier,
                         router_curves=s.router_curves, certificate_price=s.certificate_price,
+                        certificate_refusals=s.certificate_refusals,
                         coverage=coverage_info(s, head, live, context))
     run_id = report.log_to_mlflow(out, Path(cfg.mlruns), head, context,
                                   {t.name: t.run_id for t in s.trained}, live.summary, table=s.table.frame)
