@@ -245,10 +245,10 @@ class CertifiedRouter(ClassifierMixin, RouterMixin, BaseEstimator):
             cal = learn_then_test(lambda t: int(violates(t).sum()), candidates, len(X_cal),
                                   self.target_violation_rate, self.delta)
         names = np.asarray(modes, dtype=object)
-        # the walk stops at the first refused candidate, the tested-th (it tests up to it)
+        # the walk stops at the first refused candidate, the last it tested; where it
+        # passed them all, that is the certified one
         refused = (None, None)
-        if cal.tested and cal.tested <= len(candidates) and (
-                cal.threshold is None or candidates[cal.tested - 1] != cal.threshold):
+        if cal.tested and candidates[cal.tested - 1] != cal.threshold:
             t = candidates[cal.tested - 1]
             refused = (float(t), names[picks_at(t)])
         if cal.threshold is None:  # nothing certified: the served router answers the reference
