@@ -18,8 +18,10 @@ requests: the stream is drawn with other seeds than the training requests).
 With ``--content-model PATH`` (a checkpoint folder, e.g. the embedded default's in
 ``~/.cache/modeswitch/models/``), every request also gets its prompt's token ids as the
 engine builds them for that model, and routers reading the prompt (feature set C:
-shape + content features) are timed in the same rounds, beside the content features'
-extraction alone (``content features``): the decision cost a server pays with them.
+shape + content features) are timed in the same rounds: the decision cost a server pays
+with them (the compiled call reads the ids through the content table in C), beside the
+features' extraction alone in Python (``content features (Python)``, what the training
+table and the uncompiled routers compute).
 
     .venv/bin/python bench/routing_overhead.py [--decisions 100000] [--pipeline-decisions 2000] [--trees 100]
         [--content-model PATH]
@@ -125,7 +127,7 @@ def main():
     content_rows = []
     if args.content_model:  # routers reading the prompt: the same stream, with its token ids
         stream = content_routers(args, reqs, stream, table, fast, batch, reps)
-        content_rows = [n for n in fast if n.endswith(" C") or n == "content features"]
+        content_rows = [n for n in fast if n.endswith(" C") or n.startswith("content features")]
     # rule and compiled routers interleaved in rounds: drift hits all of them alike
     times = time_side_by_side(fast, stream, args.decisions, rounds=args.rounds, warmup=2000)
     base = pct(times["rule"])[0]
@@ -136,14 +138,14 @@ def main():
             label = "route" if fam in not_compiled else "compiled"
             rows.append((f"{fam} ({label})", *pct(times[fam]), batch.get(fam)))
     for name in content_rows:
-        rows.append((f"{name} (compiled)" if name != "content features" else name, *pct(times[name]),
+        rows.append((f"{name} (compiled)" if name.endswith(" C") else name, *pct(times[name]),
                      batch.get(name)))
     print(f"decisions: {args.decisions} single (pipeline rows: {args.pipeline_decisions}); "
           f"batch rows: compiled {reps * len(big)}, pipeline {len(big)}; feature set {args.feature_set}")
-    print(f"{'router':<22} {'p50 us':>10} {'p99 us':>10} {'p50 / rule':>11} {'batch decisions/s':>18}")
+    print(f"{'router':<26} {'p50 us':>10} {'p99 us':>10} {'p50 / rule':>11} {'batch decisions/s':>18}")
     for name, p50, p99, thr in rows:
         t = f"{thr:,.0f}" if thr else "-"
-        print(f"{name:<22} {p50:10.2f} {p99:10.2f} {p50 / base:10.2f}x {t:>18}")
+        print(f"{name:<26} {p50:10.2f} {p99:10.2f} {p50 / base:10.2f}x {t:>18}")
     for fam, why in not_compiled.items():
         print(f"{fam}: not compiled ({why})")
     for fam, (nodes, hit, walk) in region.items():
@@ -165,7 +167,9 @@ def content_routers(args, reqs, stream, table, fast, batch, reps):
     ids = prompt_ids(stream, model)
     stream = [dataclasses.replace(r, prompt_token_ids=tuple(ids[r.id])) for r in stream]
     ct = content_table(model)
-    fast["content features"] = lambda r, f=ct.features: f(r.prompt_token_ids)
+    # the features alone through the Python table (what the training table and the
+    # uncompiled routers compute); the compiled routers read the ids in C, inside their call
+    fast["content features (Python)"] = lambda r, f=ct.features: f(r.prompt_token_ids)
     y = table_c["label"].astype(str)
     frame = features_frame(stream, "C", content=ct)
     for fam, kw in (("dt", dict(max_depth=5, min_samples_leaf=3, class_weight="balanced")),

@@ -147,6 +147,35 @@ def test_content_features_change_a_decision_that_shape_features_cannot(content, 
         comp.route(dataclasses.replace(test_reqs[0], prompt_token_ids=None))
 
 
+def test_the_compiled_route_reads_the_token_ids_in_c_as_the_table_does(content, tiny_models):
+    """The kernel's own content features (one C call per decision, no Python on the ids)
+    equal ContentTable.features bit for bit, for prompts shorter and longer than the
+    windows, and its errors name the id or the request as the Python path's do."""
+    from modeswitch.routers import get_router
+
+    X, reqs, _ = _table(content, 120)
+    comp = get_router("cost_lgbm", feature_set="C", content_model=str(tiny_models.target), n_estimators=20,
+                      min_child_samples=5, max_risk=0.5).fit(X).compile()
+    rng = np.random.default_rng(3)
+    vocab = len(content.rows)
+    for n in (0, 1, 7, TAIL_TOKENS, TAIL_TOKENS + 1, SHARE_TOKENS, SHARE_TOKENS + 9, 5000):
+        ids = [int(i) for i in rng.integers(0, vocab, n)]
+        np.testing.assert_array_equal(comp.content_features(ids), content.features(ids))
+        req = dataclasses.replace(reqs[0], prompt_token_ids=tuple(ids), prompt_tokens=max(n, 1))
+        row = features_frame([req], "C", content=content)
+        assert comp.route(req) == comp.predict(row)[0]  # the C call and the frame's path agree
+    numpy_ids = dataclasses.replace(reqs[1], prompt_token_ids=np.asarray(reqs[1].prompt_token_ids))
+    assert comp.route(numpy_ids) == comp.route(reqs[1])  # any sequence of integers reads alike
+    with pytest.raises(InputError, match=f"token id {vocab} is outside .*vocabulary of {vocab}"):
+        comp.route(dataclasses.replace(reqs[0], prompt_token_ids=(1, vocab)))
+    with pytest.raises(InputError, match="token id -2 is negative"):
+        comp.route(dataclasses.replace(reqs[0], prompt_token_ids=(1, -1, -2)))
+    with pytest.raises(InputError, match="request r0: .* carries none"):
+        comp.route(dataclasses.replace(reqs[0], prompt_token_ids=None))
+    with pytest.raises(TypeError):
+        comp.route(dataclasses.replace(reqs[0], prompt_token_ids=(1, "two")))
+
+
 @pytest.mark.parametrize("certified", [False, True])
 def test_export_load_and_serving_decide_as_the_fitted_content_router(content, tiny_models, tmp_path, certified):
     from modeswitch.engine.serving.routing import route

@@ -31,6 +31,7 @@ NODE = np.dtype([("threshold", "<u2"), ("feature", "<u2"), ("left", "<i4")])
 #: ctypes argument types for int32 and double arrays
 I32 = ctypes.POINTER(ctypes.c_int32)
 F64 = ctypes.POINTER(ctypes.c_double)
+I64 = ctypes.POINTER(ctypes.c_longlong)
 
 _SRC = Path(__file__).parent / "native" / "kernels.c"
 _LIB = None
@@ -98,6 +99,10 @@ def library():
     lib.set_output_ranges.argtypes = [ctypes.c_int, I32]
     lib.set_cost_decision.restype = ctypes.c_int
     lib.set_cost_decision.argtypes = [ctypes.c_int] * 4 + [ctypes.c_double] * 2
+    lib.set_content.restype = ctypes.c_int
+    lib.set_content.argtypes = [ctypes.c_int, F64, ctypes.c_long] + [ctypes.c_int] * 4 + [I32]
+    lib.content_features.restype = ctypes.c_int
+    lib.content_features.argtypes = [ctypes.c_int, I64, ctypes.c_long, F64, I64]
     lib.shape_features.restype = None
     lib.shape_features.argtypes = [ctypes.c_double] * 5 + [F64]
     lib.build_region.restype = ctypes.c_long

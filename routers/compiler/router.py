@@ -12,12 +12,17 @@ in one call.
 from __future__ import annotations
 
 import numpy as np
-from modeswitch.dataset.content_features import CONTENT_FEATURES
+from modeswitch.dataset.content_features import (
+    CONTENT_FEATURES,
+    SHARE_FEATURES,
+    SHARE_TOKENS,
+    TAIL_TOKENS,
+)
 from modeswitch.dataset.errors import InputError
-from modeswitch.dataset.features import FEATURE_SET_A, NONE_CATEGORY, _shape
+from modeswitch.dataset.features import FEATURE_SET_A, NONE_CATEGORY
 from modeswitch.routers.compiler.codegen import compile_tree
 from modeswitch.routers.compiler.distil import distil as distil_state
-from modeswitch.routers.compiler.kernel import F64, I32, extension, library, pointer
+from modeswitch.routers.compiler.kernel import F64, I32, I64, extension, library, pointer
 from modeswitch.routers.compiler.packing import LINEAR, pack
 from modeswitch.routers.fitted_state import FittedState, TreeEnsemble
 
@@ -69,17 +74,23 @@ class CompiledRouter:
         if starts is not None and lib.set_output_ranges(self.handle, pointer(starts, I32)) < 0:
             lib.release_model(self.handle)
             raise RuntimeError("compiled router: the kernel refused the outputs' tree ranges")
-        #: the model's owner in the kernel: a builtin function making one decision from a raw
-        #: request in one C call; the model is freed when this object is garbage
-        self._owner = extension().make_router(
-            self.handle, tuple(self.classes_), self.fam_index if self.fam_cats else None,
-            self.suite_index if self.suite_cats else None)
-        self.route = self._owner
         #: numeric input columns by name (feature set A's, then any content features)
         self.numeric_ = tuple(layout.numeric)
         self.content_ = state.content
-        if layout.content:  # the C call reads feature set A's fields only: content comes from the token ids
-            self.route = self._content_route()
+        reads_content = bool(layout.content) and state.content is not None
+        if reads_content and not self._set_content(state.content):
+            lib.release_model(self.handle)
+            raise RuntimeError("compiled router: the kernel refused the content table's layout")
+        #: the model's owner in the kernel: a builtin function making one decision from a raw
+        #: request in one C call (its content features included); the model is freed when
+        #: this object is garbage
+        self._owner = extension().make_router(
+            self.handle, tuple(self.classes_), self.fam_index if self.fam_cats else None,
+            self.suite_index if self.suite_cats else None,
+            *((InputError, state.content.model) if reads_content else ()))
+        self.route = self._owner
+        if layout.content and state.content is None:
+            self.route = self._no_content_table
         #: tree models: nodes of the region tree (the argmax as one tree over numeric bins)
         #: and the share of the bin grid it leaves undecided (those decisions walk the trees)
         self.region_nodes_, self.region_walk_share_ = 0, 1.0
@@ -102,44 +113,40 @@ class CompiledRouter:
         self.region_nodes_ = max(0, got)
         self.region_walk_share_ = self._lib.region_walk_share(self.handle)
 
-    def _content_route(self):
-        """``route(request)`` for a layout with content columns: feature set A from the
-        request's fields, the content features from its token ids through the content
-        table (:mod:`dataset.content_features`), one-hot categories, then one kernel call
-        on the row (``bench/routing_overhead.py --content-model``: 14-24 us p50 for the
-        features, 21-35 us for the whole decision)."""
-        table, n_shape = self.content_, len(FEATURE_SET_A)
-        pick = [CONTENT_FEATURES.index(c) for c in self.numeric_[n_shape:]]
-        handle, predict, classes, n_num = self.handle, self._lib.predict_batch, self.classes_, self.n_num
-        fam_index, suite_index, n_fam = self.fam_index, self.suite_index, len(self.fam_cats)
-        n_features = self.n_features
-        # the kernel model lives as long as its owner: held here, so a caller keeping only
-        # ``route`` keeps the model (and no reference to self: no cycle for the collector)
-        owner = self._owner
+    def _set_content(self, table) -> bool:
+        """Hand the kernel the content table (copied) for a layout with content columns:
+        its single decisions then read a raw request's token ids in the same C call, as
+        :meth:`dataset.content_features.ContentTable.features` does (one Python call
+        on a list of ids cost 14-24 us p50 for the features alone; in C a table lookup
+        per id). True where the kernel took it."""
+        pick = np.array([CONTENT_FEATURES.index(c) for c in self.numeric_[len(FEATURE_SET_A):]], dtype=np.int32)
+        rows = np.ascontiguousarray(table.rows, dtype=np.float64)
+        return self._lib.set_content(self.handle, pointer(rows, F64), len(rows), rows.shape[1], len(SHARE_FEATURES),
+                                     SHARE_TOKENS, TAIL_TOKENS, pointer(pick, I32)) == 0
 
-        def route(request):
-            if table is None:
-                raise InputError("this compiled router reads the prompt's content and holds no content table "
-                                 "(fit it with content_model)")
-            ids = request.prompt_token_ids
-            if ids is None:
-                raise InputError(f"request {request.id}: the router reads the prompt's token ids; it carries none")
-            x = np.zeros((1, n_features))
-            x[0, :n_shape] = _shape(request)
-            x[0, n_shape:n_num] = table.features(ids)[pick]
-            for index, col, start in ((fam_index, "family", n_num), (suite_index, "benchmark_suite", n_num + n_fam)):
-                if index:
-                    k = index.get(getattr(request, col) or NONE_CATEGORY)
-                    if k is not None:
-                        x[0, start + k] = 1.0
-            out = np.empty(1, dtype=np.int32)
-            predict(handle, x.ctypes.data_as(F64), 1, out.ctypes.data_as(I32))
-            if out[0] < 0:
-                raise MemoryError("compiled router: out of memory")
-            return classes[out[0]]
+    @staticmethod
+    def _no_content_table(request):
+        raise InputError("this compiled router reads the prompt's content and holds no content table "
+                         "(fit it with content_model)")
 
-        route.owner = owner  # the route function holds the model's owner
-        return route
+    def content_features(self, token_ids) -> np.ndarray:
+        """The content features (:data:`CONTENT_FEATURES`' order) the kernel computes from
+        a prompt's token ids: what its single decisions read (tested against
+        :meth:`~dataset.content_features.ContentTable.features`)."""
+        if self.content_ is None or not self.numeric_[len(FEATURE_SET_A):]:
+            raise ValueError("this compiled router reads no content")
+        ids = np.ascontiguousarray(np.asarray(token_ids[-SHARE_TOKENS:], dtype=np.int64))
+        out, bad = np.zeros(len(CONTENT_FEATURES)), np.zeros(1, dtype=np.int64)
+        got = self._lib.content_features(self.handle, pointer(ids, I64), len(ids), pointer(out, F64),
+                                         pointer(bad, I64))
+        if got == -1:
+            raise ValueError(f"token id {int(bad[0])} is negative: not an id of {self.content_.model}'s vocabulary")
+        if got == -2:
+            raise ValueError(f"token id {int(bad[0])} is outside {self.content_.model}'s vocabulary of "
+                             f"{len(self.content_.rows)}: content features read ids of the model they were made for")
+        if got:
+            raise RuntimeError("compiled router: the kernel holds no content table")
+        return out
 
     # ------------------------------------------------------------- decisions
     def matrix(self, X) -> np.ndarray:

@@ -49,6 +49,9 @@
 #define MAX_FEATURES 512
 #define MAX_CLASSES 256
 #define MAX_STACK_TREES 8192
+#define N_SHAPE 8            /* feature set A's columns, first in every row */
+#define MAX_CONTENT_COLS 64  /* a content table's columns (dataset/content_features.py) */
+#define MAX_SHARE 65536      /* the prompt's last tokens the content features read, at most */
 #ifndef GROUP
 #define GROUP 8
 #endif
@@ -76,6 +79,13 @@ typedef struct {
     double cost_lo, cost_hi;  /* a logit below cost_lo is surely allowed, above cost_hi surely not */
     int32_t *out_start;  /* tree models with a cost decision: output k's trees are original
                             trees out_start[k] .. out_start[k+1]-1 (set_output_ranges) */
+    /* content features (set_content): the table's rows (content_vocab x content_cols: the
+       share flags then the embedding projections, dataset/content_features.py), read
+       through a request's token ids; numeric column N_SHAPE + i is feature content_pick[i] */
+    double *content;
+    long content_vocab;
+    int content_cols, content_flags, content_share, content_tail;
+    int32_t *content_pick;
 } Model;
 
 static Model models[MAX_MODELS];
@@ -155,7 +165,7 @@ void release_model(int handle) {
     free(m->nodes); free((void *)m->roots); free((void *)m->steps); free((void *)m->tree_class);
     free((void *)m->position); free((void *)m->cut_start); free((void *)m->cut_count);
     free((void *)m->value); free((void *)m->weights); free((void *)m->bias); free((void *)m->sufdiff);
-    free((void *)m->cuts); free(m->region); free(m->out_start);
+    free((void *)m->cuts); free(m->region); free(m->out_start); free(m->content); free(m->content_pick);
     memset(m, 0, sizeof(Model));
     in_use[handle] = 0;
 }
@@ -180,6 +190,66 @@ int set_cost_decision(int handle, int n_modes, int n_constraints, int ref, doubl
         m->cost_hi = cut + eps;
     }
     return 0;
+}
+
+/* Give a registered model its content table (copied): a row per vocabulary entry, its
+   first n_flags columns averaged over the prompt's last `share` tokens, the rest over
+   its last `tail` of those; numeric column N_SHAPE + i reads feature pick[i]. Before
+   make_router. */
+int set_content(int handle, const double *rows, long vocab, int n_cols, int n_flags, int share, int tail,
+                const int32_t *pick) {
+    if (handle < 0 || handle >= n_models || !in_use[handle]) return -1;
+    Model *m = &models[handle];
+    int n_pick = m->n_num - N_SHAPE;
+    if (!rows || vocab < 1 || n_cols < 1 || n_cols > MAX_CONTENT_COLS || n_flags < 0 || n_flags > n_cols ||
+        share < 1 || share > MAX_SHARE || tail < 1 || n_pick < 1 || m->content)
+        return -1;
+    for (int i = 0; i < n_pick; i++) if (pick[i] < 0 || pick[i] >= n_cols) return -1;
+    m->content = copy_array(rows, sizeof(double), vocab * n_cols);
+    m->content_pick = copy_array(pick, sizeof(int32_t), n_pick);
+    if (!m->content || !m->content_pick) {
+        free(m->content); free(m->content_pick);
+        m->content = NULL; m->content_pick = NULL;
+        return -1;
+    }
+    m->content_vocab = vocab; m->content_cols = n_cols; m->content_flags = n_flags;
+    m->content_share = share; m->content_tail = tail;
+    return 0;
+}
+
+/* The content features of a prompt's last ids (at most content_share of them, in
+   order), as dataset/content_features.py's ContentTable.features computes them: each
+   column summed in token order, then divided. 0, or -1 (an id is negative: *bad is the
+   least) or -2 (an id is past the vocabulary: *bad is the first such). */
+static int content_of(const Model *m, const long long *ids, long n, double *feat, long long *bad) {
+    int nc = m->content_cols, nf = m->content_flags;
+    for (int c = 0; c < nc; c++) feat[c] = 0.0;
+    if (n <= 0) return 0;
+    long long lo = 0;
+    for (long i = 0; i < n; i++) if (ids[i] < lo) lo = ids[i];
+    if (lo < 0) { *bad = lo; return -1; }
+    for (long i = 0; i < n; i++)
+        if (ids[i] >= m->content_vocab) { *bad = ids[i]; return -2; }
+    long tail = n < m->content_tail ? n : m->content_tail;
+    for (long i = 0; i < n; i++) {
+        const double *r = m->content + ids[i] * nc;
+        for (int c = 0; c < nf; c++) feat[c] += r[c];
+    }
+    for (long i = n - tail; i < n; i++) {
+        const double *r = m->content + ids[i] * nc;
+        for (int c = nf; c < nc; c++) feat[c] += r[c];
+    }
+    for (int c = 0; c < nf; c++) feat[c] /= (double)n;
+    for (int c = nf; c < nc; c++) feat[c] /= (double)tail;
+    return 0;
+}
+
+/* The content features of ids (the caller passes the prompt's last content_share),
+   for the test that holds them to ContentTable.features: 0, -1 or -2 as content_of,
+   -3 where the model has no content table. */
+int content_features(int handle, const long long *ids, long n, double *out, long long *bad) {
+    if (handle < 0 || handle >= n_models || !in_use[handle] || !models[handle].content) return -3;
+    return content_of(&models[handle], ids, n, out, bad);
 }
 
 /* Output k's trees as contiguous runs of original trees (K + 1 starts): lets a cost
@@ -819,7 +889,7 @@ void predict_batch(int handle, const double *X, long n, int32_t *out) {
 }
 
 /* ---------------------------------------------------------------- CPython */
-static PyObject *s_p, *s_o, *s_sp, *s_cc, *s_mp, *s_fam, *s_suite, *s_none;
+static PyObject *s_p, *s_o, *s_sp, *s_cc, *s_mp, *s_fam, *s_suite, *s_none, *s_ids, *s_id;
 
 static int get_double(PyObject *obj, PyObject *name, double *out) {
     PyObject *v = PyObject_GetAttr(obj, name);
@@ -840,7 +910,61 @@ static int get_category(PyObject *obj, PyObject *name, PyObject *index) {
     return (int)PyLong_AsLong(i);
 }
 
-/* A router object's call: self = (handle, classes, fam_index, suite_index, owner). */
+/* A request's content columns into x (numeric columns N_SHAPE ..): its prompt_token_ids'
+   last content_share ids through the model's table. Errors are raised as `error`
+   (self's InputError), naming the request or the id and the table's model. */
+static int content_x(const Model *m, PyObject *self, PyObject *req, double *x) {
+    PyObject *error = PyTuple_GET_ITEM(self, 5), *model = PyTuple_GET_ITEM(self, 6);
+    PyObject *ids = PyObject_GetAttr(req, s_ids);
+    if (!ids) return -1;
+    if (ids == Py_None) {
+        Py_DECREF(ids);
+        PyObject *rid = PyObject_GetAttr(req, s_id);
+        if (rid) {
+            PyErr_Format(error, "request %S: the router reads the prompt's token ids; it carries none", rid);
+            Py_DECREF(rid);
+        }
+        return -1;
+    }
+    PyObject *seq = PySequence_Fast(ids, "prompt_token_ids must be a sequence of token ids");
+    Py_DECREF(ids);
+    if (!seq) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), start = n > m->content_share ? n - m->content_share : 0;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    long long buf[MAX_SHARE < 4096 ? MAX_SHARE : 4096], *ids_c = buf;
+    if (n - start > 4096 && !(ids_c = malloc(sizeof(long long) * (size_t)(n - start)))) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = start; i < n; i++) {
+        ids_c[i - start] = PyLong_AsLongLong(items[i]);
+        if (ids_c[i - start] == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            if (ids_c != buf) free(ids_c);
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    double feat[MAX_CONTENT_COLS];
+    long long bad = 0;
+    int got = content_of(m, ids_c, (long)(n - start), feat, &bad);
+    if (ids_c != buf) free(ids_c);
+    if (got == -1) {
+        PyErr_Format(error, "token id %lld is negative: not an id of %S's vocabulary", bad, model);
+        return -1;
+    }
+    if (got == -2) {
+        PyErr_Format(error, "token id %lld is outside %S's vocabulary of %ld: content features read ids of the "
+                     "model they were made for", bad, model, m->content_vocab);
+        return -1;
+    }
+    for (int i = 0; i < m->n_num - N_SHAPE; i++) x[N_SHAPE + i] = feat[m->content_pick[i]];
+    return 0;
+}
+
+/* A router object's call: self = (handle, classes, fam_index, suite_index, owner[, error,
+   model]: the last two where the model reads content). */
 static PyObject *router_call(PyObject *self, PyObject *req) {
     int handle = (int)PyLong_AsLong(PyTuple_GET_ITEM(self, 0));
     double p, o, sp, cc, mp;
@@ -852,6 +976,11 @@ static PyObject *router_call(PyObject *self, PyObject *req) {
     if (fam == -2 || suite == -2) return NULL;
     const Model *m = &models[handle];
     double x[MAX_FEATURES + 1];
+    if (m->content ? content_x(m, self, req, x) : m->n_num > N_SHAPE) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "this compiled router reads content columns and holds no content table");
+        return NULL;
+    }
     fill_x(m, x, p, o, sp, cc, mp, fam, suite);
     int k = predict_x(m, x, combo_of(m, fam, suite));
     if (k < 0) return PyErr_NoMemory();
@@ -867,12 +996,15 @@ static void release_capsule(PyObject *capsule) {
     release_model((int)(intptr_t)PyCapsule_GetContext(capsule));
 }
 
-/* make_router(handle, classes, fam_index, suite_index) -> callable(request) -> label.
-   A builtin function bound to its model: one C call per decision, no Python frame.
-   It owns the model: when the callable is garbage, the model is released. */
+/* make_router(handle, classes, fam_index, suite_index[, error, model]) -> callable(request)
+   -> label. A builtin function bound to its model: one C call per decision, no Python
+   frame. It owns the model: when the callable is garbage, the model is released. A
+   model with a content table (set_content) needs `error` (the exception class its
+   request errors are raised as) and `model` (the table's model, named in them). */
 static PyObject *py_make_router(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyTuple_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "make_router(handle, classes: tuple, fam_index, suite_index)");
+    if ((nargs != 4 && nargs != 6) || !PyTuple_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "make_router(handle, classes: tuple, fam_index, suite_index"
+                        "[, error, model])");
         return NULL;
     }
     long handle = PyLong_AsLong(args[0]);
@@ -881,6 +1013,10 @@ static PyObject *py_make_router(PyObject *mod, PyObject *const *args, Py_ssize_t
         return NULL;
     }
     const Model *mh = &models[handle];
+    if (mh->content && (nargs != 6 || !PyExceptionClass_Check(args[4]))) {
+        PyErr_SetString(PyExc_TypeError, "a model reading content needs make_router's error class and model");
+        return NULL;
+    }
     if (PyTuple_GET_SIZE(args[1]) != (mh->cost_modes ? mh->cost_modes : mh->n_classes + (mh->n_classes == 1))) {
         PyErr_SetString(PyExc_ValueError, "classes do not match the registered model");
         return NULL;
@@ -894,7 +1030,8 @@ static PyObject *py_make_router(PyObject *mod, PyObject *const *args, Py_ssize_t
     PyObject *owner = PyCapsule_New(&models[handle], owner_name, release_capsule);
     if (!owner) return NULL;
     if (PyCapsule_SetContext(owner, (void *)(intptr_t)handle)) { Py_DECREF(owner); return NULL; }
-    PyObject *self = PyTuple_Pack(5, args[0], args[1], args[2], args[3], owner);
+    PyObject *self = nargs == 6 ? PyTuple_Pack(7, args[0], args[1], args[2], args[3], owner, args[4], args[5])
+                                : PyTuple_Pack(5, args[0], args[1], args[2], args[3], owner);
     Py_DECREF(owner);
     if (!self) return NULL;
     PyObject *fn = PyCFunction_NewEx(&router_def, self, NULL);
@@ -919,5 +1056,7 @@ PyMODINIT_FUNC PyInit__modeswitch_kernels(void) {
     s_fam = PyUnicode_InternFromString("family");
     s_suite = PyUnicode_InternFromString("benchmark_suite");
     s_none = PyUnicode_InternFromString("none");
+    s_ids = PyUnicode_InternFromString("prompt_token_ids");
+    s_id = PyUnicode_InternFromString("id");
     return PyModule_Create(&module);
 }
