@@ -137,6 +137,10 @@ def build_training_table(profile: pd.DataFrame, requests: list[Request],
         # the engines' compute threads the profile measured with (a live check must match)
         "threads": sorted({int(x) for x in profile["threads"].dropna().unique()})
         if "threads" in profile else [],
+        # what the profile ran on (a live check on another kind of machine may see other
+        # outputs: engine.hardware)
+        "hardware": sorted(profile["hardware"].dropna().astype(str).unique().tolist())
+        if "hardware" in profile else [],
         "content_model": None if content_model is None else str(content_model),
         # what reading the reference's confidence cost: one prefill per prompt
         "confidence": None if prefill is None else {

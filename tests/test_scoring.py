@@ -234,6 +234,23 @@ def test_live_trials_give_medians_intervals_and_violation_causes():
     fam = summarise_live(per, by_family=True).set_index("family")
     assert fam.loc["b", "violation_rate_beyond_noise"] == 0.0
     assert len(est) == 16  # one row per (request, mode), medians over trials
+    # the table measured on another kind of machine: its measured labels' violations say so
+    other, _, _ = score_live(runs, stream, {"r": ["fast"] * 8}, {"r": 0.0}, Constraints(), table,
+                             other_hardware=True)
+    assert other["cause"].tolist() == ["other_hardware"] * 2 + ["estimate_wrong"] * 2 + ["within_noise"] * 4
+    assert summarise_live(other).set_index("router").loc["r", "violations_other_hardware"] == 2
+
+
+def test_the_profile_hardware_comes_from_the_table_else_its_profile_file(tmp_path):
+    from modeswitch.routers.scoring.run import profile_hardware
+
+    assert profile_hardware({"hardware": ["A (2 cores)"]}) == ["A (2 cores)"]
+    path = tmp_path / "profile.parquet"
+    pd.DataFrame({"hardware": ["B (2 cores)", "B (2 cores)", None]}).to_parquet(path)
+    assert profile_hardware({"hardware": [], "profile_source": str(path)}) == ["B (2 cores)"]
+    assert profile_hardware({"profile_source": str(tmp_path / "gone.parquet")}) == []
+    pd.DataFrame({"x": [1]}).to_parquet(path)
+    assert profile_hardware({"profile_source": str(path)}) == []  # an older profile without the column
 
 
 def test_offline_headline_carries_family_weighted_intervals():

@@ -44,6 +44,9 @@ weighted in every resample). A live violation has a cause:
 * ``within_noise``: the energy ratio's interval reaches the limit (not beyond noise);
 * ``known_unsafe``: the table already marked the pick unsafe for this request;
 * ``measurement_wrong``: the table called it safe from this request's own measurement;
+* ``other_hardware``: the same, but the table was measured on another kind of machine
+  (``engine.hardware.same_kind``): CPU kernels chosen by instruction set sum in other
+  orders, and a greedy answer can change, the reference's included;
 * ``estimate_wrong``: the table called it safe from an estimate.
 """
 
@@ -205,7 +208,7 @@ def _measure(engine, group, prime, ignore_eos: bool, meter, clock):
     return gens, meter.stop(), c
 
 
-CAUSES = ("within_noise", "known_unsafe", "measurement_wrong", "estimate_wrong")
+CAUSES = ("within_noise", "known_unsafe", "measurement_wrong", "other_hardware", "estimate_wrong")
 
 
 def _collapse(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
@@ -228,7 +231,7 @@ def _collapse(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     return med, per_trial
 
 
-def _cause(violates: bool, within_noise: bool, table_row, pick: str) -> str:
+def _cause(violates: bool, within_noise: bool, table_row, pick: str, other_hardware: bool = False) -> str:
     if not violates:
         return ""
     if within_noise:
@@ -238,13 +241,18 @@ def _cause(violates: bool, within_noise: bool, table_row, pick: str) -> str:
     safe = table_row.get(f"safe__{pick}")
     if safe is not None and safe == safe and not bool(safe):
         return "known_unsafe"
-    return "measurement_wrong" if table_row.get("label_source") == "measured" else "estimate_wrong"
+    if table_row.get("label_source") != "measured":
+        return "estimate_wrong"
+    return "other_hardware" if other_hardware else "measurement_wrong"
 
 
 def score_live(runs: pd.DataFrame, stream: list[Request], decisions: dict[str, list[str]],
                overhead_us: dict[str, float], constraints, table: pd.DataFrame | None = None,
-               reference: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """(per-request live scores per router, per (request, mode) estimate errors, summary figures)."""
+               reference: str | None = None, other_hardware: bool = False
+               ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """(per-request live scores per router, per (request, mode) estimate errors, summary
+    figures). ``other_hardware``: the table was measured on another kind of machine than
+    the live runs (a measured label's violation is then counted as ``other_hardware``)."""
     reference = reference or reference_mode().name
     idx, per_trial = _collapse(runs)
     trows = table.set_index("request_id") if table is not None else None
@@ -274,9 +282,9 @@ def score_live(runs: pd.DataFrame, stream: list[Request], decisions: dict[str, l
                 "accuracy_delta_pp": (got["accuracy"] - ref["accuracy"]) * 100,
                 "is_reference_pick": pick == reference,
                 "violates_energy": v_e, "energy_within_noise": noise_e,
-                "cause_energy": _cause(v_e, noise_e, trow, pick), "_trow": trow,
+                "cause_energy": _cause(v_e, noise_e, trow, pick, other_hardware), "_trow": trow,
             })
-    per = _judge_quality(pd.DataFrame(rows), constraints)
+    per = _judge_quality(pd.DataFrame(rows), constraints, other_hardware)
     est = None
     if table is not None:
         t = table.set_index("request_id")
@@ -302,7 +310,7 @@ def score_live(runs: pd.DataFrame, stream: list[Request], decisions: dict[str, l
     return per, est, summary
 
 
-def _judge_quality(per: pd.DataFrame, constraints) -> pd.DataFrame:
+def _judge_quality(per: pd.DataFrame, constraints, other_hardware: bool = False) -> pd.DataFrame:
     """The quality verdicts, as the oracle gives them (:mod:`oracle.family_rule`): per
     request ``diverges`` (its own ROUGE-L below the threshold); ``violates_quality`` under
     the table's ``quality_scope``: ``family`` judges each router's picks of one mode in one
@@ -326,7 +334,7 @@ def _judge_quality(per: pd.DataFrame, constraints) -> pd.DataFrame:
     per["violates_any"] = per["violates_quality"] | per["violates_energy"]
     # beyond noise: what a rerun would show again
     per["violates_any_beyond_noise"] = per["violates_quality"] | (per["violates_energy"] & ~per["energy_within_noise"])
-    per["cause"] = [_cause(bool(q), False, t, p) or e for q, t, p, e in
+    per["cause"] = [_cause(bool(q), False, t, p, other_hardware) or e for q, t, p, e in
                     zip(per["violates_quality"], per["_trow"], per["pick"], per["cause_energy"])]
     return per.drop(columns=["_trow", "cause_energy", "energy_within_noise"])
 

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.features import FEATURE_SET_C
+from modeswitch.engine.hardware import hardware_string, same_kind
 from modeswitch.engine.models.resolve import resolve_models
 from modeswitch.oracle.constraints import Constraints
 from modeswitch.oracle.training_table import frame_hash
@@ -398,6 +399,21 @@ def live_decisions(s: Scoring, stream: list) -> dict:
     return decisions
 
 
+def profile_hardware(meta: dict) -> list[str]:
+    """The hardware lines the table's profile ran on: recorded in the table (``hardware``),
+    else read from its profile file where that is still there; [] where unknown."""
+    if meta.get("hardware"):
+        return [str(h) for h in meta["hardware"]]
+    source = meta.get("profile_source")
+    if source and Path(source).is_file():
+        try:
+            col = pd.read_parquet(source, columns=["hardware"])["hardware"]
+        except (ValueError, KeyError, OSError):  # an older profile without the column
+            return []
+        return sorted(col.dropna().astype(str).unique().tolist())
+    return []
+
+
 def score_live_step(s: Scoring, cfg: ScoreConfig, context: dict, say) -> LiveScores:
     """Run the routers' picks on the engines for a stratified stream of held-out requests."""
     n_live = cfg.live_requests or cfg.live_per_family * len({r.family for r in s.requests})
@@ -411,10 +427,18 @@ def score_live_step(s: Scoring, cfg: ScoreConfig, context: dict, say) -> LiveSco
         say(f"live: engine threads {threads}: {threads_from}")
     runs = run_live(stream, decisions, target, draft, cfg.device, progress=say, backend=cfg.backend,
                     trials=cfg.live_trials, threads=threads, max_remeasure=cfg.live_max_remeasure)
+    here, profiled = hardware_string(cfg.device), profile_hardware(s.table.meta)
+    other = bool(profiled) and not all(same_kind(here, h) for h in profiled)
+    if other:
+        say(f"live: this machine ({here}) is not the kind the profile ran on ({'; '.join(profiled)}): "
+            "a measured label's live violation is counted as other_hardware")
     per, estimate, figures = score_live(runs, stream, decisions, s.p50,
-                                        Constraints(**dict(s.table.meta["constraints"])), s.test)
+                                        Constraints(**dict(s.table.meta["constraints"])), s.test,
+                                        other_hardware=other)
     context.update(live_requests=len(stream), live_trials=cfg.live_trials,
-                   live_threads=f"{threads}: {threads_from}", live_model=str(target))
+                   live_threads=f"{threads}: {threads_from}", live_model=str(target), live_hardware=here,
+                   profile_hardware="; ".join(profiled) or "unknown",
+                   live_on_the_profile_kind=("unknown" if not profiled else not other))
     return LiveScores(per, summarise_live(per), summarise_live(per, by_family=True), estimate, figures,
                       runs=runs)
 
