@@ -554,6 +554,31 @@ def test_the_cost_regimes_are_tuned_and_the_first_trial_has_none():
     assert LightGBMCostRouter.search_space(trial)["cost_regimes"] in ("none", "concurrency")
 
 
+def test_the_limit_gate_is_tuned_for_every_cost_router_and_the_first_trial_keeps_the_default():
+    """The energy and memory gate shares the margin's budget (a stricter gate lets a
+    looser margin certify): tuned, from the default 0.5, and a new space version so
+    studies drawn from the old space start anew."""
+    import optuna
+    from modeswitch.routers.families.cost import LinearCostRouter
+    from modeswitch.routers.training.first_trial import default_trial
+
+    for family, cls in (("cost_lgbm", LightGBMCostRouter), ("cost_linear", LinearCostRouter)):
+        assert default_trial(family)["limit_gate"] == 0.5
+        trial = optuna.create_study().ask()
+        assert 0.15 <= cls.search_space(trial)["limit_gate"] <= 0.6
+    assert (LinearCostRouter.search_space_version, LightGBMCostRouter.search_space_version) == (2, 3)
+    # the gate decides what a margin may admit: a stricter one admits fewer modes
+    X, _ = lone_short_prompts_unseen(300, seed=3)
+    # continuous batching breaks the energy limit now and then, more often the longer the prompt
+    broke = np.random.default_rng(0).random(len(X)) < 0.4 * X["prompt_tokens"].rank(pct=True).to_numpy()
+    X[f"violates_energy__{FAST}"] = broke
+    X[f"safe__{FAST}"] = X[f"safe__{FAST}"].astype(bool) & ~broke
+    r = LightGBMCostRouter(feature_set="A", risk_score="margin", limit_gate=0.6, min_child_samples=10).fit(X)
+    loose = r.risk_scores(X)
+    strict = r.set_params(limit_gate=0.05).risk_scores(X)
+    assert (strict >= loose).all() and (strict == 1.0).sum() > (loose == 1.0).sum()
+
+
 def test_an_unknown_cost_regime_is_refused_with_the_known_ones():
     X, _ = lone_short_prompts_unseen(200, seed=2)
     with pytest.raises(ValueError, match="'none', 'concurrency'"):
