@@ -297,3 +297,45 @@ def test_tuning_tries_the_family_defaults_first_once(table, tmp_path, monkeypatc
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(done) == 4 and sum(t.params == expected for t in done) == 1
 
+
+
+def test_a_grown_search_space_starts_from_the_old_best(table, tmp_path, monkeypatch):
+    """A study under a new search space (a new ``search_space_version``) tries the
+    defaults first and then the best of the same study under the earlier space, its new
+    parameters at their defaults (routers.training.first_trial.carried_trial); a study
+    that already ran is not seeded again."""
+    import optuna
+    from modeswitch.routers.registry import get_family
+    from modeswitch.routers.training import trainer
+    from modeswitch.routers.training.first_trial import carried_trial, default_trial
+    from modeswitch.routers.training.table import TrainingTable
+
+    monkeypatch.setattr(trainer, "served_decision", lambda est, valid: (est.predict(valid), 0.0))
+    data = TrainingTable.of(table)
+    cfg = trainer.TrainConfig(routers=["dt"], trials=4, split="random", mlruns=str(tmp_path / "m"))
+    url = f"sqlite:///{(tmp_path / 'm').resolve() / 'optuna.db'}"
+    (tmp_path / "m").mkdir()
+    # the earlier space's study: its best a trial the new space's first draws would not make
+    best = {"max_depth": 7, "min_samples_leaf": 9, "criterion": "entropy", "class_weight": "balanced",
+            "regret_weights": True}
+    old = optuna.create_study(study_name="space-v1", storage=url)
+    trial = optuna.create_study().ask()  # the space's distributions
+    get_family("dt").factory.search_space(trial)
+    trial.suggest_categorical("regret_weights", [False, True])
+    dists = trial.distributions
+    for value, params in ((0.5, default_trial("dt")), (0.1, best)):
+        old.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=value))
+    # what the earlier best becomes: its own values, anything outside the space now dropped
+    assert carried_trial("dt", best) == best
+    assert carried_trial("dt", {**best, "max_depth": 10_000, "gone": 1}) == {
+        **best, "max_depth": default_trial("dt")["max_depth"]}
+    new = trainer.tune("dt", cfg, data, np.arange(len(table)), "space-v2", earlier=["space-v0", "space-v1"])
+    assert new.trials[0].params == default_trial("dt") and new.trials[1].params == best
+    again = trainer.TrainConfig(routers=["dt"], trials=6, split="random", mlruns=str(tmp_path / "m"))
+    resumed = trainer.tune("dt", again, data, np.arange(len(table)), "space-v2", earlier=["space-v1"])
+    finished = [t for t in resumed.trials if t.state.is_finished()]
+    assert len(finished) == 6 and sum(t.params == best for t in finished) == 1  # not seeded again
+    # a study with no earlier space is seeded with the defaults alone
+    fresh = trainer.tune("dt", cfg, data, np.arange(len(table)), "no-earlier", earlier=["absent"])
+    assert fresh.trials[0].params == default_trial("dt") and fresh.trials[1].params != best
+    assert trainer._tuning_key("cost_lgbm", cfg, 1) == trainer._tuning_key("dt", cfg) == ""

@@ -37,7 +37,7 @@ from modeswitch.routers.registry import (
 from modeswitch.routers.rule_baseline import RuleBaselineRouter
 from modeswitch.routers.training import parallel
 from modeswitch.routers.training.costs import OBJECTIVES, UNSAFE_PENALTY, objective_metrics
-from modeswitch.routers.training.first_trial import default_trial
+from modeswitch.routers.training.first_trial import carried_trial, default_trial
 from modeswitch.routers.training.served import served_decision
 from modeswitch.routers.training.splits import inner_folds
 from modeswitch.routers.training.table import TrainingTable
@@ -170,16 +170,17 @@ def _fit(family, params, cfg: TrainConfig, table: TrainingTable, idx, use_weight
     return table.fit(est, idx, use_weights, cfg.unsafe_penalty)
 
 
-def _tuning_key(family: str, cfg: TrainConfig) -> str:
+def _tuning_key(family: str, cfg: TrainConfig, search_space: int | None = None) -> str:
     """What else the trials' scores depend on, as a suffix of the Optuna study's name
     (empty at the defaults, so studies named before it resume): a changed test share,
     labels, penalty, decision cost, objective or fixed parameters start a new study instead of
     mixing their trials with the old ones; so does a family's changed search space
-    (its ``search_space_version``)."""
+    (its ``search_space_version``; ``search_space``: the key another version had)."""
+    version = search_space or getattr(get_family(family).factory, "search_space_version", 1)
     d = {"test_size": cfg.test_size, "labels": cfg.labels, "unsafe_penalty": cfg.unsafe_penalty,
          "decision_cost": cfg.decision_cost, "params": cfg.router_params.get(family, {}),
          "safety_threshold": cfg.safety_threshold, "fallback": cfg.fallback,
-         "search_space": getattr(get_family(family).factory, "search_space_version", 1),
+         "search_space": version,
          "objective": objective_of(family, cfg)}
     defaults = {"test_size": 0.25, "labels": "all", "unsafe_penalty": UNSAFE_PENALTY, "decision_cost": True,
                 "params": {}, "safety_threshold": None, "fallback": "rule", "search_space": 1,
@@ -222,11 +223,13 @@ def _accepts(family: str, param: str) -> bool:
 
 
 def tune(family, cfg: TrainConfig, table: TrainingTable, train_idx, study_name, callbacks=(),
-         worker: int = 0, parent_run_id: str | None = None):
+         worker: int = 0, parent_run_id: str | None = None, earlier: list[str] = ()):
     """Optuna search over the family's space, until the study holds ``cfg.trials``
     finished trials (whoever ran them); returns the study. Worker 0 with
     ``cfg.workers > 1`` starts the other workers on the same study first
-    (:mod:`routers.training.parallel`)."""
+    (:mod:`routers.training.parallel`). A new study's first trial is the family's
+    defaults; its second, the best of the first study in ``earlier`` (the same study
+    under an earlier search space) holding a finished trial (:mod:`first_trial`)."""
     import optuna  # heavy: only when tuning
     from optuna.study import MaxTrialsCallback  # lazy: Optuna is slow to import
 
@@ -283,7 +286,11 @@ def tune(family, cfg: TrainConfig, table: TrainingTable, train_idx, study_name, 
     states = parallel.finished_states()
     remaining = max(0, cfg.trials - len(study.get_trials(deepcopy=False, states=states)))
     if worker == 0 and remaining:  # the family's defaults first, once per study (first_trial)
+        fresh = not study.get_trials(deepcopy=False)
         study.enqueue_trial(default_trial(family), skip_if_exists=True)
+        best = _earlier_best(url, earlier) if fresh else None
+        if best is not None:  # then the best its earlier space found
+            study.enqueue_trial(carried_trial(family, best), skip_if_exists=True)
     procs = []
     if worker == 0 and cfg.workers > 1 and remaining:
         job = {"cfg": cfg, "family": family, "table": table, "train_idx": train_idx, "study_name": study_name}
@@ -296,6 +303,22 @@ def tune(family, cfg: TrainConfig, table: TrainingTable, train_idx, study_name, 
         raise
     parallel.join_workers(procs)
     return study
+
+
+def _earlier_best(url: str, names) -> dict | None:
+    """The best finished trial's parameters of the first study of ``names`` in the
+    storage that has one; None where none has."""
+    import optuna  # heavy: only when tuning
+
+    known = {s.study_name for s in optuna.get_all_study_summaries(url, include_best_trial=False)}
+    for name in names:
+        if name not in known:
+            continue
+        done = optuna.load_study(study_name=name, storage=url).get_trials(
+            deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if done:
+            return dict(min(done, key=lambda t: t.value).params)
+    return None
 
 
 def worker_main(job: dict, worker: int, parent_run_id: str | None) -> None:
@@ -490,10 +513,14 @@ def _tune_or_preset(family, cfg: TrainConfig, data: TrainingData, on_trial=None)
     if cfg.preset:
         return Tuned(dict(PAPER_PRESET["params"].get(family, {})), False, None)
     cbs = [mlflow_callback(cfg, {"nested": True})] + ([on_trial] if on_trial is not None else [])
-    study_name = f"{data.experiment}-{family}-{cfg.split}-{cfg.feature_set}-s{cfg.seed}{_tuning_key(family, cfg)}"
+    stem = f"{data.experiment}-{family}-{cfg.split}-{cfg.feature_set}-s{cfg.seed}"
+    study_name = stem + _tuning_key(family, cfg)
+    version = getattr(get_family(family).factory, "search_space_version", 1)
+    # the same study under the family's earlier search spaces, latest first (first_trial)
+    earlier = [stem + _tuning_key(family, cfg, v) for v in range(version - 1, 0, -1)]
     train_idx = data.folds[0][0] if cfg.split != "lofo" else np.arange(len(data.table))
     study = tune(family, cfg, data.table, train_idx, study_name, cbs,
-                 parent_run_id=mlflow.active_run().info.run_id)
+                 parent_run_id=mlflow.active_run().info.run_id, earlier=earlier)
     params = dict(study.best_params)
     use_w = bool(params.pop("regret_weights", False))
     mlflow.log_metric("best_validation_objective", study.best_value)
