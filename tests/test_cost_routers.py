@@ -479,8 +479,9 @@ def test_fixed_router_parameters_reach_the_fitted_router_and_name_their_own_tuni
     table = TrainingTable(frame, {"modes": [REF, FAST, QUANT]})
     est = _fit("cost_lgbm", {"max_risk": 0.2, "num_leaves": 7}, cfg, table, np.arange(300), False)
     assert (est.risk_score, est.cost_features, est.max_risk, est.num_leaves) == ("margin", "shape", 0.45, 7)
-    assert _tuning_key("cost_linear", TrainConfig()) == "" and _tuning_key("cost_linear", cfg) == ""
-    # a changed search space (cost_lgbm's version 2: cost_regimes) names its own study too
+    # a changed search space (cost_linear's version 2, cost_lgbm's 3: limit_gate) names its own study too
+    assert _tuning_key("cost_linear", cfg) == _tuning_key("cost_linear", TrainConfig()) != ""
+    assert _tuning_key("cost_linear", TrainConfig(), search_space=1) == ""
     assert _tuning_key("cost_lgbm", TrainConfig()).startswith("-")
     assert _tuning_key("cost_lgbm", cfg) not in ("", _tuning_key("cost_lgbm", TrainConfig()))
     assert _tuning_key("cost_lgbm", TrainConfig(test_size=0.5)) not in ("", _tuning_key("cost_lgbm", cfg))
