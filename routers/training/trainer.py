@@ -223,7 +223,7 @@ def _accepts(family: str, param: str) -> bool:
 
 
 def tune(family, cfg: TrainConfig, table: TrainingTable, train_idx, study_name, callbacks=(),
-         worker: int = 0, parent_run_id: str | None = None, earlier: list[str] = ()):
+         worker: int = 0, parent_run_id: str | None = None, earlier: tuple[str, ...] | list[str] = ()):
     """Optuna search over the family's space, until the study holds ``cfg.trials``
     finished trials (whoever ran them); returns the study. Worker 0 with
     ``cfg.workers > 1`` starts the other workers on the same study first
