@@ -11,7 +11,8 @@ The instruction sets (:data:`ISA_FLAGS`, from ``/proc/cpuinfo``) because the out
 depend on them, not only the times: PyTorch's CPU kernels pick their code by what
 the CPU offers, and two kernels sum in different orders, so a greedy answer near a
 tie between two tokens changes. Two machines of this project's kind, both "AMD
-EPYC", one with AVX-512 and one without, gave the same SmolLM2 request different
+EPYC", one with 1 MiB L2 caches (its flags not recorded then) and one with 512 KiB and
+AVX2 only, gave the same SmolLM2 request different
 reference answers (8 tokens and 9) and an INT8 mode ROUGE-L 1.0 on one and 0.15 on
 the other (2026-12-05, ``shared_prefix_chat-4-00001``). So a quality label measured
 on one holds on the other only as far as :func:`same_kind` says.

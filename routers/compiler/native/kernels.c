@@ -52,6 +52,7 @@
 #define N_SHAPE 8            /* feature set A's columns, first in every row */
 #define MAX_CONTENT_COLS 64  /* a content table's columns (dataset/content_features.py) */
 #define MAX_SHARE 65536      /* the prompt's last tokens the content features read, at most */
+#define STACK_IDS 4096       /* ids a decision converts on the stack */
 #ifndef GROUP
 #define GROUP 8
 #endif
@@ -931,8 +932,8 @@ static int content_x(const Model *m, PyObject *self, PyObject *req, double *x) {
     if (!seq) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), start = n > m->content_share ? n - m->content_share : 0;
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    long long buf[MAX_SHARE < 4096 ? MAX_SHARE : 4096], *ids_c = buf;
-    if (n - start > 4096 && !(ids_c = malloc(sizeof(long long) * (size_t)(n - start)))) {
+    long long buf[STACK_IDS], *ids_c = buf;  /* a longer window goes to the heap */
+    if (n - start > STACK_IDS && !(ids_c = malloc(sizeof(long long) * (size_t)(n - start)))) {
         Py_DECREF(seq);
         PyErr_NoMemory();
         return -1;
