@@ -27,6 +27,7 @@ from modeswitch.cli.common import (
     Fallback,
     FeatureSet,
     Incomplete,
+    LofoTuning,
     Split,
     TuningObjective,
     config_defaults,
@@ -259,7 +260,8 @@ SET_ALL = {
                "--safety-threshold", "0.5", "--fallback", "reference", "--labels", "measured", "--storage",
                "sqlite:///x.db", "--target-violation-rate", "0.05", "--mlruns", "m2", "--preset", "modeswitch-paper",
                "--workers", "3", "--tracking-uri", "http://127.0.0.1:5999", "--certificate", "per-family",
-               "--no-decision-cost", "--router-params", "dt.max_depth=3", "--tuning-objective", "capture"]],
+               "--no-decision-cost", "--router-params", "dt.max_depth=3", "--tuning-objective", "capture",
+               "--lofo-tuning", "pooled"]],
     "score": [["score", "--run", "r1", "--no-compile", "--decisions", "5",
                "--pipeline-decisions", "6", "--live", "--live-requests", "3", "--live-per-family", "4", "--live-trials", "2",
                "--live-threads", "2", "--live-max-remeasure", "1", "--model", "/m",
@@ -302,6 +304,9 @@ def test_choices_match_the_code_that_consumes_them():
     from modeswitch.routers.training.costs import OBJECTIVES
 
     assert typing.get_args(TuningObjective) == OBJECTIVES
+    from modeswitch.routers.training.splits import LOFO_TUNING
+
+    assert typing.get_args(LofoTuning) == LOFO_TUNING
 
 
 @pytest.mark.parametrize("cmd", ["serve", "profile", "score"])

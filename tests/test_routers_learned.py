@@ -339,3 +339,72 @@ def test_a_grown_search_space_starts_from_the_old_best(table, tmp_path, monkeypa
     fresh = trainer.tune("dt", cfg, data, np.arange(len(table)), "no-earlier", earlier=["absent"])
     assert fresh.trials[0].params == default_trial("dt") and fresh.trials[1].params != best
     assert trainer._tuning_key("cost_lgbm", cfg, 1) == trainer._tuning_key("dt", cfg) == ""
+
+
+def test_leave_one_family_out_tunes_each_fold_without_its_family(table, tmp_path, monkeypatch):
+    """``lofo_tuning="nested"`` (the default): one Optuna study per fold, on its training
+    families only, so no held-out family's outcomes choose its own parameters; every
+    fold's parameters are logged (``fold_params.json``) and the score step refits each
+    fold with its own. ``pooled``: one study on every row."""
+    import mlflow
+    from modeswitch.routers.scoring.run import _tuning_said, held_out_family_routers, load_routers
+    from modeswitch.routers.training import trainer
+    from modeswitch.routers.training.table import TrainingTable
+    from modeswitch.routers.training.tracking import FOLD_PARAMS
+
+    monkeypatch.setattr(trainer, "served_decision", lambda est, valid: (est.predict(valid), 0.0))
+    tuned_on = {}
+    real_tune = trainer.tune
+
+    def recording_tune(family, cfg, data, train_idx, study_name, *args, **kwargs):
+        tuned_on[study_name] = set(data.frame["family"].iloc[train_idx])
+        return real_tune(family, cfg, data, train_idx, study_name, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "tune", recording_tune)
+    families = set(table["family"])
+    cfg = trainer.TrainConfig(routers=["dt"], trials=3, split="lofo", mlruns=str(tmp_path / "m"))
+    assert cfg.lofo_tuning == "nested"
+    res = trainer.train(table, cfg)
+    assert len(tuned_on) == len(families)
+    for name, seen in tuned_on.items():
+        held_out = name.partition("-without-")[2]
+        assert held_out in families and seen == families - {held_out}, name
+    run_id = res["run_id"].item()
+    folds = mlflow.artifacts.load_dict(f"runs:/{run_id}/{FOLD_PARAMS}")
+    assert set(folds) == families
+    assert mlflow.MlflowClient().get_run(run_id).data.params["lofo_tuning"] == "nested"
+    # the score step refits every fold with the parameters its own study chose
+    trained = load_routers(table, str(tmp_path / "m"), [run_id])
+    assert trained[0].fold_params == folds
+    assert "dt: one Optuna study per fold" in _tuning_said(trained)  # the report's header says so
+    refits = held_out_family_routers(TrainingTable.of(table), trained)["dt"].by_family
+    for fam, fold in folds.items():
+        got = refits[fam].get_params()
+        assert {k: got[k] for k in fold["params"]} == fold["params"], fam
+    assert len({json.dumps(f["params"], sort_keys=True) for f in folds.values()}) > 1  # they differ
+
+    tuned_on.clear()
+    pooled = trainer.TrainConfig(routers=["dt"], trials=3, split="lofo", lofo_tuning="pooled",
+                                 mlruns=str(tmp_path / "p"))
+    run_id = trainer.train(table, pooled)["run_id"].item()
+    assert list(tuned_on.values()) == [families]
+    trained = load_routers(table, str(tmp_path / "p"), [run_id])
+    assert trained[0].fold_params is None and "(pooled)" in _tuning_said(trained)
+    with pytest.raises(InputError, match="--lofo-tuning 'inner'"):
+        trainer.TrainConfig(lofo_tuning="inner")
+
+
+def test_a_refit_takes_a_folds_own_parameters_certified_or_not(table):
+    """``TrainingTable.refit(..., params=)``: the clone gets the fold's parameters; on a
+    certified router they go to the router it certifies."""
+    from modeswitch.routers.certified import CertifiedRouter
+    from modeswitch.routers.training.table import TrainingTable
+
+    data = TrainingTable.of(table)
+    rows = np.arange(len(table))
+    plain = data.fit(get_router("dt", max_depth=3), rows)
+    assert data.refit(plain, rows, params={"max_depth": 2}).get_params()["max_depth"] == 2
+    assert plain.get_params()["max_depth"] == 3  # the fitted router is left as it was
+    cert = CertifiedRouter(get_router("cost_linear", max_risk=0.2), target_violation_rate=0.05)
+    refit = data.refit(cert, rows, params={"max_risk": 0.1})
+    assert refit.router.max_risk == 0.1 and cert.router.max_risk == 0.2

@@ -241,3 +241,29 @@ def test_tuning_turns_heartbeats_on_only_for_a_shared_study(table, tmp_path, mon
     study = optuna.load_study(study_name=optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'shared.db'}")[0]
                               .study_name, storage=f"sqlite:///{tmp_path / 'shared.db'}")
     assert all("worker" in t.user_attrs for t in study.trials)  # which process ran each trial
+
+
+def test_local_workers_share_the_cores_out(table, tmp_path, monkeypatch):
+    """With ``--workers N`` each process's BLAS and OpenMP pools keep to its share of the
+    cores (parallel.threads_per_worker), instead of every process starting pools as wide
+    as the machine; one process is left as it is."""
+    import numpy as np
+    from modeswitch.routers.training import parallel, trainer
+    from modeswitch.routers.training.table import TrainingTable
+    from threadpoolctl import threadpool_info
+
+    cores = len(os.sched_getaffinity(0))
+    assert parallel.threads_per_worker(1) == cores
+    assert parallel.threads_per_worker(cores * 4) == 1
+    seen = []
+
+    def served(est, valid):  # runs inside each trial, in this process
+        seen.append(max((p["num_threads"] for p in threadpool_info()), default=0))
+        return est.predict(valid), 0.0
+
+    monkeypatch.setattr(trainer, "served_decision", served)
+    monkeypatch.setattr(parallel, "tune_in_workers", lambda *a, **k: [])  # this process alone
+    data = TrainingTable.read(table)
+    cfg = trainer.TrainConfig(routers=["dt"], trials=2, split="random", mlruns=str(tmp_path / "m"), workers=2)
+    trainer.tune("dt", cfg, data, np.arange(len(data.frame)), "shared-out")
+    assert seen and max(seen) <= parallel.threads_per_worker(2)

@@ -148,6 +148,7 @@ QualityScope = Annotated[Literal["family", "request"] | None, typer.Option(
          "request's own figures [{quality_scope}].")]
 Labels = Literal["all", "measured"]
 TuningObjective = Literal["regret", "capture"]
+LofoTuning = Literal["nested", "pooled"]
 Certificate = Literal["pooled", "per-family", "family-held-out", "per-family-held-out", "family-cross-fit",
                       "per-family-cross-fit"]
 

@@ -26,7 +26,7 @@ from modeswitch.oracle import Constraints
 from modeswitch.routers.certificates import CERTIFICATES
 from modeswitch.routers.registry import check_router_params
 from modeswitch.routers.training.costs import OBJECTIVES
-from modeswitch.routers.training.splits import SPLITS
+from modeswitch.routers.training.splits import LOFO_TUNING, SPLITS
 
 DEFAULT_FAMILIES = (
     "short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",
@@ -42,12 +42,15 @@ TABLES = {
                 "length_scale", "interleave", "threads"),
     "dataset": ("drawn_requests", "swept_per_family", "confidence"),
     "train": ("splits", "routers", "tuning_trials", "feature_set", "labels", "test_size",
-              "target_violation_rate", "certificate", "router_params", "tuning_objective"),
+              "target_violation_rate", "certificate", "router_params", "tuning_objective", "lofo_tuning",
+              "workers"),
     "score": ("live", "live_per_family", "live_trials", "decisions"),
 }
 #: fields added after studies had begun, left out of the identity at their default
 LATER_FIELDS = {"target_violation_rate": 0.01, "certificate": "pooled", "swept_per_family": 0,
-                "confidence": False, "router_params": {}, "tuning_objective": "regret"}
+                "confidence": False, "router_params": {}, "tuning_objective": "regret",
+                # studies before it tuned leave-one-family-out once, on every row
+                "lofo_tuning": "pooled", "workers": 1}
 #: tables holding a mapping handed on as it is (checked by their own owners)
 MAPPINGS = ("conditions", "constraints")
 
@@ -103,6 +106,13 @@ class StudyConfig:
     router_params: dict = field(default_factory=dict)
     #: what Optuna minimises: "regret" or "capture" (routers.training.costs.OBJECTIVES)
     tuning_objective: str = "regret"
+    #: leaving one family out: one Optuna study per fold ("nested") or one on every row
+    #: ("pooled"); routers.training.trainer.TrainConfig.lofo_tuning says why nested
+    lofo_tuning: str = "nested"
+    #: local processes tuning each study together (routers.training.parallel): faster on
+    #: several cores, but each process samples with its own seed, so trials are not
+    #: reproducible one by one
+    workers: int = 1
     live: bool = True
     live_per_family: int = 3
     live_trials: int = 2
@@ -114,7 +124,7 @@ class StudyConfig:
             raise ValueError(f"train.splits: unknown split(s) {', '.join(bad)}; choose from {', '.join(SPLITS)}")
         # every number finite, in range and within what this machine can hold, before any
         # step starts (length_scale = inf or requests_per_family = 1e20 failed in the profile)
-        for name in ("requests_per_family", "trials", "live_trials", "tuning_trials", "decisions"):
+        for name in ("requests_per_family", "trials", "live_trials", "tuning_trials", "decisions", "workers"):
             count(name, getattr(self, name))
         for name in ("max_remeasure", "drawn_requests", "live_per_family", "swept_per_family"):
             count(name, getattr(self, name), minimum=0)
@@ -130,6 +140,8 @@ class StudyConfig:
             raise ValueError(f"train.certificate {self.certificate!r}: choose one of {', '.join(CERTIFICATES)}")
         if self.tuning_objective not in OBJECTIVES:
             raise ValueError(f"train.tuning_objective {self.tuning_objective!r}: choose one of {', '.join(OBJECTIVES)}")
+        if self.lofo_tuning not in LOFO_TUNING:
+            raise ValueError(f"train.lofo_tuning {self.lofo_tuning!r}: choose one of {', '.join(LOFO_TUNING)}")
 
     # ------------------------------------------------------------- the file
     @classmethod

@@ -394,7 +394,8 @@ class Study:
                           trials=c.tuning_trials, seed=42 + c.seed, mlruns=c.mlruns, labels=c.labels,
                           target_violation_rate=c.target_violation_rate, certificate=c.certificate,
                           router_params={k: dict(v) for k, v in c.router_params.items()},
-                          tuning_objective=c.tuning_objective, **families)
+                          tuning_objective=c.tuning_objective, lofo_tuning=c.lofo_tuning,
+                          workers=c.workers, **families)
         if self.console is None:
             res = train(self._table(), cfg, None)
         else:

@@ -50,7 +50,7 @@ from modeswitch.routers.scoring.threshold_sweep import (
 )
 from modeswitch.routers.training.splits import split_indices
 from modeswitch.routers.training.table import TrainingTable
-from modeswitch.routers.training.tracking import setup, use_tracking_uri
+from modeswitch.routers.training.tracking import FOLD_PARAMS, setup, use_tracking_uri
 
 #: live requests per family by default (the study's issue: at least six)
 LIVE_PER_FAMILY = 6
@@ -120,6 +120,10 @@ class TrainedRouter:
     #: trained with regret weights (a refit per fold needs them too)
     regret_weights: bool = False
     unsafe_penalty: float = 1.0
+    #: leave one family out, tuned per fold (``lofo_tuning="nested"``): each fold's
+    #: parameters and regret weights, by held-out family (the run's ``fold_params.json``);
+    #: None: every fold refits with the logged model's
+    fold_params: dict | None = None
 
 
 def find_runs(table: pd.DataFrame, mlruns: str, run_ids=()) -> list[dict]:
@@ -157,7 +161,8 @@ def find_runs(table: pd.DataFrame, mlruns: str, run_ids=()) -> list[dict]:
                     "test_size": float(params.get("test_size", 0.25)), "seed": int(params.get("seed", 42)),
                     "model_uri": tags.get("model_uri"),
                     "regret_weights": params.get("regret_weights", "False") == "True",
-                    "unsafe_penalty": float(tags.get("unsafe_penalty", 1.0))})
+                    "unsafe_penalty": float(tags.get("unsafe_penalty", 1.0)),
+                    "nested": params.get("lofo_tuning") == "nested"})
     return out
 
 
@@ -175,8 +180,9 @@ def load_routers(table, mlruns, run_ids=()) -> list[TrainedRouter]:
                 raise InputError(f"run {r['run_id']} has no logged router model")
             uri = f"models:/{models[0].model_id}"
         est = mlflow.sklearn.load_model(uri)
+        folds = _fold_params(r["run_id"]) if r["nested"] else None
         out.append(TrainedRouter(r["family"], r["run_id"], uri, est, r["split"], r["test_size"],
-                                 r["seed"], r["feature_set"], r["regret_weights"], r["unsafe_penalty"]))
+                                 r["seed"], r["feature_set"], r["regret_weights"], r["unsafe_penalty"], folds))
     return out
 
 
@@ -196,6 +202,17 @@ def _split_of(trained: list[TrainedRouter]) -> tuple:
         raise InputError("the routers to score were trained with different splits "
                          f"({sorted(keys)}); name runs of one split with --run")
     return next(iter(keys))
+
+
+def _fold_params(run_id: str) -> dict:
+    """A nested leave-one-family-out run's per-fold parameters (its ``fold_params.json``)."""
+    import mlflow  # lazy: MLflow is slow to import
+
+    try:
+        return mlflow.artifacts.load_dict(f"runs:/{run_id}/{FOLD_PARAMS}")
+    except Exception as exc:  # MLflow raises its own errors for a missing artifact
+        raise InputError(f"run {run_id} was tuned per leave-one-family-out fold but its {FOLD_PARAMS} "
+                         f"cannot be read ({type(exc).__name__}: {exc}); retrain it") from None
 
 
 class HeldOutFamilyRouter:
@@ -232,14 +249,23 @@ class HeldOutFamilyRouter:
 
 def held_out_family_routers(table: TrainingTable, trained: list[TrainedRouter]) -> dict:
     """Per trained router, a :class:`HeldOutFamilyRouter` refitted on every
-    leave-one-family-out fold (as training fitted it: :meth:`TrainingTable.refit`)."""
+    leave-one-family-out fold (as training fitted it: :meth:`TrainingTable.refit`, with
+    the fold's own parameters where training tuned each fold)."""
     folds = table.folds(*_split_of(trained))
     out = {}
     for t in trained:
         by_family = {}
         for tr, te in folds:
             fam = str(table.frame["family"].iloc[te[0]])
-            by_family[fam] = table.refit(t.estimator, tr, t.regret_weights, t.unsafe_penalty)
+            if t.fold_params is None:
+                by_family[fam] = table.refit(t.estimator, tr, t.regret_weights, t.unsafe_penalty)
+                continue
+            if fam not in t.fold_params:
+                raise InputError(f"run {t.run_id} ({t.name}) was tuned per fold, but not for a fold holding "
+                                 f"{fam!r} out (it has {', '.join(sorted(t.fold_params))})")
+            fold = t.fold_params[fam]
+            by_family[fam] = table.refit(t.estimator, tr, bool(fold["regret_weights"]), t.unsafe_penalty,
+                                         params=fold["params"])
         out[t.name] = HeldOutFamilyRouter(by_family)
     return out
 
@@ -383,7 +409,20 @@ def report_context(s: Scoring, cfg: ScoreConfig, out: Path) -> dict:
         "split": s.trained[0].split, "constraints": json.dumps(meta["constraints"]),
         "decision_path": "compiled" if cfg.compiled else "pipeline (--no-compile)",
         "router_runs": ", ".join(f"{t.name}={t.run_id}" for t in s.trained),
+        **({"tuning": _tuning_said(s.trained)} if s.trained[0].split == "lofo" else {}),
     }
+
+
+def _tuning_said(trained: list[TrainedRouter]) -> str:
+    """Leaving one family out: where each router's parameters were tuned."""
+    nested = [t.name for t in trained if t.fold_params is not None]
+    pooled = [t.name for t in trained if t.fold_params is None]
+    said = []
+    if nested:
+        said.append(f"{', '.join(nested)}: one Optuna study per fold, on its training families only (nested)")
+    if pooled:
+        said.append(f"{', '.join(pooled)}: one study on every row, the held-out family's among them (pooled)")
+    return "; ".join(said)
 
 
 def live_decisions(s: Scoring, stream: list) -> dict:

@@ -21,6 +21,9 @@ from sklearn.model_selection import (
 )
 
 SPLITS = ("random", "group", "lofo")
+#: where leave-one-family-out tunes: one study per fold, on its training families only
+#: ("nested"), or one on every row ("pooled"); routers.training.trainer says why nested
+LOFO_TUNING = ("nested", "pooled")
 
 
 def split_indices(table: pd.DataFrame, split: str = "group", test_size: float = 0.25,

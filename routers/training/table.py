@@ -20,6 +20,7 @@ import pandas as pd
 from modeswitch.dataset.errors import InputError
 from modeswitch.oracle.content_columns import TOKEN_IDS
 from modeswitch.oracle.training_table import frame_hash, table_meta
+from modeswitch.routers.certified import CertifiedRouter
 from modeswitch.routers.training.costs import UNSAFE_PENALTY, regret_weights
 from modeswitch.routers.training.splits import split_indices
 from sklearn.base import clone
@@ -126,6 +127,14 @@ class TrainingTable:
         w = regret_weights(part.frame, part.modes, unsafe_penalty) if regret_weighted else None
         return router.fit(part.frame, part.labels, sample_weight=w)
 
-    def refit(self, router, rows, regret_weighted: bool = False, unsafe_penalty: float = UNSAFE_PENALTY):
-        """A fresh clone of the fitted ``router`` (same hyperparameters) fitted on ``rows``."""
-        return self.fit(clone(router), rows, regret_weighted, unsafe_penalty)
+    def refit(self, router, rows, regret_weighted: bool = False, unsafe_penalty: float = UNSAFE_PENALTY,
+              params: dict | None = None):
+        """A fresh clone of the fitted ``router`` (same hyperparameters) fitted on ``rows``.
+        ``params``: the family's hyperparameters to set on the clone instead (a nested
+        leave-one-family-out fold's own, as training tuned them); on a certified router
+        they go to the router it certifies."""
+        fresh = clone(router)
+        if params:
+            inner = "router__" if isinstance(fresh, CertifiedRouter) else ""
+            fresh.set_params(**{inner + k: v for k, v in params.items()})
+        return self.fit(fresh, rows, regret_weighted, unsafe_penalty)

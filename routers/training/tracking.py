@@ -37,6 +37,10 @@ _USER_URI = os.environ.get("MLFLOW_TRACKING_URI")
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 
+#: a training run tuned per leave-one-family-out fold keeps every fold's parameters in
+#: this artifact, by held-out family (the trainer writes it, the score step reads it)
+FOLD_PARAMS = "fold_params.json"
+
 
 def use_tracking_uri(uri: str | None) -> None:
     """Track in ``uri`` (``--tracking-uri``) instead of ``mlruns/`` for the rest of this

@@ -19,6 +19,7 @@ import os
 import socket
 import tempfile
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,9 +40,10 @@ from modeswitch.routers.training import parallel
 from modeswitch.routers.training.costs import OBJECTIVES, UNSAFE_PENALTY, objective_metrics
 from modeswitch.routers.training.first_trial import carried_trial, default_trial
 from modeswitch.routers.training.served import served_decision
-from modeswitch.routers.training.splits import inner_folds
+from modeswitch.routers.training.splits import LOFO_TUNING, inner_folds
 from modeswitch.routers.training.table import TrainingTable
 from modeswitch.routers.training.tracking import (
+    FOLD_PARAMS,
     git_commit,
     log_table_input,
     setup,
@@ -49,6 +51,7 @@ from modeswitch.routers.training.tracking import (
     use_tracking_uri,
 )
 from sklearn.metrics import ConfusionMatrixDisplay
+from threadpoolctl import threadpool_limits
 
 #: The study's learned-router setup (arXiv 2605.23057): random 75/25 split, seed 42,
 #: scaler + one-hot pipeline, fixed hyperparameters.
@@ -114,6 +117,12 @@ class TrainConfig:
     #: oracle's saving kept + the penalty times the violation rate, the report's figure).
     #: The other families always minimise regret
     tuning_objective: str = "regret"
+    #: leaving one family out, where the parameters are tuned (:data:`LOFO_TUNING`):
+    #: "nested", one Optuna study per fold on its training families only, so no held-out
+    #: family's outcomes choose the parameters it is scored with; "pooled", one study
+    #: on every row (7x cheaper with 7 families, but the held-out family's outcomes
+    #: take part in choosing its parameters: a selection effect)
+    lofo_tuning: str = "nested"
 
     def __post_init__(self):
         if self.workers < 1:
@@ -126,6 +135,8 @@ class TrainConfig:
             raise InputError(f"--certificate {self.certificate!r}: choose one of {', '.join(CERTIFICATES)}")
         if self.tuning_objective not in OBJECTIVES:
             raise InputError(f"--tuning-objective {self.tuning_objective!r}: choose one of {', '.join(OBJECTIVES)}")
+        if self.lofo_tuning not in LOFO_TUNING:
+            raise InputError(f"--lofo-tuning {self.lofo_tuning!r}: choose one of {', '.join(LOFO_TUNING)}")
 
     def apply_preset(self) -> TrainConfig:
         if self.preset is None:
@@ -295,9 +306,12 @@ def tune(family, cfg: TrainConfig, table: TrainingTable, train_idx, study_name, 
     if worker == 0 and cfg.workers > 1 and remaining:
         job = {"cfg": cfg, "family": family, "table": table, "train_idx": train_idx, "study_name": study_name}
         procs = parallel.tune_in_workers(cfg.workers, worker_main, job, parent_run_id)
+    # several local processes: each keeps to its share of the cores (threads_per_worker)
+    limits = threadpool_limits(parallel.threads_per_worker(cfg.workers)) if cfg.workers > 1 else nullcontext()
     try:
-        study.optimize(objective, n_trials=remaining,
-                       callbacks=[MaxTrialsCallback(cfg.trials, states=states), *callbacks])
+        with limits:
+            study.optimize(objective, n_trials=remaining,
+                           callbacks=[MaxTrialsCallback(cfg.trials, states=states), *callbacks])
     except BaseException:
         parallel.stop_workers(procs)
         raise
@@ -380,7 +394,10 @@ def _progress_callback(progress, task, family):
             best = f", best {study.best_value:.3f}"
         except ValueError:  # every trial so far was pruned
             best = ""
-        progress.update(task, advance=1, description=f"tuning {family}: trial {trial.number}{best}")
+        # a nested fold's study is named after the family it holds out
+        fold = study.study_name.partition("-without-")[2].split("-")[0]
+        where = f" without {fold}" if fold else ""
+        progress.update(task, advance=1, description=f"tuning {family}{where}: trial {trial.number}{best}")
 
     return callback
 
@@ -433,7 +450,8 @@ def train(table: pd.DataFrame | TrainingTable, cfg: TrainConfig, progress=None) 
     setup(Path(cfg.mlruns), data.experiment)
     task = None
     if progress is not None:
-        total = len(cfg.routers) * (0 if cfg.preset else cfg.trials)
+        studies = len(data.folds) if _nested(cfg) else 1
+        total = len(cfg.routers) * (0 if cfg.preset else cfg.trials * studies)
         task = progress.add_task("tuning", total=max(total, 1))
     results = []
     for family in cfg.routers:
@@ -462,12 +480,15 @@ def _training_data(table, cfg: TrainConfig) -> TrainingData:
 
 def _train_family(family, cfg: TrainConfig, data: TrainingData, on_trial=None) -> dict:
     """One family inside its (open) MLflow parent run: tags, tuning, params, held-out
-    metrics next to the rule baseline's, plots, the model. Returns its result columns."""
+    metrics next to the rule baseline's, plots, the model. Returns its result columns.
+    Tuned per fold (:func:`_nested`), the params logged are the first fold's (its model is
+    the one logged) and ``fold_params.json`` holds every fold's, by held-out family."""
     import mlflow  # heavy: only when training
 
     mlflow.set_tags(_tags(family, cfg, data))
     log_table_input(data.table.frame, "training")
-    tuned = _tune_or_preset(family, cfg, data, on_trial)
+    per_fold = _tune_per_fold(family, cfg, data, on_trial)
+    tuned = per_fold[0]
     fixed = cfg.router_params.get(family, {})
     mlflow.log_params({**{f"param_{k}": v for k, v in {**tuned.params, **fixed}.items()},
                        **{f"fixed_{k}": v for k, v in fixed.items()},
@@ -475,19 +496,51 @@ def _train_family(family, cfg: TrainConfig, data: TrainingData, on_trial=None) -
                        "safety_threshold": cfg.safety_threshold, "fallback": cfg.fallback,
                        "test_size": cfg.test_size, "seed": cfg.seed,
                        "target_violation_rate": cfg.target_violation_rate,
-                       "tuning_objective": objective_of(family, cfg)})
-    held = _cross_fit(family, tuned, cfg, data)
+                       "tuning_objective": objective_of(family, cfg),
+                       **({"lofo_tuning": cfg.lofo_tuning} if cfg.split == "lofo" else {})})
+    if _nested(cfg):
+        log_fold_params(data, per_fold, fixed)
+    held = _cross_fit(family, per_fold, cfg, data)
     metrics, rule_metrics = _held_out_metrics(held, cfg, data, objective_of(family, cfg))
     mlflow.log_metrics({f"test_{k}": v for k, v in metrics.items()})
     mlflow.log_metrics({f"rule_test_{k}": v for k, v in rule_metrics.items()})
     _log_artifacts(family, held, data)
     model_uri = _log_model(held.model, data)
+    best = [t.best_value for t in per_fold if t.best_value is not None]
     return {
-        "model_uri": model_uri, "best_validation_objective": tuned.best_value,
+        "model_uri": model_uri, "best_validation_objective": float(np.mean(best)) if best else None,
         **{f"test_{k}": v for k, v in metrics.items()},
         **{f"rule_{k}": v for k, v in rule_metrics.items()},
         "n_test": len(held.rows), "params": json.dumps({**tuned.params, **fixed}, default=str),
     }
+
+
+def _nested(cfg: TrainConfig) -> bool:
+    """Whether each leave-one-family-out fold is tuned on its own training families."""
+    return cfg.split == "lofo" and cfg.lofo_tuning == "nested" and not cfg.preset
+
+
+def _held_out_family(data: TrainingData, test_rows) -> str:
+    return str(data.table.frame["family"].iloc[test_rows[0]])
+
+
+def log_fold_params(data: TrainingData, per_fold: list[Tuned], fixed: dict) -> None:
+    """Every fold's parameters as ``fold_params.json`` in the open run, by held-out
+    family (what the score step refits each fold with), and each fold's best validation
+    objective as ``best_validation_objective.<family>`` (their mean without the suffix)."""
+    import mlflow  # heavy: only when training
+
+    folds = {}
+    for (_, te), t in zip(data.folds, per_fold):
+        fam = _held_out_family(data, te)
+        folds[fam] = {"params": {**t.params, **fixed}, "regret_weights": t.use_weights,
+                      "best_validation_objective": t.best_value}
+        if t.best_value is not None:
+            mlflow.log_metric(f"best_validation_objective.{fam}", t.best_value)
+    best = [t.best_value for t in per_fold if t.best_value is not None]
+    if best:
+        mlflow.log_metric("best_validation_objective", float(np.mean(best)))
+    mlflow.log_dict(json.loads(json.dumps(folds, default=str)), FOLD_PARAMS)
 
 
 def _tags(family, cfg: TrainConfig, data: TrainingData) -> dict:
@@ -503,27 +556,49 @@ def _tags(family, cfg: TrainConfig, data: TrainingData) -> dict:
     }
 
 
-def _tune_or_preset(family, cfg: TrainConfig, data: TrainingData, on_trial=None) -> Tuned:
+def _tune_per_fold(family, cfg: TrainConfig, data: TrainingData, on_trial=None) -> list[Tuned]:
+    """The parameters each outer fold is fitted with. Leaving one family out with
+    ``lofo_tuning="nested"``: one study per fold, on that fold's training rows only,
+    so the held-out family's outcomes never choose its own parameters (nested
+    cross-validation, Varma and Simon, BMC Bioinformatics 7:91, 2006). Why: tuned once
+    on every row, each trial's score includes the family later held out (a selection
+    effect), and its certificate is cross-fitted over all families, while each fold's
+    certificate has one family fewer, with deciders fitted on one fewer again: a
+    trial's score then answers another question than the fold's. Otherwise one tuning
+    serves every fold."""
+    if _nested(cfg):
+        return [_tune_or_preset(family, cfg, data, on_trial, tr, _held_out_family(data, te))
+                for tr, te in data.folds]
+    return [_tune_or_preset(family, cfg, data, on_trial)] * len(data.folds)
+
+
+def _tune_or_preset(family, cfg: TrainConfig, data: TrainingData, on_trial=None, train_idx=None,
+                    held_out: str | None = None) -> Tuned:
     """A preset fixes the parameters; otherwise Optuna tunes them, one nested MLflow
-    run per trial, on the outer split's training part (with leave-one-family-out,
-    whose folds each train on different rows, on every row; its inner folds still
-    hold whole families out)."""
+    run per trial, on ``train_idx`` (default: the outer split's training part; leaving
+    one family out, whose folds each train on different rows, every row; its inner
+    folds still hold whole families out). ``held_out``: the family a nested fold holds
+    out, which names its study."""
     import mlflow  # heavy: only when training
 
     if cfg.preset:
         return Tuned(dict(PAPER_PRESET["params"].get(family, {})), False, None)
     cbs = [mlflow_callback(cfg, {"nested": True})] + ([on_trial] if on_trial is not None else [])
     stem = f"{data.experiment}-{family}-{cfg.split}-{cfg.feature_set}-s{cfg.seed}"
+    if held_out is not None:
+        stem += f"-without-{held_out}"
     study_name = stem + _tuning_key(family, cfg)
     version = getattr(get_family(family).factory, "search_space_version", 1)
     # the same study under the family's earlier search spaces, latest first (first_trial)
     earlier = [stem + _tuning_key(family, cfg, v) for v in range(version - 1, 0, -1)]
-    train_idx = data.folds[0][0] if cfg.split != "lofo" else np.arange(len(data.table))
+    if train_idx is None:
+        train_idx = data.folds[0][0] if cfg.split != "lofo" else np.arange(len(data.table))
     study = tune(family, cfg, data.table, train_idx, study_name, cbs,
                  parent_run_id=mlflow.active_run().info.run_id, earlier=earlier)
     params = dict(study.best_params)
     use_w = bool(params.pop("regret_weights", False))
-    mlflow.log_metric("best_validation_objective", study.best_value)
+    if held_out is None:
+        mlflow.log_metric("best_validation_objective", study.best_value)
     return Tuned(params, use_w, study.best_value)
 
 
@@ -540,13 +615,13 @@ def mlflow_callback(cfg: TrainConfig, mlflow_kwargs: dict):
                               create_experiment=False, mlflow_kwargs=mlflow_kwargs)
 
 
-def _cross_fit(family, tuned: Tuned, cfg: TrainConfig, data: TrainingData) -> HeldOut:
-    """Refit per outer fold and predict its test part, so every held-out row is
-    scored by a model that did not train on it."""
+def _cross_fit(family, per_fold: list[Tuned], cfg: TrainConfig, data: TrainingData) -> HeldOut:
+    """Refit per outer fold, with that fold's parameters, and predict its test part, so
+    every held-out row is scored by a model that did not train on it."""
     preds = np.empty(len(data.table), dtype=object)
     rows = []
     model = None
-    for tr, te in data.folds:
+    for (tr, te), tuned in zip(data.folds, per_fold):
         est = _fit(family, tuned.params, cfg, data.table, tr, tuned.use_weights)
         preds[te] = est.predict(data.table.frame.iloc[te])
         rows.extend(te)
