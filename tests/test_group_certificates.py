@@ -15,6 +15,7 @@ from modeswitch.routers.risk_control import (
     min_calibration,
     sampling_slack,
 )
+from sklearn.base import clone
 
 from tests.test_cost_routers import REF, synthetic_table
 
@@ -132,7 +133,6 @@ def test_the_calibration_picks_are_the_cross_fitted_deciders_and_tuning_scores_t
     each trial on them (one certified fit per trial, no inner folds)."""
     from modeswitch.routers.training.table import TrainingTable
     from modeswitch.routers.training.trainer import TrainConfig, _tunes_certified, tune
-    from sklearn.base import clone
 
     train = shifted_table(60, seed=3, shifted=(), plain=("a", "b", "c"))
     r = CertifiedRouter(LinearCostRouter(max_risk=0.5), target_violation_rate=0.02, cross_fit_groups=True,
@@ -150,6 +150,60 @@ def test_the_calibration_picks_are_the_cross_fitted_deciders_and_tuning_scores_t
     table = TrainingTable(train, {"modes": sorted({*train["label"]})})
     study = tune("cost_linear", cfg, table, np.arange(len(train)), "t")
     assert len(study.trials) == 2 and all("certified_threshold" in t.user_attrs for t in study.trials)
+    # each trial is constrained per family: its transfer picks within target + slack
+    names = {f"violations_beyond_slack:{g}" for g in ("a", "b", "c")}
+    assert all(set(t.constraints) == names for t in study.trials)
+
+
+def test_each_family_is_judged_at_the_threshold_certified_without_it():
+    """``family_transfer``: a family's transfer picks are those of a clone that never saw
+    it, at the threshold certified on the other families only. The shifted family (int8
+    unsafe from 150 prompt tokens, not 450) pulls the certificate that includes it
+    stricter; certified without it, the threshold is looser and its own rows violate
+    more: what a new family like it would meet, and what tuning now judges."""
+    train = shifted_table(80, seed=3)
+    r = CertifiedRouter(LinearCostRouter(max_risk=0.5), target_violation_rate=ALPHA, cross_fit_groups=True,
+                        calibrate_on="all", family_transfer=True).fit(train)
+    fam = train["family"].to_numpy()
+    assert set(r.transfer_thresholds_) == {"a", "b", "c"} and len(r.transfer_picks_) == len(train)
+    for g, t in r.transfer_thresholds_.items():
+        assert t is not None
+        clone_ = clone(r.router).fit(train[fam != g]).set_risk_threshold(t)
+        assert list(r.transfer_picks_[fam == g]) == list(clone_.predict(train[fam == g]))
+    safe = train[[f"safe__{m}" for m in r.modes_]].to_numpy(bool)
+
+    def rate(picks, g):
+        rows = np.flatnonzero(fam == g)
+        return np.mean([not safe[i, r.modes_.index(picks[i])] for i in rows])
+
+    assert r.transfer_thresholds_["c"] > r.threshold_  # looser without the family that breaks
+    assert rate(r.transfer_picks_, "c") > rate(r.calibration_picks_, "c")
+    # the certificate itself is what it was without the option
+    plain = CertifiedRouter(LinearCostRouter(max_risk=0.5), target_violation_rate=ALPHA, cross_fit_groups=True,
+                            calibrate_on="all").fit(train)
+    assert plain.threshold_ == r.threshold_ and not hasattr(plain, "transfer_picks_")
+    with pytest.raises(ValueError, match="family_transfer needs cross_fit_groups"):
+        CertifiedRouter(LinearCostRouter(), family_transfer=True).fit(train)
+
+
+def test_the_best_trial_is_the_best_feasible_else_the_nearest_to_feasible():
+    """routers.training.transfer.best_trial: a trial over its constraints loses to a worse
+    feasible one; where none is feasible, the least excess wins, not the best value."""
+    import optuna
+    from modeswitch.routers.training.transfer import best_trial
+
+    def study_of(trials):
+        study = optuna.create_study()
+        for value, excess in trials:
+            t = study.ask()
+            t.set_constraint("violations_beyond_slack:a", excess)
+            study.tell(t, value)
+        return study
+
+    assert best_trial(study_of([(0.1, 0.02), (0.3, -0.01), (0.5, 0.0)])).value == 0.3
+    assert best_trial(study_of([(0.1, 0.05), (0.3, 0.01), (0.2, 0.01)])).value == 0.2
+    with pytest.raises(ValueError):
+        best_trial(optuna.create_study())
 
 
 def test_the_report_names_what_stopped_the_certificate():

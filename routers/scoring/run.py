@@ -256,7 +256,7 @@ def held_out_family_routers(table: TrainingTable, trained: list[TrainedRouter]) 
     for t in trained:
         by_family = {}
         for tr, te in folds:
-            fam = str(table.frame["family"].iloc[te[0]])
+            fam = table.held_out_family(te)
             if t.fold_params is None:
                 by_family[fam] = table.refit(t.estimator, tr, t.regret_weights, t.unsafe_penalty)
                 continue

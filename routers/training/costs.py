@@ -96,6 +96,14 @@ def pooled_capture(table: pd.DataFrame, pred, modes, overhead_ms: float = 0.0) -
     return float((np.nansum(ref - picked) - overhead_ms * len(table)) / best) if best > 1e-12 else float("nan")
 
 
+def unsafe_picks(table: pd.DataFrame, pred, modes) -> np.ndarray:
+    """A boolean per row: does the pick violate a constraint (a mode the table has no
+    label for counts as unsafe, as in the cost)?"""
+    idx = np.array([modes.index(p) if p in modes else -1 for p in np.asarray(pred, dtype=object)], dtype=int)
+    safe = _matrix(table, "safe", modes, dtype=bool)
+    return ~np.where(idx >= 0, safe[np.arange(len(table)), np.maximum(idx, 0)], False)
+
+
 def objective_metrics(table: pd.DataFrame, pred, modes=None, unsafe_penalty: float = UNSAFE_PENALTY,
                       overhead_ms: float = 0.0, objective: str = "regret") -> dict:
     """Oracle match, macro-F1, regret, capture, violation rates by type, and the
@@ -129,8 +137,7 @@ def objective_metrics(table: pd.DataFrame, pred, modes=None, unsafe_penalty: flo
     for kind in ("quality", "energy", "memory"):
         v = _matrix(table, f"violates_{kind}", modes, dtype=bool)
         out[f"violation_rate_{kind}"] = float(np.where(known, v[rows, np.maximum(idx, 0)], False).mean())
-    safe = _matrix(table, "safe", modes, dtype=bool)
-    out["violation_rate_any"] = float((~np.where(known, safe[rows, np.maximum(idx, 0)], False)).mean())
+    out["violation_rate_any"] = float(unsafe_picks(table, pred, modes).mean())
     if objective == "capture":
         out["capture"] = pooled_capture(table, pred, modes, overhead_ms)
         # nothing to capture (the oracle saves nothing): only the violations count

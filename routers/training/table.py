@@ -111,6 +111,10 @@ class TrainingTable:
         """The (train rows, test rows) splits of :func:`routers.training.splits.split_indices`."""
         return split_indices(self.frame, split, test_size, seed)
 
+    def held_out_family(self, test_rows) -> str:
+        """The family a leave-one-family-out fold's ``test_rows`` hold out (its first row's)."""
+        return str(self.frame["family"].iloc[test_rows[0]])
+
     def rows(self, idx) -> TrainingTable:
         """The rows ``idx`` as a table of their own (same metadata)."""
         part = self.frame.iloc[np.asarray(idx)].reset_index(drop=True)

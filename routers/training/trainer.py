@@ -50,6 +50,12 @@ from modeswitch.routers.training.tracking import (
     tracking_uri,
     use_tracking_uri,
 )
+from modeswitch.routers.training.transfer import (
+    best_trial,
+    family_excess,
+    infeasibility,
+    set_constraints,
+)
 from sklearn.metrics import ConfusionMatrixDisplay
 from threadpoolctl import threadpool_limits
 
@@ -162,10 +168,12 @@ def _router(family, params, cfg: TrainConfig, content_model=None):
     return get_router(family, feature_set=cfg.feature_set, **extra)
 
 
-def _fit(family, params, cfg: TrainConfig, table: TrainingTable, idx, use_weights, certify=True):
+def _fit(family, params, cfg: TrainConfig, table: TrainingTable, idx, use_weights, certify=True,
+         transfer=False):
     """One router fitted on rows ``idx``. ``certify``: with the config's target, a router
     with a risk score is wrapped in :class:`~routers.certified.CertifiedRouter`, its
-    threshold certified on held-out rows of ``idx`` (the final and cross-fitted fits);
+    threshold certified on held-out rows of ``idx`` (the final and cross-fitted fits;
+    ``transfer``: also each family's picks at the threshold certified without it);
     Optuna's inner folds fit without it, so tuning compares the models (with their
     tuned ``max_risk``), not folds too small to certify anything."""
     content_model = None
@@ -176,7 +184,7 @@ def _fit(family, params, cfg: TrainConfig, table: TrainingTable, idx, use_weight
                              "no content columns (build it with `dataset build --content-model PATH`)")
     est = _router(family, params, cfg, content_model)
     if certify and cfg.target_violation_rate and has_risk_score(est):
-        est = CertifiedRouter(est, target_violation_rate=cfg.target_violation_rate,
+        est = CertifiedRouter(est, target_violation_rate=cfg.target_violation_rate, family_transfer=transfer,
                               **CERTIFICATES[cfg.certificate])
     return table.fit(est, idx, use_weights, cfg.unsafe_penalty)
 
@@ -197,7 +205,9 @@ def _tuning_key(family: str, cfg: TrainConfig, search_space: int | None = None) 
                 "params": {}, "safety_threshold": None, "fallback": "rule", "search_space": 1,
                 "objective": "regret"}
     if _tunes_certified(family, cfg):  # its trials score other picks: their own study
-        d["certified"] = {"target": cfg.target_violation_rate, "certificate": cfg.certificate}
+        # judged on the families its certificate did not see (routers.training.transfer)
+        d["certified"] = {"target": cfg.target_violation_rate, "certificate": cfg.certificate,
+                          "judged": "family-transfer"}
     changed = {k: v for k, v in d.items() if v != defaults.get(k)}
     if not changed:
         return ""
@@ -208,8 +218,10 @@ def _tunes_certified(family: str, cfg: TrainConfig) -> bool:
     """Whether Optuna scores a family's trials by their certified picks: where the router
     has a risk score and the certificate calibrates on every row by family cross-fitting
     (``family-cross-fit``, ``per-family-cross-fit``). Each trial is then one certified fit
-    on the tuning rows, scored by the objective on every row's pick at the certified
-    threshold, made by a clone that never saw the row's family. Why: tuned on inner folds
+    on the tuning rows, scored by the objective on each family's picks at the threshold
+    certified *without* that family, made by a clone that never saw it, and constrained
+    to keep every family's rate there within target + slack
+    (:mod:`routers.training.transfer`). Why: tuned on inner folds
     without the certificate, the models that win are the ones bold at their tuned
     ``max_risk``, which the certificate then reins in; scored as certified, a trial is
     judged on what it will serve, with no extra fold. (Its
@@ -268,11 +280,17 @@ def tune(family, cfg: TrainConfig, table: TrainingTable, train_idx, study_name, 
             trial.set_user_attr("worker", worker_id)
         params = space(trial)
         use_w = trial.suggest_categorical("regret_weights", [False, True])
-        if certified_tuning:  # the trial as it will serve: certified, scored on its calibration picks
-            est = _fit(family, params, cfg, train, np.arange(len(train)), use_w)
+        if certified_tuning:  # the trial as it will serve, certified, judged on families it did not see
+            est = _fit(family, params, cfg, train, np.arange(len(train)), use_w, transfer=True)
             trial.set_user_attr("certified_threshold", est.threshold_)
             rows = train.frame.iloc[est.calibration_rows_]
-            return objective_metrics(rows, est.calibration_picks_, train.modes, cfg.unsafe_penalty,
+            excess = family_excess(rows, est.transfer_picks_, train.modes, cfg.target_violation_rate,
+                                   est.calibration_["delta"])
+            set_constraints(trial, excess)
+            own = objective_metrics(rows, est.calibration_picks_, train.modes, cfg.unsafe_penalty,
+                                    objective=objective_of(family, cfg))
+            trial.set_user_attr("certificate_rows_objective", own["objective"])  # what it was judged on before
+            return objective_metrics(rows, est.transfer_picks_, train.modes, cfg.unsafe_penalty,
                                      objective=objective_of(family, cfg))["objective"]
         scores, overhead_ms = [], 0.0
         for step, (tr, va) in enumerate(folds):
@@ -331,7 +349,7 @@ def _earlier_best(url: str, names) -> dict | None:
         done = optuna.load_study(study_name=name, storage=url).get_trials(
             deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         if done:
-            return dict(min(done, key=lambda t: t.value).params)
+            return dict(min(done, key=lambda t: (infeasibility(t), t.value)).params)
     return None
 
 
@@ -391,7 +409,7 @@ def trusted_types(est) -> list[str]:
 def _progress_callback(progress, task, family):
     def callback(study, trial):
         try:
-            best = f", best {study.best_value:.3f}"
+            best = f", best {best_trial(study, warn=False).value:.3f}"
         except ValueError:  # every trial so far was pruned
             best = ""
         # a nested fold's study is named after the family it holds out
@@ -520,10 +538,6 @@ def _nested(cfg: TrainConfig) -> bool:
     return cfg.split == "lofo" and cfg.lofo_tuning == "nested" and not cfg.preset
 
 
-def _held_out_family(data: TrainingData, test_rows) -> str:
-    return str(data.table.frame["family"].iloc[test_rows[0]])
-
-
 def log_fold_params(data: TrainingData, per_fold: list[Tuned], fixed: dict) -> None:
     """Every fold's parameters as ``fold_params.json`` in the open run, by held-out
     family (what the score step refits each fold with), and each fold's best validation
@@ -532,7 +546,7 @@ def log_fold_params(data: TrainingData, per_fold: list[Tuned], fixed: dict) -> N
 
     folds = {}
     for (_, te), t in zip(data.folds, per_fold):
-        fam = _held_out_family(data, te)
+        fam = data.table.held_out_family(te)
         folds[fam] = {"params": {**t.params, **fixed}, "regret_weights": t.use_weights,
                       "best_validation_objective": t.best_value}
         if t.best_value is not None:
@@ -567,7 +581,7 @@ def _tune_per_fold(family, cfg: TrainConfig, data: TrainingData, on_trial=None) 
     trial's score then answers another question than the fold's. Otherwise one tuning
     serves every fold."""
     if _nested(cfg):
-        return [_tune_or_preset(family, cfg, data, on_trial, tr, _held_out_family(data, te))
+        return [_tune_or_preset(family, cfg, data, on_trial, tr, data.table.held_out_family(te))
                 for tr, te in data.folds]
     return [_tune_or_preset(family, cfg, data, on_trial)] * len(data.folds)
 
@@ -595,11 +609,12 @@ def _tune_or_preset(family, cfg: TrainConfig, data: TrainingData, on_trial=None,
         train_idx = data.folds[0][0] if cfg.split != "lofo" else np.arange(len(data.table))
     study = tune(family, cfg, data.table, train_idx, study_name, cbs,
                  parent_run_id=mlflow.active_run().info.run_id, earlier=earlier)
-    params = dict(study.best_params)
+    best = best_trial(study)  # the best feasible, where trials are constrained
+    params = dict(best.params)
     use_w = bool(params.pop("regret_weights", False))
     if held_out is None:
-        mlflow.log_metric("best_validation_objective", study.best_value)
-    return Tuned(params, use_w, study.best_value)
+        mlflow.log_metric("best_validation_objective", best.value)
+    return Tuned(params, use_w, best.value)
 
 
 def mlflow_callback(cfg: TrainConfig, mlflow_kwargs: dict):
