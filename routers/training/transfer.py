@@ -14,7 +14,9 @@ Why: scored on the certificate's own calibration picks, the study kept the trial
 certificate came out loosest on those rows (the winner's curse of choosing on a test's
 own data), and on leave one family out that winner broke its 2 % target in two held-out
 families (8.7 % and 4.8 %). Transfer picks ask of each trial what the held-out split
-will: does the certificate carry over to a family it never saw?
+will: does the certificate carry over to a family it never saw? (Judged so, one family
+per cost router still broke: a limit no other family crosses, which no selection among
+trials can foresee; docs/training.md has the figures.)
 """
 
 from __future__ import annotations
