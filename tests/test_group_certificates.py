@@ -103,6 +103,36 @@ def test_the_report_sets_the_target_beside_each_held_out_family():
     a, b = got.iloc[0], got.iloc[1]
     assert a["held_out_rate"] == 0 and a["met"] and b["held_out_rate"] == 0.2 and not b["met"]
     assert b["slack"] == pytest.approx(sampling_slack(0.02, 100)) and b["calibration_rate_of_family"] == 0.01
+    assert "sources" not in got
+
+
+def test_the_report_counts_the_measurements_a_familys_violations_rest_on():
+    """Estimated requests copied from one measured cell are one source, not many: the
+    slack counts requests, the table says how many measurements they are."""
+    from types import SimpleNamespace
+
+    from modeswitch.routers.scoring.coverage import measurement_sources, risk_by_family
+
+    table = pd.DataFrame({"request_id": [f"r{i}" for i in range(6)], "estimate_basis": [
+        "measured request", "nearest cell c-2-00002 (outside measured range); pool: batch cells",
+        "nearest cell c-2-00002 (outside measured range); pool: batch cells; cost model for 3/16 modes' latency",
+        "nearest cell c-2-00002; pool: batch cells", "interpolated in (log prompt, log output); pool: plain cells",
+        "measured request"]})
+    src = measurement_sources(table)
+    assert src["r1"] == src["r2"] == src["r3"] and src["r0"] != src["r5"] and src.nunique() == 4
+    per = pd.DataFrame({"router": "cost", "family": "c", "request_id": table["request_id"],
+                        "violates_any": [True, True, True, True, False, False]})
+    cal = {"alpha": 0.02, "delta": 0.1}
+    got = risk_by_family({"cost": SimpleNamespace(calibration_=cal)}, per, src).iloc[0]
+    assert got["held_out_rate"] == 4 / 6 and got["sources"] == 4 and got["violating_sources"] == 2
+    no_basis = measurement_sources(table.drop(columns="estimate_basis"))
+    assert no_basis.nunique() == 6
+    from modeswitch.routers.scoring.report import _coverage_md
+
+    fam = risk_by_family({"cost": SimpleNamespace(calibration_=cal)}, per, src)
+    md = "\n".join(_coverage_md({"risk": pd.DataFrame(), "risk_family": fam, "extrapolated": 0, "held_out": 6,
+                                  "headlines": {}, "live": {}, "ranges": pd.DataFrame()}))
+    assert "cost in c (66.7%, its violations from 2 of the family's 4 measurement sources)" in md
 
 
 def test_a_cross_fitted_certificate_calibrates_on_every_row_and_holds_on_a_new_family():

@@ -124,12 +124,34 @@ def risk_table(routers: dict, head: pd.DataFrame, live_summary: pd.DataFrame | N
     return pd.DataFrame(rows)
 
 
-def risk_by_family(routers: dict, per_request: pd.DataFrame) -> pd.DataFrame:
+def measurement_sources(table: pd.DataFrame) -> pd.Series:
+    """Each request's measurement source, by request id: a measured request is its own;
+    an estimated one shares its ``estimate_basis`` (the nearest measured cell it copies,
+    or the pool of cells it is interpolated in) with every request estimated alike; a
+    table without that column makes every request its own. Why: the binomial slack
+    counts requests as independent, but 28 of one family's 104 rows could copy a single
+    measured cell (the per-request study, long_prompt_short_output), so eight violations
+    may be four measurements."""
+    ids = table["request_id"].astype(str)
+    if "estimate_basis" not in table:
+        out = pd.Series(ids.to_numpy(), index=ids.to_numpy())
+    else:
+        # the same cell or pool, whether or not the cost model later took some modes' latency
+        basis = (table["estimate_basis"].astype(str).str.replace(" (outside measured range)", "", regex=False)
+                 .str.split("; cost model").str[0])
+        own = basis.str.startswith("measured") | basis.eq("external")
+        out = pd.Series(np.where(own, "request " + ids, basis), index=ids.to_numpy())
+    return out[~out.index.duplicated()]  # one per request, as the report looks them up
+
+
+def risk_by_family(routers: dict, per_request: pd.DataFrame, sources: pd.Series | None = None) -> pd.DataFrame:
     """Per certified router and held-out family: the certificate's target next to the
     family's own held-out violation rate, with the slack its request count allows by
     chance (``met``: within target + slack). A certificate that holds on average can
     break in one family (the group split's cost LightGBM: 2.08 % against 1 %, all in
-    one family); this table shows where."""
+    one family); this table shows where. ``sources`` (:func:`measurement_sources`): also
+    how many distinct measurement sources the family's requests and its violations
+    rest on (``sources``, ``violating_sources``), since the slack counts requests."""
     rows = []
     for name, r in routers.items():
         folds = getattr(r, "by_family", None)
@@ -144,9 +166,15 @@ def risk_by_family(routers: dict, per_request: pd.DataFrame) -> pd.DataFrame:
             rate = float(g["violates_any"].astype(bool).mean()) if n else math.nan
             slack = sampling_slack(cal["alpha"], n, cal["delta"])
             groups = cal.get("groups") or {}
-            rows.append({"router": name, "family": fam, "target": cal["alpha"], "requests": n,
-                         "held_out_rate": rate, "slack": slack, "met": bool(rate <= cal["alpha"] + slack),
-                         "calibrated_per_family": bool(groups),
-                         "calibration_rate_of_family": next((v["rate"] for v in groups.values()
-                                                              if fam in v["members"]), math.nan)})
+            rec = {"router": name, "family": fam, "target": cal["alpha"], "requests": n,
+                   "held_out_rate": rate, "slack": slack, "met": bool(rate <= cal["alpha"] + slack),
+                   "calibrated_per_family": bool(groups),
+                   "calibration_rate_of_family": next((v["rate"] for v in groups.values()
+                                                        if fam in v["members"]), math.nan)}
+            if sources is not None:
+                src = sources.reindex(g["request_id"].astype(str)).to_numpy()
+                bad = g["violates_any"].astype(bool).to_numpy()
+                rec["sources"] = int(pd.unique(src).size)
+                rec["violating_sources"] = int(pd.unique(src[bad]).size)
+            rows.append(rec)
     return pd.DataFrame(rows)

@@ -372,7 +372,9 @@ def _coverage_md(cov: dict) -> list[str]:
         broken = fam[~fam["met"]]
         md += ["### The target next to each held-out family's own rate (`risk_control_by_family.csv`)", "",
                f"{len(broken)} of {len(fam)} (router, family) pairs exceed target + slack"
-               + (": " + ", ".join(f"{r.router} in {r.family} ({r.held_out_rate:.1%})"
+               + (": " + ", ".join(f"{r.router} in {r.family} ({r.held_out_rate:.1%}"
+                                   + (f", its violations from {r.violating_sources} of the family's "
+                                      f"{r.sources} measurement sources" if "sources" in fam else "") + ")"
                                    for r in broken.itertuples()) if len(broken) else "") + ".", "",
                _md_table(fam.set_index("router")), ""]
     md += [f"## Inside vs outside the training data ({cov['extrapolated']} of {cov['held_out']} "

@@ -29,6 +29,7 @@ from modeswitch.routers.scoring import report
 from modeswitch.routers.scoring.capture import envelope, router_points
 from modeswitch.routers.scoring.coverage import (
     coverage,
+    measurement_sources,
     risk_by_family,
     risk_table,
     split_headlines,
@@ -496,7 +497,8 @@ def coverage_info(s: Scoring, head: pd.DataFrame, live: LiveScores, context: dic
                       held_out=len(s.marks), live_requests=context.get("live_requests", 0))
     return {"ranges": s.ranges, "headlines": split_headlines(s.per_request, s.overhead, s.marks),
             "live": live_parts, "extrapolated": int(s.marks["extrapolated"].sum()),
-            "held_out": len(s.marks), "risk": risk, "risk_family": risk_by_family(certified, s.per_request)}
+            "held_out": len(s.marks), "risk": risk,
+            "risk_family": risk_by_family(certified, s.per_request, measurement_sources(s.table.frame))}
 
 
 def write_outputs(s: Scoring, cfg: ScoreConfig, out: Path, live: LiveScores, context: dict, say):
