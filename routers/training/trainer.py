@@ -50,12 +50,7 @@ from modeswitch.routers.training.tracking import (
     tracking_uri,
     use_tracking_uri,
 )
-from modeswitch.routers.training.transfer import (
-    best_trial,
-    family_excess,
-    infeasibility,
-    set_constraints,
-)
+from modeswitch.routers.training.transfer import best_trial, family_excess, set_constraints
 from sklearn.metrics import ConfusionMatrixDisplay
 from threadpoolctl import threadpool_limits
 
@@ -346,10 +341,10 @@ def _earlier_best(url: str, names) -> dict | None:
     for name in names:
         if name not in known:
             continue
-        done = optuna.load_study(study_name=name, storage=url).get_trials(
-            deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if done:
-            return dict(min(done, key=lambda t: (infeasibility(t), t.value)).params)
+        try:  # feasible first, where its trials were constrained
+            return dict(best_trial(optuna.load_study(study_name=name, storage=url), warn=False).params)
+        except ValueError:  # no finished trial
+            continue
     return None
 
 
@@ -518,15 +513,18 @@ def _train_family(family, cfg: TrainConfig, data: TrainingData, on_trial=None) -
                        **({"lofo_tuning": cfg.lofo_tuning} if cfg.split == "lofo" else {})})
     if _nested(cfg):
         log_fold_params(data, per_fold, fixed)
+    best = [t.best_value for t in per_fold if t.best_value is not None]
+    mean_best = float(np.mean(best)) if best else None  # pooled: every fold's is the one study's
+    if mean_best is not None:
+        mlflow.log_metric("best_validation_objective", mean_best)
     held = _cross_fit(family, per_fold, cfg, data)
     metrics, rule_metrics = _held_out_metrics(held, cfg, data, objective_of(family, cfg))
     mlflow.log_metrics({f"test_{k}": v for k, v in metrics.items()})
     mlflow.log_metrics({f"rule_test_{k}": v for k, v in rule_metrics.items()})
     _log_artifacts(family, held, data)
     model_uri = _log_model(held.model, data)
-    best = [t.best_value for t in per_fold if t.best_value is not None]
     return {
-        "model_uri": model_uri, "best_validation_objective": float(np.mean(best)) if best else None,
+        "model_uri": model_uri, "best_validation_objective": mean_best,
         **{f"test_{k}": v for k, v in metrics.items()},
         **{f"rule_{k}": v for k, v in rule_metrics.items()},
         "n_test": len(held.rows), "params": json.dumps({**tuned.params, **fixed}, default=str),
@@ -541,7 +539,8 @@ def _nested(cfg: TrainConfig) -> bool:
 def log_fold_params(data: TrainingData, per_fold: list[Tuned], fixed: dict) -> None:
     """Every fold's parameters as ``fold_params.json`` in the open run, by held-out
     family (what the score step refits each fold with), and each fold's best validation
-    objective as ``best_validation_objective.<family>`` (their mean without the suffix)."""
+    objective as ``best_validation_objective.<family>`` (their mean, without the suffix,
+    is logged by :func:`_train_family`)."""
     import mlflow  # heavy: only when training
 
     folds = {}
@@ -551,9 +550,6 @@ def log_fold_params(data: TrainingData, per_fold: list[Tuned], fixed: dict) -> N
                       "best_validation_objective": t.best_value}
         if t.best_value is not None:
             mlflow.log_metric(f"best_validation_objective.{fam}", t.best_value)
-    best = [t.best_value for t in per_fold if t.best_value is not None]
-    if best:
-        mlflow.log_metric("best_validation_objective", float(np.mean(best)))
     mlflow.log_dict(json.loads(json.dumps(folds, default=str)), FOLD_PARAMS)
 
 
@@ -612,8 +608,6 @@ def _tune_or_preset(family, cfg: TrainConfig, data: TrainingData, on_trial=None,
     best = best_trial(study)  # the best feasible, where trials are constrained
     params = dict(best.params)
     use_w = bool(params.pop("regret_weights", False))
-    if held_out is None:
-        mlflow.log_metric("best_validation_objective", best.value)
     return Tuned(params, use_w, best.value)
 
 
