@@ -62,7 +62,7 @@ def test_the_tiny_study_runs_every_step_and_writes_one_report(tiny_study):
     tmp, _, output = tiny_study
     run = tmp / "run"
     state = json.loads((run / "study_state.json").read_text())
-    steps = ["model", "profile", "costmodel", "labels", "dataset", "train:random", "train:group",
+    steps = ["model", "profile", "memory", "costmodel", "labels", "dataset", "train:random", "train:group",
              "train:lofo", "score:random", "score:group", "score:lofo", "report"]
     assert list(state["steps"]) == steps
     assert all(s["seconds"] >= 0 for s in state["steps"].values())
@@ -112,9 +112,9 @@ def test_a_rerun_resumes_and_other_settings_are_refused(tiny_study):
     tmp, cfg, _ = tiny_study
     res = CliRunner().invoke(app, ["study", "run", "--config", str(cfg)])
     assert res.exit_code == 0, res.output
-    assert res.output.count("done before") == 12 and "starting" not in res.output
+    assert res.output.count("done before") == 13 and "starting" not in res.output
     res = CliRunner().invoke(app, ["study", "run", "--config", str(cfg), "--redo", "report"])
-    assert res.exit_code == 0 and "[report] finished in" in res.output and res.output.count("done before") == 11
+    assert res.exit_code == 0 and "[report] finished in" in res.output and res.output.count("done before") == 12
     # another study's figures beside this one's (here the study beside itself)
     res = CliRunner().invoke(app, ["study", "run", "--config", str(cfg), "--redo", "report",
                                    "--beside", str(tmp / "run")])
@@ -217,7 +217,7 @@ def test_redo_forgets_what_reads_the_step_and_only_checks_prerequisites(tmp_path
     for step in study.steps():
         study.state["steps"][step] = {"seconds": 1.0, "outputs": {}, "finished": "t"}
     study.forget("dataset")
-    assert list(study.state["steps"]) == ["model", "profile", "costmodel", "labels"]
+    assert list(study.state["steps"]) == ["model", "profile", "memory", "costmodel", "labels"]
     for step in study.steps():
         study.state["steps"].setdefault(step, {"seconds": 1.0, "outputs": {}, "finished": "t"})
     study.forget("train:group")
@@ -241,7 +241,7 @@ def test_the_quality_step_sweeps_drawn_requests_for_the_dataset(tiny_models, tmp
                       modes=("fp16_baseline", "int8_quant"), drawn_requests=10, swept_per_family=2,
                       length_scale=0.25, threads=1)
     study = Study(cfg, log=lambda m: None)
-    assert study.steps()[:6] == ["model", "profile", "costmodel", "labels", "quality", "dataset"]
+    assert study.steps()[:7] == ["model", "profile", "memory", "costmodel", "labels", "quality", "dataset"]
     assert "quality" not in Study(StudyConfig(output=str(tmp_path / "n")), log=lambda m: None).steps()
     swept = study.swept_requests()
     assert [r.family for r in swept] == ["short_prompt_short_output"] * 2 + ["long_prompt_short_output"] * 2
@@ -276,7 +276,7 @@ def test_other_train_settings_are_taken_in_the_same_folder_only_with_a_redo(tmp_
         Study(StudyConfig(output=out, drawn_requests=5), log=lambda m: None, redo=["train"])
     taken = Study(other, log=lambda m: None, redo=["train"])
     taken.forget("train")
-    assert list(taken.state["steps"]) == ["model", "profile", "costmodel", "labels", "dataset"]
+    assert list(taken.state["steps"]) == ["model", "profile", "memory", "costmodel", "labels", "dataset"]
     history = taken.state["settings_history"]
     assert {k: list(v) for k, v in history[0]["changed"].items()} == {"certificate": ["pooled", "family-cross-fit"]}
     taken._save_state()

@@ -15,7 +15,7 @@ def _measured_study(tmp_path):
     study = Study(cfg, log=lambda *_: None)
     study.out.mkdir(parents=True)
     for name, text in [("profile.parquet", "P"), ("costmodel.json", "{}"), ("quality_sweep.parquet", "Q"),
-                       ("quality_sweep_throughput.csv", "mode,requests_per_s\n")]:
+                       ("quality_sweep_throughput.csv", "mode,requests_per_s\n"), ("memory_pass.parquet", "M")]:
         (study.out / name).write_text(text)
     study.state["steps"] = {
         "model": {"seconds": 1.0, "finished": "t0", "outputs": {"target": "/models/x"}},
@@ -24,6 +24,7 @@ def _measured_study(tmp_path):
         "costmodel": {"seconds": 20.0, "finished": "t2", "outputs": {"costmodel": str(study.out / "costmodel.json")}},
         "quality": {"seconds": 3000.0, "finished": "t3",
                     "outputs": {"sweep": str(study.out / "quality_sweep.parquet"), "requests": 14}},
+        "memory": {"seconds": 1800.0, "finished": "t4", "outputs": {"memory": str(study.out / "memory_pass.parquet")}},
     }
     return cfg, study
 
@@ -31,16 +32,17 @@ def _measured_study(tmp_path):
 def test_a_study_with_other_training_settings_starts_from_the_archived_measurements(tmp_path):
     cfg, study = _measured_study(tmp_path)
     manifest = study.archive_to(tmp_path / "archive")
-    assert sorted(manifest["steps"]) == ["costmodel", "profile", "quality"]
+    assert sorted(manifest["steps"]) == ["costmodel", "memory", "profile", "quality"]
     assert (tmp_path / "archive" / "profile.parquet").read_text() == "P"
     other = Study(cfg.replace(output=str(tmp_path / "b"), tuning_trials=3, feature_set="C"), log=lambda *_: None)
-    assert other.seed_from(tmp_path / "archive") == ["profile", "costmodel", "quality"]
+    assert other.seed_from(tmp_path / "archive") == ["profile", "costmodel", "quality", "memory"]
     assert (other.out / "quality_sweep.parquet").read_text() == "Q"
+    assert other.outputs("memory") == {"memory": str(other.out / "memory_pass.parquet")}
     rec = other.state["steps"]["profile"]
     assert rec["outputs"] == {"profile": str(other.out / "profile.parquet"), "rows": 784}
     assert rec["copied_from"] == str(tmp_path / "archive") and rec["seconds"] == 3600.0
     saved = json.loads((other.out / "study_state.json").read_text())
-    assert set(saved["steps"]) == {"profile", "costmodel", "quality"} and not other.done("model")
+    assert set(saved["steps"]) == {"profile", "costmodel", "quality", "memory"} and not other.done("model")
     assert other.seed_from(tmp_path / "archive") == []  # taken once; a rerun leaves the steps as they are
 
 
@@ -56,7 +58,7 @@ def test_measurements_taken_with_other_settings_are_refused_and_nothing_is_writt
     with pytest.raises(InputError, match="quality step was measured with other settings"):
         resampled.seed_from(tmp_path / "archive")
     unswept = Study(cfg.replace(output=str(tmp_path / "e"), swept_per_family=0), log=lambda *_: None)
-    assert unswept.seed_from(tmp_path / "archive") == ["profile", "costmodel"]
+    assert unswept.seed_from(tmp_path / "archive") == ["profile", "costmodel", "memory"]
     (tmp_path / "f").mkdir()
     (tmp_path / "f" / "profile.parquet").write_text("mine")
     with pytest.raises(InputError, match="exists already"):
@@ -67,7 +69,8 @@ def test_measurements_taken_with_other_settings_are_refused_and_nothing_is_writt
 
 
 def test_a_study_that_measured_its_own_profile_takes_the_sweep_but_not_the_cost_model(tmp_path):
-    """The archive's cost model was fitted on the archive's profile: never beside another."""
+    """The archive's cost model was fitted on the archive's profile, and its memory pass
+    measured that profile's requests again: neither goes beside another profile."""
     cfg, study = _measured_study(tmp_path)
     study.archive_to(tmp_path / "archive")
     own = Study(cfg.replace(output=str(tmp_path / "g")), log=lambda *_: None)
@@ -82,3 +85,13 @@ def test_a_study_that_measured_its_own_profile_takes_the_sweep_but_not_the_cost_
     with pytest.raises(InputError, match="missing from the archive"):
         Study(cfg.replace(output=str(tmp_path / "i")), log=lambda *_: None).seed_from(tmp_path / "archive")
     assert not (tmp_path / "i").exists()
+
+
+def test_a_profile_that_needed_no_memory_pass_archives_without_one(tmp_path):
+    cfg, study = _measured_study(tmp_path)
+    (study.out / "memory_pass.parquet").unlink()
+    study.state["steps"]["memory"]["outputs"] = {"memory": None, "why": "the current method"}
+    manifest = study.archive_to(tmp_path / "archive")
+    assert manifest["steps"]["memory"]["files"] == []
+    other = Study(cfg.replace(output=str(tmp_path / "b")), log=lambda *_: None)
+    assert "memory" in other.seed_from(tmp_path / "archive") and other.outputs("memory")["memory"] is None

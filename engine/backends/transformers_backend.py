@@ -25,7 +25,7 @@ from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.backends.base import BackendCapabilities, ModeSupport
 from modeswitch.engine.backends.registry import Backend, register_backend
-from modeswitch.engine.memory import module_bytes
+from modeswitch.engine.memory import held_bytes, module_bytes
 from modeswitch.engine.modes import ModeConfig, get_mode, reference_mode
 from modeswitch.engine.results import Generation
 
@@ -279,6 +279,13 @@ class TransformersEngine:
 
     def weights_bytes(self) -> int:
         return module_bytes(self.model, self.draft)
+
+    @property
+    def held_mb(self) -> float:
+        """Every tensor this engine holds now, in MiB: weights, draft, continuous
+        batching's paged cache and step buffers, the prefix store's entries
+        (``engine.memory.held_bytes``; the profiler's memory base on CPU)."""
+        return held_bytes(self) / 2**20
 
     def warmup(self, prompt_tokens: int = 64, new_tokens: int = 8) -> None:
         ids = list(range(5, 5 + prompt_tokens))

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pandas as pd
 from modeswitch.dataset.io import write_parquet
+from modeswitch.dataset.profile_memory import MEMORY_NOTE
 from modeswitch.dataset.profile_schema import validate_profile
 from modeswitch.engine import noise, prompts
 from modeswitch.engine.backends import registry
 from modeswitch.engine.backends.base import EngineSettings, context_for, start_unit
 from modeswitch.engine.energy import cpu_seconds_clock, make_meter
 from modeswitch.engine.hardware import hardware_string
-from modeswitch.engine.memory import GpuMemoryPeak, PeakRSS
+from modeswitch.engine.memory import GpuMemoryPeak, PeakRSS, release_freed_memory
 from modeswitch.engine.noise import (
     ThreadChoice,
     TrialClock,
@@ -380,13 +381,14 @@ class Profiler:
         # it records its question's evaluation_mode) ends where the model ends its answer
         ignore_eos = not any(r.benchmark_suite or r.evaluation_mode for r, _ in group)
         start_unit(engine, run.primers[unit.id], ignore_eos)
+        held_mb = None if self._cuda() else self._held_mb(engine)  # before the window: a walk, untimed
         sampler = self._memory_sampler()
         clock = self._cpu_clock()
         run.meter.start()
         with sampler, clock:
             gens = engine.run(group, ignore_eos=ignore_eos)
         energy = run.meter.stop()
-        m = Measurement(unit, mode, trial, group, gens, energy, self._peak_mb(engine, sampler),
+        m = Measurement(unit, mode, trial, group, gens, energy, self._peak_mb(engine, sampler, held_mb),
                         engine.info, clock=clock, attempt=attempt)
         return self._row(m)
 
@@ -405,21 +407,34 @@ class Profiler:
     def _memory_sampler(self):
         """A peak-memory sampler for one engine call. An engine that computes in child
         processes allocates there: on CUDA its device memory is read through NVML,
-        on CPU the children's RSS counts too."""
+        on CPU the children's RSS counts too. On CPU the memory freed before the call
+        is handed back first, so the call's RSS growth does not depend on what ran
+        before it (:mod:`engine.memory`)."""
         if self._cuda():
             import torch  # lazy: torch is heavy
 
             torch.cuda.reset_peak_memory_stats()
             if self.backend.child_processes:
                 return GpuMemoryPeak(self.nvml_index)
+        else:
+            release_freed_memory()
         return PeakRSS(children=self.backend.child_processes)
 
-    def _peak_mb(self, engine, sampler) -> float:
-        """CPU: resident model + RSS growth; CUDA: the allocator's peak (weights
-        included), or for a child-process engine the device memory in use (NVML),
-        ballast excluded."""
+    @staticmethod
+    def _held_mb(engine) -> float:
+        """What the engine holds as the unit starts (every reachable tensor: weights, a
+        draft, a paged KV cache, the prefix store as primed); an engine that cannot
+        say (its memory lives in child processes) counts its weights."""
+        held = getattr(engine, "held_mb", None)
+        return float(held) if held is not None else engine.weights_mb
+
+    def _peak_mb(self, engine, sampler, held_mb: float | None = None) -> float:
+        """CPU: what the engine holds + the call's RSS growth; CUDA: the allocator's
+        peak (weights included), or for a child-process engine the device memory in
+        use (NVML), ballast excluded."""
         if not self._cuda():
-            return engine.weights_mb + sampler.peak_growth_mb
+            held = self._held_mb(engine) if held_mb is None else held_mb
+            return held + sampler.peak_growth_mb
         if self.backend.child_processes:
             return sampler.peak_mb - engine.info.get("ballast_bytes", 0) / 2**20
         import torch  # lazy: torch is heavy
@@ -446,6 +461,8 @@ class Profiler:
         """What a reader of the row must know: how energy was measured, and what was
         asked for but not done (memory pressure without a ballast, a too-short window)."""
         notes = [f"energy: {self._run.meter.describe()}"]
+        if not self._cuda() and not self.backend.child_processes:  # a child's heap is not released here
+            notes.append(MEMORY_NOTE)
         if any(r.memory_pressure > 0 for r in m.requests) and not self._ballast_applies():
             notes.append("memory pressure not applied: no accelerator memory to take on CPU"
                          if self.spec.device == "cpu" else

@@ -10,7 +10,7 @@ marked ``copied_from``, and runs the rest. A study with other training, scoring 
 constraint settings takes the same measurements, so an archive is matched on what
 each step measured with, not on the whole study's identity:
 
-* ``profile`` and ``costmodel``: the seed, the model and backend, the profile's
+* ``profile``, ``memory`` and ``costmodel``: the seed, the model and backend, the profile's
   settings and the drawn conditions;
 * ``quality`` (the sweep): those and the drawn and swept request counts.
 
@@ -35,7 +35,10 @@ FILES = {
     "profile": ("profile.parquet",),
     "costmodel": ("costmodel.json",),
     "quality": ("quality_sweep.parquet", "quality_sweep_throughput.csv"),
+    "memory": ("memory_pass.parquet",),
 }
+#: measuring steps that may finish with nothing to write (no cost model fitted; no memory pass needed)
+MAY_WRITE_NOTHING = ("costmodel", "memory")
 MANIFEST = "archive.json"
 
 
@@ -73,7 +76,7 @@ def archive(state: dict, cfg: StudyConfig, out: Path, dest) -> dict:
         for name in FILES[step]:
             if (out / name).exists():
                 files.append(name)
-            elif not (step == "costmodel" and rec["outputs"].get("costmodel") is None):
+            elif not (step in MAY_WRITE_NOTHING and rec["outputs"].get(step) is None):
                 raise InputError(f"{out / name}: missing, though {step} finished; the archive would be incomplete")
     manifest = {"study": cfg.name, "config": cfg.to_dict(), "steps": {
         step: {"measured_with": measured_with(cfg, step), "seconds": rec["seconds"], "finished": rec["finished"],
@@ -99,7 +102,8 @@ def seed(state: dict, cfg: StudyConfig, out: Path, src, save=lambda: None) -> li
     that the study has not run and that was measured with the study's settings; the
     step's record in ``state`` (changed in place, ``save`` called after each step) is
     the archive's, its outputs pointing into ``out`` and marked ``copied_from``. The
-    cost model comes only with the archive's profile (it was fitted on it). Returns
+    cost model comes only with the archive's profile (it was fitted on it), and so does the memory pass (it measured that
+    profile's requests again). Returns
     the steps taken."""
     src = Path(src)
     path = src / MANIFEST
@@ -111,7 +115,7 @@ def seed(state: dict, cfg: StudyConfig, out: Path, src, save=lambda: None) -> li
         "profile" not in have or have["profile"].get("copied_from") == str(src))
     wanted = [(step, rec) for step, rec in manifest["steps"].items()
               if step in FILES and step not in have and (step != "quality" or cfg.swept_per_family)
-              and (step != "costmodel" or profile_from_here)]
+              and (step not in ("costmodel", "memory") or profile_from_here)]
     for step, rec in wanted:  # every check before the first copy: a refusal leaves the folder as it was
         if rec["measured_with"] != measured_with(cfg, step):
             raise InputError(f"{path}: its {step} step was measured with other settings than this study's "

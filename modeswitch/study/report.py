@@ -123,7 +123,7 @@ def write_study_report(study) -> dict:
           f"- training table: {ds['n']} requests; label source "
           + ", ".join(f"{k} {v}" for k, v in ds["label_source"].items())
           + "; labels " + ", ".join(f"{k} {v}" for k, v in ds["labels"].items()),
-          cm_line,
+          cm_line, *_memory_line(study),
           "", "## Step timings", "", _md(steps.assign(minutes=(steps["seconds"] / 60).round(1))), "",
           f"Total: {steps['seconds'].sum() / 60:.1f} min.", "",
           "## Split reports", "", *[f"- {s}: [{p}]({p.relative_to(out) if p.is_relative_to(out) else p}/README.md)"
@@ -131,6 +131,22 @@ def write_study_report(study) -> dict:
     _write(out / "README.md", "\n".join(md) + "\n")
     run_id = _log(study, fig, table, steps)
     return {"readme": str(out / "README.md"), "mlflow_run_id": run_id}
+
+
+def _memory_line(study) -> list[str]:
+    """How the profile's peak memory was measured (the memory step), or nothing for a
+    study from before that step."""
+    if not study.done("memory"):
+        return []
+    mem = study.outputs("memory")
+    if not mem.get("memory"):
+        return ["- peak memory: measured with the profile (what the engine holds + the request's own "
+                "RSS growth; docs/models-and-profiling.md, \"Memory on CPU\")"]
+    ratio = mem.get("median_ratio") or {}
+    return [f"- peak memory: measured again apart ({mem['replaced']} profile rows measured it the old way: "
+            "weights + RSS growth that depended on the run's history; docs/models-and-profiling.md, "
+            "\"Memory on CPU\"); median peak vs the reference: "
+            + ", ".join(f"{m} {r:.2f}x" for m, r in ratio.items())]
 
 
 def _log(study, fig: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFrame) -> str:

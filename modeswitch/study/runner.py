@@ -44,9 +44,11 @@ import modeswitch.engine.models.resolve as model_resolve
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.features import reads_content
 from modeswitch.dataset.io import atomic_path, write_parquet
+from modeswitch.dataset.profile_memory import needs_remeasure, with_memory_from
 from modeswitch.dataset.profile_schema import read_profile
 from modeswitch.dataset.workloads import get_workload
 from modeswitch.dataset.workloads.conditions import draw_units, scaled
+from modeswitch.engine.backends import registry as backend_registry
 from modeswitch.engine.distributed import make_profiler
 from modeswitch.engine.profiler import ProfileSpec
 from modeswitch.engine.quality_sweep import SweepSpec, read_sweep, run_sweep
@@ -63,6 +65,8 @@ from modeswitch.study.config import LATER_FIELDS, TABLES, StudyConfig
 from modeswitch.study.report import write_study_report
 
 STATE = "study_state.json"
+#: the memory pass of a profile measured with the old CPU memory method (``_step_memory``)
+MEMORY_PASS = "memory_pass.parquet"
 
 
 @dataclass
@@ -166,9 +170,11 @@ class Study:
 
     def needs(self, step: str) -> list[str]:
         """The steps ``step`` reads the outputs of."""
-        base = ["model", "profile", "costmodel", "labels", *(["quality"] if self.cfg.swept_per_family else []),
-                "dataset"]
+        base = ["model", "profile", "memory", "costmodel", "labels",
+                *(["quality"] if self.cfg.swept_per_family else []), "dataset"]
         kind, _, split = step.partition(":")
+        if kind == "quality":  # the sweep draws its requests from the settings; it reads no measurement
+            return ["model"]
         if kind in base:
             return base[:base.index(kind)]
         if kind == "train":
@@ -200,8 +206,8 @@ class Study:
         return self.state["steps"][step]["outputs"]
 
     def steps(self) -> list[str]:
-        s = ["model", "profile", "costmodel", "labels", *(["quality"] if self.cfg.swept_per_family else []),
-             "dataset"]
+        s = ["model", "profile", "memory", "costmodel", "labels",
+             *(["quality"] if self.cfg.swept_per_family else []), "dataset"]
         s += [f"train:{x}" for x in self.cfg.splits]
         s += [f"score:{x}" for x in self.cfg.splits]
         return s + ["report"]
@@ -271,8 +277,42 @@ class Study:
                 "noise_floor_median_cv": {str(k): float(v) for k, v in noise["median_cv"].items()}
                 if noise is not None and "median_cv" in noise else {}}
 
+    def _step_memory(self) -> dict:
+        """Memory measured again where the profile measured it the old way (on CPU
+        before 2026-12-05: ``dataset.profile_memory``): the profile's requests once more
+        in every mode, one trial each, no re-measurement (memory needs no timing
+        hygiene; this pass's timings are not used). Its own journal resumes it. A
+        profile measured with the current method needs nothing."""
+        stale = needs_remeasure(read_profile(self.out / "profile.parquet"))
+        if not stale.any():
+            return {"memory": None, "why": "the profile measured memory with the current method"}
+        if backend_registry.get_backend(self.cfg.backend).child_processes:
+            self.log(f"memory: the {self.cfg.backend} backend computes in child processes, whose freed memory "
+                     "this process cannot release; its CPU memory stays as the profile measured it")
+            return {"memory": None, "why": f"{self.cfg.backend} engines compute in child processes"}
+        target, draft, _ = self._models()
+        path = self.out / MEMORY_PASS
+        spec = dataclasses.replace(self.profile_spec(target, draft), trials=1, max_remeasure=0)
+        self.log(f"memory: {int(stale.sum())} profile rows measured memory the old way (allocator history, "
+                 f"weights only); measuring it again: {path.name}")
+        t0 = time.perf_counter()
+        df = make_profiler(spec, target, draft, path, console=self.console, ray=self.ray).run()
+        seconds = time.perf_counter() - t0
+        merged = with_memory_from(read_profile(self.out / "profile.parquet"), df, path)
+        ratio = _memory_ratios(merged)
+        self.log(f"memory pass: {df['request_id'].nunique()} requests x {df['mode'].nunique()} modes in "
+                 f"{seconds / 60:.1f} min; median peak vs the reference: "
+                 + ", ".join(f"{m} {r:.2f}x" for m, r in ratio.items()))
+        return {"memory": str(path), "rows": len(df), "replaced": int(stale.sum()),
+                "median_ratio": {str(m): float(r) for m, r in ratio.items()}}
+
     def _profile(self):
-        return read_profile(self.out / "profile.parquet")
+        """The profile, with its memory from the memory pass where it was measured again."""
+        profile = read_profile(self.out / "profile.parquet")
+        memory = self.out / MEMORY_PASS
+        if needs_remeasure(profile).any() and memory.exists():
+            profile = with_memory_from(profile, read_profile(memory), memory)
+        return profile
 
     def _step_costmodel(self) -> dict:
         profile = self._profile()
@@ -430,3 +470,15 @@ class Study:
 
     def _step_report(self) -> dict:
         return write_study_report(self)
+
+
+def _memory_ratios(profile) -> dict:
+    """Per mode, the median over requests of its peak memory / the reference's."""
+    import pandas as pd  # lazy: only the memory step's log needs it
+
+    peak = profile.groupby(["request_id", "mode"])["peak_memory_mb"].median().unstack("mode")
+    ref = str(profile["reference_mode"].dropna().iloc[0])
+    if ref not in peak:
+        return {}
+    ratio = peak.div(peak[ref], axis=0).median()
+    return {m: float(r) for m, r in ratio.drop(ref).sort_values().items() if pd.notna(r)}
