@@ -37,7 +37,7 @@ def study_run_cmd(
     only: Annotated[list[str] | None, typer.Option(help="Run only these steps (e.g. profile, train, score:random); the others must be done.")] = None,
     redo: Annotated[list[str] | None, typer.Option(help="Run these finished steps again (e.g. report after a change to it); a score report is moved aside, not overwritten.")] = None,
     beside: Annotated[Path | None, typer.Option(help="Another study's folder: the report sets its per-mode, offline and live figures beside this one's (e.g. the stdlib model's study beside the real model's).")] = None,
-    from_archive: Annotated[Path | None, typer.Option(help="A study archive (`modeswitch study archive`): its profile, cost model and quality sweep, where measured with this study's settings, are copied in instead of measured again.")] = None,
+    from_archive: Annotated[Path | None, typer.Option(help="A study archive (`modeswitch study archive`): its profile, memory pass, cost model and quality sweep, where measured with this study's settings, are copied in instead of measured again.")] = None,
     ray: RayFlag = False,
     ray_address: RayAddress = None,
     ray_workers: RayWorkers = None,
@@ -72,7 +72,7 @@ def study_archive_cmd(
     config: Annotated[Path, typer.Option(help="The study's settings (TOML).")] = Path("study.toml"),
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Study folder (overrides [study] output).")] = None,
 ):
-    """Keep a study's measurements (profile, cost model, quality sweep) apart from its
+    """Keep a study's measurements (profile, memory pass, cost model, quality sweep) apart from its
     folder, for `study run --from-archive` to start another study from."""
     with reading(config):
         cfg = StudyConfig.from_toml(config)
