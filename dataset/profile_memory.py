@@ -5,9 +5,9 @@ plus the process's RSS growth during the request, and both parts were wrong for 
 comparison between modes (``engine.memory`` says what was measured): the growth
 depended on what ran before the request (freed memory stays resident and is reused),
 and what an engine holds besides its weights (continuous batching's paged KV cache)
-was not counted. The memory limit judged those numbers: in the CPU study's held-out
-families every continuous-batching memory violation came from one request whose
-growth happened to land in its window.
+was not counted. The memory limit judged those numbers: 28 of the 30 continuous-batching
+memory violations in the CPU study's long_prompt_short_output family copied one
+request's 1.027x, a window that happened to touch new pages.
 
 Rows measured since carry :data:`MEMORY_NOTE` in their ``source``. An older profile
 keeps its timings, which were measured with care and cost hours; its memory is

@@ -12,7 +12,7 @@ would mostly measure the PyTorch runtime, the same for every mode.
 Why both parts, measured (2026-12-05, SmolLM2-135M, this machine): profiles up to
 then reported weights + RSS growth, without either. glibc keeps freed chunks
 resident and reuses them, so a request's growth depended on what ran before it: in
-the interleaved profile the reference read 513.14 MB on every request, 40 or 836
+the interleaved profile the reference read 513.14 MB on every request, 21 or 836
 prompt tokens alike, while alone, released first, a 400-token prompt grows the
 process by 32-36 MB and a 40-token one by 5. And continuous batching's paged cache
 (1,372 MB for 16 sequences of the profile's longest context) was held outside the
