@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -474,11 +475,9 @@ class Study:
 
 def _memory_ratios(profile) -> dict:
     """Per mode, the median over requests of its peak memory / the reference's."""
-    import pandas as pd  # lazy: only the memory step's log needs it
-
     peak = profile.groupby(["request_id", "mode"])["peak_memory_mb"].median().unstack("mode")
     ref = str(profile["reference_mode"].dropna().iloc[0])
     if ref not in peak:
         return {}
     ratio = peak.div(peak[ref], axis=0).median()
-    return {m: float(r) for m, r in ratio.drop(ref).sort_values().items() if pd.notna(r)}
+    return {m: float(r) for m, r in ratio.drop(ref).sort_values().items() if math.isfinite(r)}
