@@ -51,7 +51,7 @@ def with_memory_from(profile: pd.DataFrame, memory: pd.DataFrame, path=None) -> 
     if not stale.any():
         return profile
     fresh = memory[~needs_remeasure(memory)]
-    where = Path(path) if path is not None else "the memory pass"
+    where = Path(path) if path is not None else Path("the memory pass")
     peak = fresh.groupby(["request_id", "mode"])["peak_memory_mb"].median()
     keys = pd.MultiIndex.from_frame(profile.loc[stale, ["request_id", "mode"]])
     new = peak.reindex(keys).to_numpy()
@@ -64,6 +64,6 @@ def with_memory_from(profile: pd.DataFrame, memory: pd.DataFrame, path=None) -> 
                              "memory pass to its end")
     out = profile.copy()
     out.loc[stale, "peak_memory_mb"] = new
-    note = REMEASURED_NOTE.format(path=Path(where).name if path is not None else where)
+    note = REMEASURED_NOTE.format(path=where.name)
     out.loc[stale, "source"] = out.loc[stale, "source"].astype("string").fillna("") + "; " + note
     return out

@@ -59,7 +59,7 @@ def release_freed_memory() -> bool:
 #: objects a walk over what an engine holds does not enter: code, types, modules and
 #: scalars hold no engine memory, and entering modules would reach the whole runtime
 _NOT_HELD = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
-             str, bytes, int, float, complex, bool, type(None))
+             threading.Thread, str, bytes, int, float, complex, bool, type(None))
 
 
 def held_bytes(*roots) -> int:
@@ -74,7 +74,7 @@ def held_bytes(*roots) -> int:
     stack = [r for r in roots if r is not None]
     while stack:
         o = stack.pop()
-        if id(o) in seen or isinstance(o, _NOT_HELD) or isinstance(o, threading.Thread):
+        if id(o) in seen or isinstance(o, _NOT_HELD):
             continue
         seen.add(id(o))
         if isinstance(o, torch.Tensor):

@@ -428,13 +428,12 @@ class Profiler:
         held = getattr(engine, "held_mb", None)
         return float(held) if held is not None else engine.weights_mb
 
-    def _peak_mb(self, engine, sampler, held_mb: float | None = None) -> float:
-        """CPU: what the engine holds + the call's RSS growth; CUDA: the allocator's
-        peak (weights included), or for a child-process engine the device memory in
-        use (NVML), ballast excluded."""
+    def _peak_mb(self, engine, sampler, held_mb: float | None) -> float:
+        """CPU: what the engine held as the unit started (``held_mb``) + the call's RSS
+        growth; CUDA: the allocator's peak (weights included), or for a child-process
+        engine the device memory in use (NVML), ballast excluded."""
         if not self._cuda():
-            held = self._held_mb(engine) if held_mb is None else held_mb
-            return held + sampler.peak_growth_mb
+            return held_mb + sampler.peak_growth_mb
         if self.backend.child_processes:
             return sampler.peak_mb - engine.info.get("ballast_bytes", 0) / 2**20
         import torch  # lazy: torch is heavy

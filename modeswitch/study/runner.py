@@ -284,7 +284,8 @@ class Study:
         in every mode, one trial each, no re-measurement (memory needs no timing
         hygiene; this pass's timings are not used). Its own journal resumes it. A
         profile measured with the current method needs nothing."""
-        stale = needs_remeasure(read_profile(self.out / "profile.parquet"))
+        profile = read_profile(self.out / "profile.parquet")
+        stale = needs_remeasure(profile)
         if not stale.any():
             return {"memory": None, "why": "the profile measured memory with the current method"}
         if backend_registry.get_backend(self.cfg.backend).child_processes:
@@ -299,7 +300,7 @@ class Study:
         t0 = time.perf_counter()
         df = make_profiler(spec, target, draft, path, console=self.console, ray=self.ray).run()
         seconds = time.perf_counter() - t0
-        merged = with_memory_from(read_profile(self.out / "profile.parquet"), df, path)
+        merged = with_memory_from(profile, df, path)
         ratio = _memory_ratios(merged)
         self.log(f"memory pass: {df['request_id'].nunique()} requests x {df['mode'].nunique()} modes in "
                  f"{seconds / 60:.1f} min; median peak vs the reference: "
