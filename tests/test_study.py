@@ -288,3 +288,23 @@ def test_other_train_settings_are_taken_in_the_same_folder_only_with_a_redo(tmp_
     scored = Study(StudyConfig(output=out, certificate="family-cross-fit", decisions=10), log=lambda m: None,
                    redo=["score"])
     assert scored.state["settings_history"][-1]["changed"]["decisions"][1] == 10
+
+
+def test_the_live_target_line_names_labels_measured_on_another_kind_of_machine():
+    """The oracle's live violations on labels measured elsewhere (other_hardware) are
+    counted in the target's line, with the profile's machine; none, nothing is added."""
+    from types import SimpleNamespace
+
+    from modeswitch.study.report import targets
+
+    profile = pd.DataFrame({"hardware": ["AMD EPYC (2 cores; L2 1024K)"] * 3})
+    study = SimpleNamespace(cfg=SimpleNamespace(splits=["group"]), outputs=lambda step: {},
+                            _profile=lambda: profile)
+    fig = pd.DataFrame([{"split": "group", "router": "oracle", "live_violation_rate_any": 2 / 21,
+                         "live_violation_rate_beyond_noise": 2 / 21, "live_violations_other_hardware": 2}])
+    line, = targets(study, fig)
+    assert "10% beyond noise; target <= 5%: not met; 2 of them on labels the profile measured on " \
+           "another kind of machine: AMD EPYC (2 cores; L2 1024K))" in line
+    fig["live_violations_other_hardware"] = 0
+    line, = targets(study, fig)
+    assert "another kind" not in line and "not met);" in line

@@ -95,3 +95,24 @@ def test_a_profile_that_needed_no_memory_pass_archives_without_one(tmp_path):
     assert manifest["steps"]["memory"]["files"] == []
     other = Study(cfg.replace(output=str(tmp_path / "b")), log=lambda *_: None)
     assert "memory" in other.seed_from(tmp_path / "archive") and other.outputs("memory")["memory"] is None
+
+
+def test_a_profile_seeded_from_another_kind_of_machine_is_named(tmp_path):
+    """Labels from a profile measured on another kind of CPU need not hold here (the
+    fastest mode depends on the kernels): seeding such a profile says so and how to
+    measure it here; one measured on this kind says nothing."""
+    import pandas as pd
+    from modeswitch.engine.hardware import hardware_string
+
+    cfg, study = _measured_study(tmp_path)
+    said = []
+    for name, line in (("elsewhere", "Some CPU (64 cores; L2 2048K; isa avx512f)"), ("here", hardware_string("cpu"))):
+        pd.DataFrame({"hardware": [line]}).to_parquet(study.out / "profile.parquet")
+        study.archive_to(tmp_path / f"archive-{name}")
+        said.clear()
+        Study(cfg.replace(output=str(tmp_path / name)), log=said.append).seed_from(tmp_path / f"archive-{name}")
+        warned = [s for s in said if "another kind of machine" in s]
+        if name == "elsewhere":
+            assert len(warned) == 1 and "Some CPU" in warned[0] and "--redo profile" in warned[0]
+        else:
+            assert not warned

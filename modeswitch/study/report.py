@@ -47,10 +47,25 @@ def targets(study, fig: pd.DataFrame) -> list[str]:
         ok_e = "not measured" if not math.isfinite(err) else \
             ("met" if err <= TARGET_LIVE_ESTIMATE_ERROR_PCT else "not met")
         lines.append(f"- {split}: the oracle's live picks violate a constraint on {v:.0%} of requests "
-                     f"({vb:.0%} beyond noise; target <= {TARGET_ORACLE_LIVE_VIOLATIONS:.0%}: {ok_v}); "
+                     f"({vb:.0%} beyond noise; target <= {TARGET_ORACLE_LIVE_VIOLATIONS:.0%}: {ok_v}"
+                     f"{_other_kind(o, study)}); "
                      f"the table's latency against live medians is off by {err:.1f} % on average "
                      f"{basis} (target <= {TARGET_LIVE_ESTIMATE_ERROR_PCT:.0f} %: {ok_e})")
     return lines
+
+
+def _other_kind(oracle: pd.DataFrame, study) -> str:
+    """Where the oracle's live violations include labels measured on another kind of
+    machine than the live check's (``other_hardware``), how many, and the profile's
+    machine: a label is only as good as the machine it was measured on (INT8 kernels
+    differ between AVX2 and AVX-512 VNNI), so the reader must see that the live check
+    compared two machines, not a label with its own measurement."""
+    col = "live_violations_other_hardware"
+    n = oracle[col].iloc[0] if len(oracle) and col in oracle else math.nan
+    if not (n == n and n > 0):
+        return ""
+    kinds = "; ".join(str(h) for h in study._profile()["hardware"].dropna().unique())
+    return f"; {int(n)} of them on labels the profile measured on another kind of machine: {kinds or 'unknown'}"
 
 
 def _num(x) -> float:
