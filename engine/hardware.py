@@ -24,6 +24,8 @@ import os
 import platform
 from pathlib import Path
 
+import pandas as pd
+
 CACHE_ROOT = Path("/sys/devices/system/cpu/cpu0/cache")
 
 
@@ -90,6 +92,22 @@ def same_kind(a: str, b: str) -> bool:
 
     (ra, ia), (rb, ib) = parts(a), parts(b)
     return ra == rb and (ia is None or ib is None or ia == ib)
+
+
+def recorded_hardware(profile) -> list[str]:
+    """The hardware lines a profile file records (its ``hardware`` column); [] where the
+    file cannot be read or predates the column (the profile's reader names such faults
+    where a step reads it)."""
+    try:
+        col = pd.read_parquet(profile, columns=["hardware"])["hardware"]
+    except (ValueError, KeyError, OSError):
+        return []
+    return sorted(col.dropna().astype(str).unique().tolist())
+
+
+def other_kinds(here: str, lines) -> list[str]:
+    """The lines among ``lines`` that name another kind of machine than ``here``."""
+    return [h for h in lines if not same_kind(here, h)]
 
 
 def hardware_string(device: str) -> str:

@@ -4,6 +4,7 @@ and one MLflow run (experiment ``modeswitch-study``) holding the same table."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -35,6 +36,7 @@ def _csv(path: Path, df: pd.DataFrame):
 def targets(study, fig: pd.DataFrame) -> list[str]:
     """The issue's two live targets, per split, against what was measured."""
     lines = []
+    kinds = functools.cache(lambda: _profile_kinds(study))  # read only where a line needs it, once
     for split in study.cfg.splits:
         o = fig[(fig["split"] == split) & (fig["router"] == "oracle")]
         v = float(o["live_violation_rate_any"].iloc[0]) if len(o) and "live_violation_rate_any" in o else math.nan
@@ -48,25 +50,29 @@ def targets(study, fig: pd.DataFrame) -> list[str]:
             ("met" if err <= TARGET_LIVE_ESTIMATE_ERROR_PCT else "not met")
         lines.append(f"- {split}: the oracle's live picks violate a constraint on {v:.0%} of requests "
                      f"({vb:.0%} beyond noise; target <= {TARGET_ORACLE_LIVE_VIOLATIONS:.0%}: {ok_v}"
-                     f"{_other_kind(o, study)}); "
+                     f"{_other_kind(o, kinds)}); "
                      f"the table's latency against live medians is off by {err:.1f} % on average "
                      f"{basis} (target <= {TARGET_LIVE_ESTIMATE_ERROR_PCT:.0f} %: {ok_e})")
     return lines
 
 
-def _other_kind(oracle: pd.DataFrame, study) -> str:
+def _profile_kinds(study) -> str:
+    """The machines the study's profile was measured on, as one line."""
+    return "; ".join(str(h) for h in study._profile()["hardware"].dropna().unique()) or "unknown"
+
+
+def _other_kind(oracle: pd.DataFrame, kinds) -> str:
     """Where the oracle's live violations include labels measured on another kind of
     machine than the live check's (``other_hardware``), how many, and the profile's
-    machine: a label is only as good as the machine it was measured on (the INT8 and
-    GPTQ modes ran 25-40 % slower against the reference on an AVX2 EPYC than on a 1 MiB-L2
-    one), so the reader must see that the live check compared two machines, not a label
-    with its own measurement."""
+    machines (``kinds()``): a label is only as good as the machine it was measured on (the
+    INT8 and GPTQ modes ran 25-40 % slower against the reference on an AVX2 EPYC than on
+    a 1 MiB-L2 one), so the reader must see that the live check compared two machines,
+    not a label with its own measurement."""
     col = "live_violations_other_hardware"
     n = oracle[col].iloc[0] if len(oracle) and col in oracle else math.nan
     if not (n == n and n > 0):
         return ""
-    kinds = "; ".join(str(h) for h in study._profile()["hardware"].dropna().unique())
-    return f"; {int(n)} of them on labels the profile measured on another kind of machine: {kinds or 'unknown'}"
+    return f"; {int(n)} of them on labels the profile measured on another kind of machine: {kinds()}"
 
 
 def _num(x) -> float:

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import pandas as pd
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
@@ -52,7 +51,7 @@ from modeswitch.dataset.workloads import get_workload
 from modeswitch.dataset.workloads.conditions import draw_units, scaled
 from modeswitch.engine.backends import registry as backend_registry
 from modeswitch.engine.distributed import make_profiler
-from modeswitch.engine.hardware import hardware_string, same_kind
+from modeswitch.engine.hardware import hardware_string, other_kinds, recorded_hardware
 from modeswitch.engine.profiler import ProfileSpec
 from modeswitch.engine.quality_sweep import SweepSpec, read_sweep, run_sweep
 from modeswitch.oracle import label_profile
@@ -173,15 +172,9 @@ class Study:
         a 512 KiB-L2 AVX2 one), so labels from there need not hold here, and the live
         check counts such violations as ``other_hardware``; ``--redo profile`` measures
         the profile here."""
-        if self.cfg.device != "cpu":
-            return
-        try:
-            path = self.outputs("profile").get("profile") or self.out / "profile.parquet"
-            there = [str(h) for h in pd.read_parquet(path, columns=["hardware"])["hardware"].dropna().unique()]
-        except (OSError, ValueError, KeyError):  # unreadable: the profile's reader names the fault when a step reads it
-            return
+        path = self.outputs("profile").get("profile") or self.out / "profile.parquet"
         here = hardware_string(self.cfg.device)
-        other = [h for h in there if not same_kind(here, h)]
+        other = other_kinds(here, recorded_hardware(path))
         if other:
             self.log(f"the profile was measured on another kind of machine ({'; '.join(other)}) than this "
                      f"one ({here}): its labels need not hold here (the live check counts such "

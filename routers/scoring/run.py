@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.features import FEATURE_SET_C
-from modeswitch.engine.hardware import hardware_string, same_kind
+from modeswitch.engine.hardware import hardware_string, other_kinds, recorded_hardware
 from modeswitch.engine.models.resolve import resolve_models
 from modeswitch.oracle.constraints import Constraints
 from modeswitch.oracle.training_table import frame_hash
@@ -445,13 +445,7 @@ def profile_hardware(meta: dict) -> list[str]:
     if meta.get("hardware"):
         return [str(h) for h in meta["hardware"]]
     source = meta.get("profile_source")
-    if source and Path(source).is_file():
-        try:
-            col = pd.read_parquet(source, columns=["hardware"])["hardware"]
-        except (ValueError, KeyError, OSError):  # an older profile without the column
-            return []
-        return sorted(col.dropna().astype(str).unique().tolist())
-    return []
+    return recorded_hardware(source) if source and Path(source).is_file() else []
 
 
 def score_live_step(s: Scoring, cfg: ScoreConfig, context: dict, say) -> LiveScores:
@@ -468,7 +462,7 @@ def score_live_step(s: Scoring, cfg: ScoreConfig, context: dict, say) -> LiveSco
     runs = run_live(stream, decisions, target, draft, cfg.device, progress=say, backend=cfg.backend,
                     trials=cfg.live_trials, threads=threads, max_remeasure=cfg.live_max_remeasure)
     here, profiled = hardware_string(cfg.device), profile_hardware(s.table.meta)
-    other = bool(profiled) and not all(same_kind(here, h) for h in profiled)
+    other = bool(other_kinds(here, profiled))
     if other:
         say(f"live: this machine ({here}) is not the kind the profile ran on ({'; '.join(profiled)}): "
             "a measured label's live violation is counted as other_hardware")
