@@ -110,3 +110,18 @@ def test_a_figure_without_any_denominator_is_nan():
     assert np.isnan(got["energy_ratio_low"]) and np.isnan(got["energy_ratio_high"])
     assert np.isfinite(got["speedup_low"])
     assert np.isnan(family_weighted(per, _family_parts)["energy_ratio"])
+
+
+def test_the_exact_bound_of_a_rare_rate_matches_its_closed_forms():
+    """Clopper-Pearson, one-sided: with no failure in n the bound is 1 - 0.05 ** (1 / n);
+    with every trial failing it is 1; 59 clean trials are the fewest under 5 %."""
+    from modeswitch.routers.scoring.intervals import rate_upper_bound, requests_to_show
+
+    for n in (1, 6, 21, 59):
+        assert rate_upper_bound(0, n) == pytest.approx(1 - 0.05 ** (1 / n))
+    assert rate_upper_bound(6, 6) == 1.0
+    assert rate_upper_bound(1, 6) > rate_upper_bound(0, 6) > 1 / 6
+    n = requests_to_show(0.05)
+    assert n == 59 and rate_upper_bound(0, n) <= 0.05 < rate_upper_bound(0, n - 1)
+    assert requests_to_show(0.01) == 299
+    assert rate_upper_bound(0, 0) != rate_upper_bound(0, 0)  # NaN: nothing measured

@@ -301,10 +301,34 @@ def test_the_live_target_line_names_labels_measured_on_another_kind_of_machine()
     study = SimpleNamespace(cfg=SimpleNamespace(splits=["group"]), outputs=lambda step: {},
                             _profile=lambda: profile)
     fig = pd.DataFrame([{"split": "group", "router": "oracle", "live_violation_rate_any": 2 / 21,
-                         "live_violation_rate_beyond_noise": 2 / 21, "live_violations_other_hardware": 2}])
+                         "live_violation_rate_beyond_noise": 2 / 21, "live_violations_other_hardware": 2,
+                         "live_violations_beyond_noise": 2, "live_requests": 21}])
     line, = targets(study, fig)
-    assert "10% beyond noise; target <= 5%: not met; 2 of them on labels the profile measured on " \
-           "another kind of machine: AMD EPYC (2 cores; L2 1024K))" in line
+    assert "10% beyond noise; target <= 5% beyond noise: not met (2 of 21, 95 % upper bound 27.1%); " \
+           "2 of them on labels the profile measured on another kind of machine: " \
+           "AMD EPYC (2 cores; L2 1024K))" in line
     fig["live_violations_other_hardware"] = 0
     line, = targets(study, fig)
-    assert "another kind" not in line and "not met);" in line
+    assert "another kind" not in line and "27.1%)); the table" in line
+
+
+def test_the_oracle_live_target_is_met_only_when_its_exact_bound_is_under_it():
+    """0 beyond-noise violations of 6 live requests is under 5 % as a point, not as a bound
+    (up to 39 % at 95 %): "not shown", with the 59 requests it would take; 0 of 59 is met."""
+    from types import SimpleNamespace
+
+    from modeswitch.study.report import targets
+
+    study = SimpleNamespace(cfg=SimpleNamespace(splits=["group"]), outputs=lambda step: {},
+                            _profile=lambda: pd.DataFrame({"hardware": []}))
+
+    def line(k, n):
+        fig = pd.DataFrame([{"split": "group", "router": "oracle", "live_violation_rate_any": k / n,
+                             "live_violation_rate_beyond_noise": k / n,
+                             "live_violations_beyond_noise": k, "live_requests": n}])
+        return targets(study, fig)[0]
+
+    assert "not shown (0 of 6, 95 % upper bound 39.3%; 59 live requests with none beyond noise" in line(0, 6)
+    assert "met (0 of 59, 95 % upper bound 5.0%)" in line(0, 59)
+    assert "not shown (1 of 59" in line(1, 59)
+    assert "not met (1 of 6, 95 % upper bound 58.2%)" in line(1, 6)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from modeswitch.dataset.io import atomic_path
+from modeswitch.routers.scoring.intervals import rate_upper_bound, requests_to_show
 from modeswitch.routers.training.tracking import git_commit, setup
 from modeswitch.study.markdown import md_table as _md
 from modeswitch.study.modes_section import beside_section, modes_section
@@ -39,21 +40,44 @@ def targets(study, fig: pd.DataFrame) -> list[str]:
     kinds = functools.cache(lambda: _profile_kinds(study))  # read only where a line needs it, once
     for split in study.cfg.splits:
         o = fig[(fig["split"] == split) & (fig["router"] == "oracle")]
-        v = float(o["live_violation_rate_any"].iloc[0]) if len(o) and "live_violation_rate_any" in o else math.nan
-        vb = (float(o["live_violation_rate_beyond_noise"].iloc[0])
-              if len(o) and "live_violation_rate_beyond_noise" in o else math.nan)
+        v, vb, k, n = (_first(o, f"live_{c}") for c in ("violation_rate_any", "violation_rate_beyond_noise",
+                                                         "violations_beyond_noise", "requests"))
         out = study.outputs(f"score:{split}")
         err, basis = _table_error(out)
-        ok_v = "not measured" if not math.isfinite(v) else \
-            ("met" if v <= TARGET_ORACLE_LIVE_VIOLATIONS else "not met")
         ok_e = "not measured" if not math.isfinite(err) else \
             ("met" if err <= TARGET_LIVE_ESTIMATE_ERROR_PCT else "not met")
         lines.append(f"- {split}: the oracle's live picks violate a constraint on {v:.0%} of requests "
-                     f"({vb:.0%} beyond noise; target <= {TARGET_ORACLE_LIVE_VIOLATIONS:.0%}: {ok_v}"
-                     f"{_other_kind(o, kinds)}); "
+                     f"({vb:.0%} beyond noise; target <= {TARGET_ORACLE_LIVE_VIOLATIONS:.0%} beyond noise: "
+                     f"{_oracle_verdict(vb, k, n)}{_other_kind(o, kinds)}); "
                      f"the table's latency against live medians is off by {err:.1f} % on average "
                      f"{basis} (target <= {TARGET_LIVE_ESTIMATE_ERROR_PCT:.0f} %: {ok_e})")
     return lines
+
+
+def _first(rows: pd.DataFrame, col: str) -> float:
+    return float(rows[col].iloc[0]) if len(rows) and col in rows else math.nan
+
+
+def _oracle_verdict(rate: float, k: float, n: float) -> str:
+    """The oracle's live target judged on its beyond-noise violations (the issue's "beyond
+    the self-consistency floor"), by their exact one-sided 95 % upper bound: a rate under
+    5 % on a few requests is not shown to be under it (0 of 6 leaves up to 39 %), so the
+    verdict is "met" only when the bound is under the target, "not shown" when only the
+    point estimate is, with the number of live requests it would take."""
+    if not math.isfinite(rate):
+        return "not measured"
+    if not (math.isfinite(k) and math.isfinite(n) and n > 0):  # a report without the count
+        return "met" if rate <= TARGET_ORACLE_LIVE_VIOLATIONS else "not met"
+    k, n = int(k), int(n)
+    ub = rate_upper_bound(k, n)
+    counted = f"{k} of {n}, 95 % upper bound {ub:.1%}"
+    if ub <= TARGET_ORACLE_LIVE_VIOLATIONS:
+        return f"met ({counted})"
+    if rate <= TARGET_ORACLE_LIVE_VIOLATIONS:
+        need = requests_to_show(TARGET_ORACLE_LIVE_VIOLATIONS)
+        return (f"not shown ({counted}; {need} live requests with none beyond noise would show it, "
+                f"[score] live_per_family sets how many)")
+    return f"not met ({counted})"
 
 
 def _profile_kinds(study) -> str:

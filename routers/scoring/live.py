@@ -387,5 +387,7 @@ def summarise_live(per: pd.DataFrame, by_family: bool = False, n_boot: int = 100
         rec.update(family_bootstrap(g, _family_parts, INTERVAL_FIGURES, n_boot, seed))
         for c in CAUSES:
             rec[f"violations_{c}"] = int((g["cause"] == c).sum())
+        # a count beside the family-weighted rate: the exact binomial bound needs one
+        rec["violations_beyond_noise"] = int(g["violates_any_beyond_noise"].sum())
         out.append(rec)
     return pd.DataFrame(out)
