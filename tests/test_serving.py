@@ -670,3 +670,38 @@ def test_the_prefix_index_agrees_with_comparing_every_recent_prompt():
         assert got <= truth and (truth - got < 16), (got, truth)
         assert got == 0 or got >= 16
         recent.append(ids)
+
+
+class AdaptingRouter(SwitchRouter):
+    """A router that adapts online (as routers.adaptive.AdaptiveThresholdRouter): it serves
+    the reference once it has been told of two violations."""
+
+    def __init__(self):
+        super().__init__("prefix_caching")
+        self.outcomes = []
+
+    def observe(self, violated):
+        self.outcomes += list(violated)
+        if sum(self.outcomes) >= 2:
+            self.mode = "fp16_baseline"
+
+    def state(self):
+        return {"observed": len(self.outcomes), "violations": sum(self.outcomes)}
+
+
+def test_feedback_reaches_a_router_that_adapts_and_is_refused_by_one_that_does_not(server, router):
+    url = f"http://127.0.0.1:{server['port']}/admin/feedback"
+    status, _, text = http("POST", url, {"violated": [True]})
+    assert status == 409 and "does not adapt online" in text
+    assert http("POST", url, {"violated": []})[0] == 400 and http("POST", url, {"violated": ["yes"]})[0] == 400
+    server["holder"]["router"] = adapting = AdaptingRouter()
+    assert http("POST", f"http://127.0.0.1:{server['port']}/admin/reload")[0] == 200
+    c = server["client"]
+    assert c.completions.create(model="modeswitch", prompt="x = 1", max_tokens=2).model_extra["modeswitch"]["mode"] \
+        == "prefix_caching"
+    status, _, text = http("POST", url, {"violated": [False, True, True]})
+    assert status == 200 and json.loads(text) == {"status": "observed", "outcomes": 3, "observed": 3,
+                                                  "violations": 2}
+    assert adapting.outcomes == [False, True, True]
+    assert c.completions.create(model="modeswitch", prompt="x = 2", max_tokens=2).model_extra["modeswitch"]["mode"] \
+        == "fp16_baseline"

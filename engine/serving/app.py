@@ -3,7 +3,8 @@
 Endpoints: ``/v1/completions`` and ``/v1/chat/completions`` (with ``stream: true``
 as server-sent events), ``/v1/models``, ``/health``, Prometheus ``/metrics``, and
 ``POST /admin/reload`` (swap in a freshly loaded router; requests in flight keep
-the router they started with).
+the router they started with), and ``POST /admin/feedback`` (the outcomes of served
+picks, for a router that adapts its threshold online: ``routers.adaptive``).
 
 Per request: features from the request itself (prompt token count, ``max_tokens``
 as the expected output, the prefix shared with recent prompts, requests in
@@ -50,6 +51,7 @@ from modeswitch.engine.serving.routing import start_memory_tracking
 from modeswitch.engine.serving.schemas import (
     ChatBody,
     CompletionBody,
+    FeedbackBody,
     body_schema,
     error_response,
     parse_body,
@@ -370,6 +372,22 @@ async def reload(state: State):
     state.install(loaded)
     state.metrics.reloads.inc()
     return {"status": "reloaded", "router": type(state.router).__name__}
+
+
+@keyed.post("/admin/feedback")
+async def feedback(state: State, body: FeedbackBody):
+    """Outcomes of served picks (did each break a limit), in the order served: a router that
+    adapts online (``observe(outcomes)``, as ``routers.adaptive.AdaptiveThresholdRouter``)
+    moves its threshold and answers where it stands (``state()``); any other is answered
+    409. Called on the event loop, so outcomes posted at once are applied one post after
+    another (a post is at most 1,000 outcomes: microseconds each)."""
+    router = state.router
+    observe = getattr(router, "observe", None)
+    if not callable(observe):
+        raise HTTPException(409, f"the router {type(router).__name__} does not adapt online (it has no observe)")
+    observe(body.violated)
+    where = getattr(router, "state", None)
+    return {"status": "observed", "outcomes": len(body.violated), **(where() if callable(where) else {})}
 
 
 @public.get("/health")

@@ -55,6 +55,14 @@ class CompletionBody(_Sampling):
     _check_prompt = field_validator("prompt")(classmethod(lambda cls, v: _unicode(v)))
 
 
+class FeedbackBody(BaseModel):
+    """``POST /admin/feedback``: the outcomes of served picks, in the order they were
+    served (did each break a limit: a shadow run of the reference says), for a router that
+    adapts its threshold online."""
+
+    violated: list[StrictBool] = Field(min_length=1, max_length=1000)
+
+
 class Message(BaseModel):
     role: Literal[ROLES]
     content: str

@@ -67,7 +67,7 @@ def _reference_line(ax, vertical=False):
 
 def plots(out: Path, per_request: pd.DataFrame, per_family: pd.DataFrame, overall: pd.DataFrame,
           overhead: dict, live: pd.DataFrame | None = None, frontier=None, content_frontier=None,
-          router_curves: pd.DataFrame | None = None) -> list[Path]:
+          router_curves: pd.DataFrame | None = None, adaptive: pd.DataFrame | None = None) -> list[Path]:
     """Write the report's plots under ``out/plots``; returns their paths in order.
     Router-level plots use equal family weights, as the headline table does."""
     plt = _pyplot()
@@ -94,7 +94,7 @@ def plots(out: Path, per_request: pd.DataFrame, per_family: pd.DataFrame, overal
     if live is not None and len(live):
         save(_live_plot(live), "live_speedup_energy.png")
     if frontier is not None and len(frontier.curve):
-        save(_frontier_plot(frontier, router_points(per_request), content_frontier, router_curves),
+        save(_frontier_plot(frontier, router_points(per_request), content_frontier, router_curves, adaptive),
              "capture_vs_violations.png")
     return paths
 
@@ -103,14 +103,15 @@ def plots(out: Path, per_request: pd.DataFrame, per_family: pd.DataFrame, overal
 FRONTIER_ZOOM_PCT = 10.0
 
 
-def _frontier_plot(frontier, points: pd.DataFrame, content_frontier=None, router_curves=None):
+def _frontier_plot(frontier, points: pd.DataFrame, content_frontier=None, router_curves=None, adaptive=None):
     """Capture of the oracle's saving against the violation rate: each router a point,
     the measured ceiling (shape features, every latency known) a line, and beside it
     the ceiling with content features where it was measured; each certified router's
     own threshold swept over the held-out requests a thin line of its point's colour
     (routers.scoring.threshold_sweep: a hindsight diagnostic). Left every rate, right
     the low rates a target lives at (up to ``FRONTIER_ZOOM_PCT``), where the certified
-    routers and their curves would otherwise sit on the axis."""
+    routers and their curves would otherwise sit on the axis. A certified router replayed
+    with its threshold adapted online (``adaptive``) is a hollow diamond of its colour."""
     fig, axes = _pyplot().subplots(1, 2, figsize=(13, 5))
     colours = {r: f"C{i % 10}" for i, r in enumerate(points["router"])}
     for ax in axes:
@@ -131,6 +132,9 @@ def _frontier_plot(frontier, points: pd.DataFrame, content_frontier=None, router
                        color=colours[r.router])
             if ax is axes[0] or r.violations * 100 <= FRONTIER_ZOOM_PCT:
                 ax.annotate(r.router, (r.violations * 100, r.capture), textcoords="offset points", xytext=(5, 3))
+        for r in (adaptive.itertuples() if adaptive is not None else ()):
+            ax.scatter(r.violations * 100, r.capture, s=70, marker="D", facecolors="none",
+                       edgecolors=colours.get(r.router, "grey"), label=f"{r.router}: threshold adapted online")
         ax.axvline(2.0, color="grey", lw=1, ls="--")
         ax.set_xlabel("held-out requests whose pick violates a constraint (%)")
     axes[0].set_ylabel("share of the oracle's latency saving kept")
@@ -278,7 +282,7 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
                  live_per=None, live_summary=None, estimate=None, live_figures=None, live_runs=None,
                  live_family=None, intervals=None, coverage=None, frontier=None,
                  content_frontier=None, router_curves=None, certificate_price=None,
-                 certificate_refusals=None) -> list[Path]:
+                 certificate_refusals=None, adaptive=None, adaptive_family=None) -> list[Path]:
     """Write the report folder (which must not exist yet); returns the files written."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -318,13 +322,16 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
         if coverage.get("risk_family") is not None and len(coverage["risk_family"]):
             csv(coverage["risk_family"], "risk_control_by_family.csv", index=False)
     files += plots(out, per_request, per_family, overall, overhead, live_summary, frontier, content_frontier,
-                   router_curves)
+                   router_curves, adaptive)
     if router_curves is not None and len(router_curves):
         csv(router_curves, "router_curves.csv", index=False)
     if certificate_price is not None and len(certificate_price):
         csv(certificate_price, "certificate_price.csv", index=False)
     if certificate_refusals is not None and len(certificate_refusals):
         csv(certificate_refusals, "certificate_refusals.csv", index=False)
+    if adaptive is not None and len(adaptive):
+        csv(adaptive, "adaptive_replay.csv", index=False)
+        csv(adaptive_family, "adaptive_replay_per_family.csv", index=False)
     if frontier is not None and len(frontier.curve):
         curves = [frontier.curve.assign(features="shape")]
         if content_frontier is not None and len(content_frontier.curve):
@@ -350,6 +357,8 @@ def write_report(out: Path, *, per_request, per_family, overall, overhead: dict,
         md += _price_md(certificate_price)
     if certificate_refusals is not None and len(certificate_refusals):
         md += _refusals_md(certificate_refusals)
+    if adaptive is not None and len(adaptive):
+        md += _adaptive_md(adaptive, adaptive_family)
     md[2:2] = ["## Findings (computed from the tables below)", "",
                *findings(head, live_summary), ""]
     md += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in files if p.suffix == ".png"]
@@ -404,6 +413,25 @@ def _price_md(price: pd.DataFrame) -> list[str]:
                   f"hindsight {r.hindsight_capture:.1%} at {r.hindsight_violations:.1%}; ceiling "
                   f"{ceiling:.1%} at <= {r.target:.0%}.")
     return md + ["", _md_table(price.set_index("router")), ""]
+
+
+def _adaptive_md(adaptive: pd.DataFrame, per_family: pd.DataFrame) -> list[str]:
+    """The section on each certified router with its threshold adapted online."""
+    md = ["## Adapted online (the held-out requests replayed as a stream)", "",
+          "Each certified router served the held-out requests in a random order, its threshold moved "
+          "after every pick by that pick's outcome (`routers.adaptive`: adaptive conformal inference on "
+          "the threshold). Over the stream its violation rate exceeds the target by at most the stated "
+          "slack, on any sequence; a family's own rate is not bound. It assumes the server learns every "
+          "pick's outcome (a shadow run of the reference). Beside it, the certified threshold on the same "
+          "requests and decider (`adaptive_replay.csv`, `adaptive_replay_per_family.csv`).", ""]
+    for r in adaptive.itertuples():
+        md.append(f"- {r.router}: adapted {r.capture:.1%} at {r.violations:.1%} violations (worst family "
+                  f"{r.worst_family_violations:.1%}; bound: target {r.target:.0%} + slack {r.slack:.1%}); "
+                  f"certified {r.certified_capture:.1%} at {r.certified_violations:.1%}.")
+    md += ["", _md_table(adaptive.set_index("router")), ""]
+    if per_family is not None and len(per_family):
+        md += [_md_table(per_family.set_index(["router", "family"])), ""]
+    return md
 
 
 def _refusals_md(refusals: pd.DataFrame, top: int = 5) -> list[str]:

@@ -26,6 +26,7 @@ from modeswitch.routers.reference import FixedModeRouter, OracleRouter
 from modeswitch.routers.rule_baseline import RuleBaselineRouter
 from modeswitch.routers.scoring import overhead as oh
 from modeswitch.routers.scoring import report
+from modeswitch.routers.scoring.adaptive import adaptive_replay
 from modeswitch.routers.scoring.capture import envelope, router_points
 from modeswitch.routers.scoring.coverage import (
     coverage,
@@ -90,6 +91,9 @@ class ScoreConfig:
     labels: str = "all"
     #: compute the split's capture / violation ceiling and plot the routers beside it
     frontier: bool = True
+    #: replay each certified router over the held-out requests with its threshold adapted
+    #: online by every pick's outcome (routers.scoring.adaptive)
+    adaptive: bool = True
 
 
 def live_threads(cfg: ScoreConfig, meta: dict) -> tuple[int | None, str]:
@@ -311,6 +315,9 @@ class Scoring:
     router_curves: pd.DataFrame | None = None
     certificate_price: pd.DataFrame | None = None
     certificate_refusals: pd.DataFrame | None = None
+    #: each certified router replayed with its threshold adapted online, pooled and per family
+    adaptive: pd.DataFrame | None = None
+    adaptive_family: pd.DataFrame | None = None
 
     @property
     def p50(self) -> dict:
@@ -398,6 +405,17 @@ def certificate_price_step(s: Scoring, say) -> None:
     env = envelope(ceiling.curve) if ceiling is not None and len(ceiling.curve) else None
     s.certificate_price = certificate_price(s.router_curves, router_points(s.per_request), targets, env)
     s.certificate_refusals = certificate_refusals({k: certified_parts(s.scored[k]) for k in targets}, s.table.frame)
+
+
+def adaptive_step(s: Scoring, say) -> None:
+    """Each certified router served to the held-out requests as a stream, its threshold
+    moved by every pick's outcome (routers.adaptive), beside its certified threshold."""
+    targets = targets_of(s.scored)
+    if not targets:
+        return
+    say("replaying the certified routers with their thresholds adapted online")
+    s.adaptive, s.adaptive_family = adaptive_replay({k: s.scored[k] for k in targets}, s.test, s.marks,
+                                                    seed=s.trained[0].seed)
 
 
 def report_context(s: Scoring, cfg: ScoreConfig, out: Path) -> dict:
@@ -506,7 +524,8 @@ def write_outputs(s: Scoring, cfg: ScoreConfig, out: Path, live: LiveScores, con
                         live_family=live.family, live_runs=live.runs, intervals=intervals,
                         frontier=s.frontier, content_frontier=s.content_frontier,
                         router_curves=s.router_curves, certificate_price=s.certificate_price,
-                        certificate_refusals=s.certificate_refusals,
+                        certificate_refusals=s.certificate_refusals, adaptive=s.adaptive,
+                        adaptive_family=s.adaptive_family,
                         coverage=coverage_info(s, head, live, context))
     run_id = report.log_to_mlflow(out, Path(cfg.mlruns), head, context,
                                   {t.name: t.run_id for t in s.trained}, live.summary, table=s.table.frame)
@@ -526,6 +545,8 @@ def score_routers(table, cfg: ScoreConfig, out: Path, progress=None) -> dict:
     if cfg.frontier:
         frontier_step(s, say)
         certificate_price_step(s, say)
+    if cfg.adaptive:
+        adaptive_step(s, say)
     context = report_context(s, cfg, out)
     live = score_live_step(s, cfg, context, say) if cfg.live else LiveScores()
     head, run_id = write_outputs(s, cfg, out, live, context, say)

@@ -1,0 +1,179 @@
+"""A risk threshold that moves online with the violations measured on served requests
+(:class:`AdaptiveThresholdRouter`; the update rule alone: :class:`ThresholdTracker`).
+
+Why: a certificate (:mod:`routers.certified`) answers for new requests that look like
+its calibration rows; a family it never saw can break it (the held-out families of the
+study), and one that is easier than the calibration rows leaves saving on the table
+(the certified cost routers kept 0.4-33 % of the oracle's saving where their own
+threshold, chosen in hindsight, kept up to 27-52 % at the same rate). Where the server
+learns, after the fact, whether a served pick broke a limit (a shadow run of the
+reference on a sample of requests: its output for ROUGE-L, its energy), the threshold
+can follow the stream instead: adaptive conformal inference (Gibbs and Candès,
+"Adaptive conformal inference under distribution shift", arXiv:2106.00170) moves its
+level after every outcome, up after a miss and down after a hit, so that the long-run
+miss rate is the target on *any* sequence, shifted or adversarial. Applied to the
+threshold itself, not to a level mapped through a calibration quantile, the rule is
+the quantile tracker of Angelopoulos, Candès and Tibshirani ("Conformal PID control
+for time series prediction", arXiv:2307.16895):
+
+    u <- min(u + eta * (target - violated), B)
+
+with ``u`` the threshold's distance from the strictest end towards the loosest (the
+threshold served is the strictest while ``u <= 0``, ``B`` the range's width): one step of
+online gradient descent on the pinball loss. Each violation tightens it by
+``eta * (1 - target)``, each clean pick loosens it by ``eta * target``. The guarantee
+(their Proposition 1): summing the steps, ``eta * (sum of violations - target * T)`` is
+at most the start's ``u`` minus the end's, and ``u`` never ends below
+``-eta * (1 - target)`` (at or below 0 the reference answers, which never violates, so
+``u`` only rises there), nor starts above ``B``. So after ``T`` outcomes the observed
+violation rate exceeds the target by at most ``(B + eta) / (eta * T)`` (:meth:`slack`),
+whatever the requests were: no probability, no exchangeability. The cap at ``B`` only
+drops loosening steps, so it can only lower the rate (a stream easy enough that even
+the loosest threshold stays under the target). The price: the bound is about the
+stream's average, not any one request, and shrinks as ``1 / T``; ``u`` is not clipped
+at the strict end, since a clip there would drop tightening steps and void the bound.
+
+What it does not give: a rate per family (a family that arrives rarely can break the
+target while the stream's average holds; the replay in :mod:`routers.scoring.adaptive`
+reports both), and anything before feedback arrives (a delay of ``d`` outcomes only
+adds ``d`` steps of lag to the bound's transient). It serves through the risk router's
+own pipeline: a certified router's distilled tree answers one threshold only.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+from modeswitch.routers.base import RouterMixin
+from modeswitch.routers.risk_control import ALPHA
+from sklearn.base import BaseEstimator, ClassifierMixin, clone
+from sklearn.utils.validation import check_is_fitted
+
+
+class ThresholdTracker:
+    """The online update of one risk threshold (the module's docstring has the rule).
+
+    ``start``: the threshold before any outcome (a certified one, typically);
+    ``strictest`` / ``loosest``: the router's ends (``strictest`` answers the reference
+    only); ``target``: the long-run violation rate sought; ``step_size``: ``eta`` as a
+    share of the range ``|loosest - strictest|``."""
+
+    def __init__(self, start: float, strictest: float, loosest: float, target: float = ALPHA,
+                 step_size: float = 0.1):
+        if not 0 < target < 1:
+            raise ValueError(f"target violation rate {target}: must lie in (0, 1)")
+        if not step_size > 0:
+            raise ValueError(f"step_size {step_size}: must be positive")
+        if strictest == loosest:
+            raise ValueError("the router's strictest and loosest thresholds coincide: nothing to adapt")
+        self.strictest, self.sign = float(strictest), (1.0 if loosest > strictest else -1.0)
+        self.width = abs(float(loosest) - self.strictest)
+        self.eta = float(step_size) * self.width
+        self.target = float(target)
+        #: the distance from the strictest end towards the loosest (<= 0: the strictest)
+        self.position = float(np.clip(self.sign * (float(start) - self.strictest), 0.0, self.width))
+        self.observed = 0
+        self.violations = 0
+
+    @property
+    def threshold(self) -> float:
+        """The threshold to decide with now."""
+        return self.strictest + self.sign * max(self.position, 0.0)
+
+    def update(self, violated: bool) -> float:
+        """One outcome of a served pick; returns the threshold for the next decision."""
+        v = bool(violated)
+        self.observed += 1
+        self.violations += v
+        self.position = min(self.position + self.eta * (self.target - v), self.width)
+        return self.threshold
+
+    @property
+    def rate(self) -> float:
+        """The violation rate observed so far (NaN before any outcome)."""
+        return self.violations / self.observed if self.observed else float("nan")
+
+    def slack(self, outcomes: int | None = None) -> float:
+        """How far the observed rate may exceed the target after ``outcomes`` (default:
+        those observed): ``(B + eta) / (eta * T)``."""
+        t = self.observed if outcomes is None else int(outcomes)
+        return (self.width + self.eta) / (self.eta * t) if t > 0 else float("inf")
+
+
+class AdaptiveThresholdRouter(ClassifierMixin, RouterMixin, BaseEstimator):
+    """``router`` (any router with a risk score; a :class:`~routers.certified.CertifiedRouter`
+    starts at its certified threshold) with its threshold moved online by
+    :meth:`observe`.
+
+    ``target_violation_rate``: the long-run rate sought; ``step_size``: the update's step
+    as a share of the threshold's range. To adapt a router that is already fitted (one
+    loaded from MLflow), wrap it in ``sklearn.frozen.FrozenEstimator``: ``fit`` then
+    fits nothing. The router given is never changed: the wrapper decides with a copy."""
+
+    decision_path = "pipeline"
+    compile_reason_ = "the threshold moves with every outcome: decisions go through the router's pipeline"
+
+    def __init__(self, router, *, target_violation_rate=ALPHA, step_size=0.1):
+        self.router = router
+        self.target_violation_rate = target_violation_rate
+        self.step_size = step_size
+
+    def fit(self, X, y=None, **fit_params):
+        fitted = clone(self.router).fit(X, y, **fit_params)
+        fitted = getattr(fitted, "estimator", fitted) if type(fitted).__name__ == "FrozenEstimator" else fitted
+        certified = hasattr(fitted, "router_") and hasattr(fitted, "threshold_")
+        decider = copy.deepcopy(fitted.router_ if certified else fitted)
+        if getattr(decider, "loosest_threshold", lambda: None)() is None:
+            raise ValueError(f"{type(decider).__name__} has no risk score to adapt (a mode classifier needs a "
+                             "safety_threshold)")
+        strict = float(decider.strictest_threshold)
+        start = fitted.threshold_ if certified else getattr(decider, "threshold_", None)
+        self.tracker_ = ThresholdTracker(strict if start is None else float(start), strict,
+                                         float(decider.loosest_threshold()), self.target_violation_rate,
+                                         self.step_size)
+        decider.set_risk_threshold(self.tracker_.threshold)
+        self.router_ = decider
+        self.start_threshold_ = self.tracker_.threshold
+        self.classes_ = decider.classes_
+        self.modes_ = list(decider.modes_)
+        return self
+
+    @property
+    def threshold_(self) -> float:
+        check_is_fitted(self, "tracker_")
+        return self.tracker_.threshold
+
+    def observe(self, violated) -> float:
+        """Outcomes of served picks (a bool, or several in the order they were served):
+        each moves the threshold; returns the one the next decision uses."""
+        check_is_fitted(self, "tracker_")
+        for v in np.atleast_1d(np.asarray(violated, dtype=bool)):
+            self.tracker_.update(bool(v))
+        self.router_.set_risk_threshold(self.tracker_.threshold)
+        return self.tracker_.threshold
+
+    def state(self) -> dict:
+        """What the server reports: the threshold, its start, outcomes seen, their rate and
+        the bound's slack around the target."""
+        t = self.tracker_
+        return {"threshold": t.threshold, "start_threshold": self.start_threshold_, "target": t.target,
+                "observed": t.observed, "violations": t.violations, "rate": t.rate, "slack": t.slack()}
+
+    # -- the Router protocol: the risk router decides at the current threshold --------------
+    def predict(self, X):
+        check_is_fitted(self, "router_")
+        return self.router_.predict(X)
+
+    def predict_with_fallback(self, X):
+        check_is_fitted(self, "router_")
+        return self.router_.predict_with_fallback(X)
+
+    def route(self, request) -> str:
+        check_is_fitted(self, "router_")
+        return self.router_.route(request)
+
+    def explain(self, X) -> list[tuple[str, str]]:
+        t = self.tracker_
+        return [(m, f"{why} (threshold adapted online: {t.threshold:.3g} after {t.observed} outcomes)")
+                for m, why in self.router_.explain(X)]

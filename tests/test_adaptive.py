@@ -1,0 +1,127 @@
+"""A risk threshold adapted online (routers.adaptive) and its replay over held-out
+requests (routers.scoring.adaptive): the stream's violation rate stays within the
+tracker's bound of the target on any sequence, a certificate broken by a shifted
+family is repaired by the feedback, and the wrapper decides as its router does."""
+
+import numpy as np
+import pytest
+from modeswitch.routers.adaptive import AdaptiveThresholdRouter, ThresholdTracker
+from modeswitch.routers.scoring.adaptive import adaptive_replay, replay_stream, violation_matrix
+from modeswitch.routers.scoring.offline import score_requests
+from sklearn.base import clone
+from sklearn.frozen import FrozenEstimator
+
+from tests.test_cost_routers import REF
+from tests.test_group_certificates import family_rates, shifted_table
+from tests.test_threshold_sweep import TARGET, certified, held_out
+
+
+def test_on_the_worst_sequence_the_rate_exceeds_the_target_by_at_most_the_bound():
+    """An adversary makes every pick off the strictest end violate (at the strictest end
+    the reference answers, which never does): the rate still meets ``target + slack``,
+    and it sits near the target, not at 0 or 1."""
+    for target, step in ((0.02, 0.1), (0.05, 0.02), (0.2, 0.5)):
+        t = ThresholdTracker(start=0.3, strictest=-1.0, loosest=0.5, target=target, step_size=step)
+        for _ in range(5000):
+            t.update(t.threshold > t.strictest)
+        assert t.rate <= target + t.slack() + 1e-12
+        assert abs(t.rate - target) < 0.01
+    assert t.slack(0) == float("inf") and t.slack(100) == pytest.approx((1.5 + 0.75) / (0.75 * 100))
+
+
+def test_the_threshold_walks_to_the_strictest_end_on_violations_and_to_the_loosest_without():
+    t = ThresholdTracker(start=0.0, strictest=-1.0, loosest=0.5, target=0.02, step_size=0.1)
+    for _ in range(20):
+        t.update(True)
+    assert t.threshold == -1.0 and t.position < 0  # below the strict end: held, not clipped
+    for _ in range(2000):
+        t.update(False)
+    assert t.threshold == 0.5 and t.rate == pytest.approx(20 / 2020)
+    down = ThresholdTracker(start=0.9, strictest=1.0, loosest=0.0, target=0.1)  # a P(safe) threshold: loose is low
+    looser = down.update(False)
+    assert looser < 0.9 and down.update(True) > looser
+    with pytest.raises(ValueError, match="target violation rate"):
+        ThresholdTracker(0.0, -1.0, 0.5, target=0.0)
+    with pytest.raises(ValueError, match="coincide"):
+        ThresholdTracker(0.0, 0.5, 0.5)
+
+
+def test_feedback_repairs_a_certificate_that_a_shifted_family_breaks():
+    """Certified on plain families, served to a family whose quantised mode fails from
+    150 prompt tokens on (not 450): the fixed threshold breaks its target there, the
+    adapted one holds the stream within the bound and keeps a saving."""
+    train = shifted_table(150, seed=3, shifted=(), plain=("a", "b"))
+    r = certified(train)
+    test = held_out(21, shifted=("c",), plain=())
+    fixed_rate = float(family_rates(r, test).max())
+    assert fixed_rate > 2 * TARGET  # the shift breaks the certificate
+    picks, at, tracker = replay_stream(r, test, violation_matrix(test, list(r.router_.modes_)),
+                                       np.random.default_rng(0).permutation(len(test)), TARGET)
+    scored = score_requests(test, picks)
+    rate = float(scored["violates_any"].mean())
+    assert rate == pytest.approx(tracker.rate) and rate <= TARGET + tracker.slack()
+    assert rate < fixed_rate and tracker.threshold < r.threshold_  # tightened
+    assert (scored["pick"] != REF).any()  # not everything handed back to the reference
+    assert np.isfinite(at).all()
+
+
+def test_the_replay_reports_each_certified_router_beside_its_certified_threshold():
+    train = shifted_table(150, seed=3, shifted=(), plain=("a", "b"))
+    test = held_out(21, shifted=("c",), plain=("a",))
+    r = certified(train)
+    summary, per_family = adaptive_replay({"cost": r, "rule": object()}, test)
+    row = summary.set_index("router").loc["cost"]
+    assert list(summary["router"]) == ["cost"] and row["requests"] == len(test)
+    fixed = score_requests(test, np.asarray(r.predict(test), dtype=object))
+    assert row["certified_violations"] == pytest.approx(fixed["violates_any"].mean())
+    assert row["violations"] < row["certified_violations"]
+    assert set(per_family["family"]) == {"a", "c"}
+    assert row["worst_family_violations"] == pytest.approx(per_family["violations"].max())
+    delayed, _ = adaptive_replay({"cost": r}, test, delay=25)
+    assert delayed["delay"].iloc[0] == 25 and delayed["violations"].iloc[0] >= 0
+
+
+def test_the_wrapper_decides_as_its_router_and_tightens_on_violations():
+    r = certified(shifted_table(150, seed=3, shifted=(), plain=("a", "b")))
+    test = held_out(7)
+    before = np.asarray(r.predict(test), dtype=object)
+    a = AdaptiveThresholdRouter(FrozenEstimator(r), target_violation_rate=TARGET).fit(test)
+    assert a.threshold_ == pytest.approx(r.threshold_)
+    same = np.asarray(r.router_.predict(test), dtype=object)  # the ensemble at the certified threshold
+    assert (np.asarray(a.predict(test), dtype=object) == same).all()
+    for _ in range(40):
+        a.observe(True)
+    assert (np.asarray(a.predict(test), dtype=object) == REF).all()
+    assert (np.asarray(r.predict(test), dtype=object) == before).all()  # the router given is untouched
+    state = a.state()
+    assert state["observed"] == 40 and state["rate"] == 1.0 and state["threshold"] < state["start_threshold"]
+    assert clone(a).get_params()["target_violation_rate"] == TARGET and a.compile() is None
+    assert "adapted online" in a.explain(test.iloc[:1])[0][1]
+    a.observe([False] * 3)
+    assert a.state()["observed"] == 43
+
+
+def test_the_report_writes_the_replay_and_marks_it_in_the_frontier_plot(tmp_path):
+    from types import SimpleNamespace
+
+    import pandas as pd
+    from modeswitch.routers.scoring import report
+    from modeswitch.routers.scoring.offline import aggregate_scores
+    from modeswitch.routers.scoring.overhead import Overhead
+
+    r = certified(shifted_table(150, seed=3, shifted=(), plain=("a", "b")))
+    test = held_out(21, shifted=("c",), plain=("a",))
+    summary, per_family = adaptive_replay({"cost": r}, test)
+    per = score_requests(test, np.asarray(r.predict(test), dtype=object), router="cost")
+    per_family_scores, overall = aggregate_scores(per)
+    curve = pd.DataFrame({"violations": [0.0, 0.1], "capture": [0.0, 1.0]})
+    files = report.write_report(tmp_path / "r", per_request=per, per_family=per_family_scores, overall=overall,
+                                overhead={"cost": Overhead("cost", "compiled", 10, 1.0, 1.0, 1.0, None)},
+                                context={"name": "t"}, adaptive=summary, adaptive_family=per_family,
+                                frontier=SimpleNamespace(curve=curve, split="group", scored=len(test)))
+    assert {tmp_path / "r" / "adaptive_replay.csv", tmp_path / "r" / "adaptive_replay_per_family.csv",
+            tmp_path / "r" / "plots" / "capture_vs_violations.png"} <= set(files)
+    md = (tmp_path / "r" / "README.md").read_text()
+    row = summary.iloc[0]
+    assert "## Adapted online" in md and f"cost: adapted {row['capture']:.1%} at {row['violations']:.1%}" in md
+    assert len(pd.read_csv(tmp_path / "r" / "adaptive_replay_per_family.csv")) == len(per_family)
