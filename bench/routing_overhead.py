@@ -8,7 +8,11 @@ falls on all of them alike):
 * ``<family> (pipeline)``: the study's path, a one-row DataFrame of features through
   the scikit-learn pipeline (``features_frame([request])`` + ``predict``);
 * ``<family> (compiled)``: ``compile(router).route(request)`` (one CPython fast call
-  into C, feature extraction included; the decision tree as generated Python).
+  into C, feature extraction included; the decision tree as generated Python);
+* ``<cost family> (adapted)``: the cost router with its threshold adapted online
+  (``routers.adaptive``), compiled: one more Python call to the compiled router last
+  built. Beside it, what an outcome costs the server (``observe``, no rebuild) and one
+  rebuild at a new threshold (off the serving path, on a background thread).
 
 Prints single-decision p50/p99 in microseconds and batch throughput, with ratios
 to the rule baseline's p50 measured in the same run, and for tree models how big
@@ -30,6 +34,7 @@ table and the uncompiled routers compute).
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from pathlib import Path
@@ -39,9 +44,11 @@ from modeswitch.dataset.features import features_frame
 from modeswitch.dataset.workloads import get_workload
 from modeswitch.oracle.training_table import build_training_table
 from modeswitch.routers import get_router
+from modeswitch.routers.adaptive import AdaptiveThresholdRouter
 from modeswitch.routers.compiler import compile
 from modeswitch.routers.rule_baseline import RuleBaselineRouter
 from modeswitch.routers.scoring.overhead import time_decisions, time_side_by_side
+from sklearn.frozen import FrozenEstimator
 
 
 def pct(t):
@@ -100,7 +107,7 @@ def main():
         c.predict_matrix(M)
         batch[fam] = len(M) / (time.perf_counter() - t0)
     # the cost-predicting routers (feature set A: they compile on numbers only)
-    not_compiled = {}
+    not_compiled, cost_routers = {}, {}
     for fam in ("cost_linear", "cost_lgbm"):
         est = get_router(fam, feature_set="A", max_risk=0.3,
                          **({"n_estimators": args.trees} if fam == "cost_lgbm" else {})).fit(table)
@@ -112,6 +119,7 @@ def main():
         est.predict(frame_a)
         pipeline_rows[fam] = (*pct(t), len(frame_a) / (time.perf_counter() - t0))
         c = est.compile()
+        cost_routers[fam] = est
         if c is None:  # its serving path: route() without the pipeline's input checks
             not_compiled[fam] = est.compile_reason_
             fast[fam] = est.route
@@ -124,6 +132,7 @@ def main():
         t0 = time.perf_counter()
         c.predict_matrix(M)
         batch[fam] = len(M) / (time.perf_counter() - t0)
+    adapted = adapted_routers(cost_routers, table, stream, fast)
     content_rows = []
     if args.content_model:  # routers reading the prompt: the same stream, with its token ids
         stream = content_routers(args, reqs, stream, table, fast, batch, reps)
@@ -137,6 +146,8 @@ def main():
         if fam in times:
             label = "route" if fam in not_compiled else "compiled"
             rows.append((f"{fam} ({label})", *pct(times[fam]), batch.get(fam)))
+        if f"{fam} (adapted)" in times:
+            rows.append((f"{fam} (adapted)", *pct(times[f"{fam} (adapted)"]), None))
     for name in content_rows:
         rows.append((f"{name} (compiled)" if name.endswith(" C") else name, *pct(times[name]),
                      batch.get(name)))
@@ -148,9 +159,34 @@ def main():
         print(f"{name:<26} {p50:10.2f} {p99:10.2f} {p50 / base:10.2f}x {t:>18}")
     for fam, why in not_compiled.items():
         print(f"{fam}: not compiled ({why})")
+    for fam, (observe, build_ms) in adapted.items():
+        print(f"{fam} (adapted): an outcome (observe, no rebuild) {observe[0]:.2f} us p50, {observe[1]:.2f} us p99; "
+              f"one rebuild at a new threshold {build_ms:.1f} ms, off the serving path")
     for fam, (nodes, hit, walk) in region.items():
         print(f"{fam}: region tree {nodes:,} nodes; decides {hit:.1%} of the stream's requests "
               f"({1 - walk:.1%} of the bin grid), the rest walk the trees")
+
+
+def adapted_routers(cost_routers: dict, table, stream, fast: dict) -> dict:
+    """Add each cost router with its threshold adapted online, compiled, to ``fast``;
+    returns {family: ((observe p50, p99) in us, one rebuild in ms)}."""
+    out = {}
+    for fam, est in cost_routers.items():
+        # recompile_step 1: no rebuild while the outcomes are timed (a rebuild is timed apart)
+        a = AdaptiveThresholdRouter(FrozenEstimator(est), recompile_step=1.0).fit(table)
+        c = a.compile()
+        if c is None:
+            continue
+        assert [c.route(r) for r in stream[:300]] == [est.route(r) for r in stream[:300]]
+        fast[f"{fam} (adapted)"] = c.route
+        outcomes = [False] * 2000
+        t = time_decisions(a.observe, outcomes, len(outcomes), warmup=100)
+        elsewhere = copy.copy(est)  # a rebuild as CompiledAdaptive makes one: a copy at the new threshold
+        elsewhere.set_risk_threshold(a.tracker_.strictest + a.tracker_.sign * a.tracker_.width / 2)
+        t0 = time.perf_counter()
+        elsewhere.compile()
+        out[fam] = (pct(t), (time.perf_counter() - t0) * 1000)
+    return out
 
 
 def content_routers(args, reqs, stream, table, fast, batch, reps):

@@ -100,6 +100,8 @@ class RouterPyfunc(mlflow.pyfunc.PythonModel):
         (also when the router cannot be compiled, e.g. one with a safety guard)."""
         self.route, path, _ = decision_function(self.router_, on)
         self.path_ = "compiled" if path.startswith("compiled") else "pipeline"
+        if callable(getattr(self.router_, "observe", None)):  # a router that adapts online takes feedback here
+            self.observe, self.state = self.router_.observe, self.router_.state
         return self
 
     @property

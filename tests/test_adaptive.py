@@ -95,7 +95,7 @@ def test_the_wrapper_decides_as_its_router_and_tightens_on_violations():
     assert (np.asarray(r.predict(test), dtype=object) == before).all()  # the router given is untouched
     state = a.state()
     assert state["observed"] == 40 and state["rate"] == 1.0 and state["threshold"] < state["start_threshold"]
-    assert clone(a).get_params()["target_violation_rate"] == TARGET and a.compile() is None
+    assert clone(a).get_params()["target_violation_rate"] == TARGET
     assert "adapted online" in a.explain(test.iloc[:1])[0][1]
     a.observe([False] * 3)
     assert a.state()["observed"] == 43
@@ -125,3 +125,59 @@ def test_the_report_writes_the_replay_and_marks_it_in_the_frontier_plot(tmp_path
     row = summary.iloc[0]
     assert "## Adapted online" in md and f"cost: adapted {row['capture']:.1%} at {row['violations']:.1%}" in md
     assert len(pd.read_csv(tmp_path / "r" / "adaptive_replay_per_family.csv")) == len(per_family)
+
+
+def test_the_compiled_form_follows_the_threshold_off_the_serving_path():
+    """Compiled, the adapted router decides as its pipeline does; outcomes move the
+    threshold and a build at the new one is swapped in (the reference only, after a run
+    of violations); pickled (as MLflow stores it), the compiled form is left behind."""
+    import pickle
+
+    from modeswitch.routers.scoring.offline import requests_from_table
+
+    r = certified(shifted_table(150, seed=3, shifted=(), plain=("a", "b")))
+    test = held_out(7)
+    reqs = requests_from_table(test)
+    a = AdaptiveThresholdRouter(FrozenEstimator(r), target_violation_rate=TARGET).fit(test)
+    fast = a.compile()
+    assert fast is a.compile() and fast.distilled_ is None  # one compiled form per wrapper
+    assert [fast.route(q) for q in reqs] == [a.route(q) for q in reqs]
+    assert any(m != REF for m in (fast.route(q) for q in reqs))
+    small = a.observe([True])  # one step, eta * (1 - target): 9.5 % of the range, past recompile_step's 1 %
+    assert fast.wait() and fast.threshold == pytest.approx(small) and fast.builds == 2
+    fast.observe([True] * 40)  # the compiled form takes feedback as the wrapper does
+    assert fast.wait() and fast.threshold == pytest.approx(a.threshold_) and a.threshold_ == r.router_.strictest_threshold
+    assert all(fast.route(q) == REF for q in reqs)
+    assert a.state()["recompiles"] == fast.builds - 1 >= 2 and a.state()["observed"] == 41
+    back = pickle.loads(pickle.dumps(a))
+    assert "_compiled" not in back.__dict__ and back.threshold_ == a.threshold_
+    assert [back.compile().route(q) for q in reqs[:20]] == [REF] * 20
+
+
+def test_small_moves_do_not_rebuild():
+    r = certified(shifted_table(150, seed=3, shifted=(), plain=("a", "b")))
+    test = held_out(7)
+    a = AdaptiveThresholdRouter(FrozenEstimator(r), target_violation_rate=TARGET, recompile_step=0.5).fit(test)
+    fast = a.compile()
+    a.observe([False] * 10)  # 10 x eta x target: 2 % of the range
+    assert fast.wait() and fast.builds == 1 and fast.threshold == a.start_threshold_ != a.threshold_
+
+
+def test_the_exported_router_takes_feedback_for_the_router_it_holds():
+    """MLflow's pyfunc wrapper (what ``modeswitch serve`` loads) routes compiled and passes
+    ``observe`` / ``state`` on, so the server's /admin/feedback reaches the tracker."""
+    from modeswitch.routers.export import RouterPyfunc
+    from modeswitch.routers.scoring.offline import requests_from_table
+
+    r = certified(shifted_table(150, seed=3, shifted=(), plain=("a", "b")))
+    test = held_out(7)
+    model = RouterPyfunc()
+    model.router_ = AdaptiveThresholdRouter(FrozenEstimator(r), target_violation_rate=TARGET).fit(test)
+    model.use_compiled(True)
+    assert model.path_ == "compiled"
+    model.observe([True] * 40)
+    assert model.state()["observed"] == 40 and model.router_.compile().wait()
+    assert {model.route(q) for q in requests_from_table(test)} == {REF}
+    plain = RouterPyfunc()
+    plain.router_ = r
+    assert not hasattr(plain.use_compiled(True), "observe")
