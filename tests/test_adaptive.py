@@ -181,3 +181,21 @@ def test_the_exported_router_takes_feedback_for_the_router_it_holds():
     plain = RouterPyfunc()
     plain.router_ = r
     assert not hasattr(plain.use_compiled(True), "observe")
+
+
+def test_the_study_report_sets_each_splits_replay_beside_its_certificate(tmp_path):
+    from modeswitch.study.report import _adaptive_lines
+
+    r = certified(shifted_table(150, seed=3, shifted=(), plain=("a", "b")))
+    summary, _ = adaptive_replay({"cost": r}, held_out(21, shifted=("c",), plain=("a",)))
+    (tmp_path / "group").mkdir()
+    summary.to_csv(tmp_path / "group" / "adaptive_replay.csv", index=False)
+    (tmp_path / "lofo").mkdir()  # a split report without a replay: no line
+    lines = _adaptive_lines({"group": tmp_path / "group", "lofo": tmp_path / "lofo"})
+    row = summary.iloc[0]
+    assert lines[0].startswith("## Thresholds adapted online") and len(lines) == 4
+    assert lines[2] == (f"- group, cost: adapted {row['capture']:.1%} of the oracle's saving at "
+                        f"{row['violations']:.1%} violations (worst family {row['worst_family_violations']:.1%}; "
+                        f"target 5% + slack {row['slack']:.1%} on the stream); certified "
+                        f"{row['certified_capture']:.1%} at {row['certified_violations']:.1%}")
+    assert _adaptive_lines({"lofo": tmp_path / "lofo"}) == []
