@@ -35,8 +35,11 @@ at the strict end, since a clip there would drop tightening steps and void the b
 
 What it does not give: a rate per family (a family that arrives rarely can break the
 target while the stream's average holds; the replay in :mod:`routers.scoring.adaptive`
-reports both), and anything before feedback arrives (a delay of ``d`` outcomes only
-adds ``d`` steps of lag to the bound's transient).
+reports both), and anything before feedback arrives (outcomes fed back ``d`` decisions
+late widen the bound: :meth:`ThresholdTracker.slack` with ``delay``). Only routers that
+answer the reference below a finite threshold can be adapted so (the cost-predicting
+routers, below 0: :func:`tracker_for`); a mode classifier's strictest threshold is
+infinite and answers its fallback.
 
 Served compiled (:meth:`AdaptiveThresholdRouter.compile`): a compiled router has its
 threshold built in (the margin's logit shifts its biases), and the risk router's own
@@ -44,11 +47,15 @@ pipeline decides in milliseconds, not microseconds (11-22 ms here with content
 features, against 2-3 us compiled). So the compiled form keeps one compiled router at
 the threshold it was built for and, when the tracker has moved more than
 ``recompile_step`` of the range away from it, builds the next one on a background
-thread and swaps it in; decisions never wait for a build. What that costs the bound:
-a decision made at a threshold ``k`` outcomes old is a feedback delay of ``k``, which
-adds ``k * eta`` to the bound's numerator, as any delay does. A certified router's
-distilled tree answers one threshold only, so the adapted router decides with the
-ensemble it certified.
+thread and swaps it in; decisions never wait for a build. Once the tracker reaches the
+strict end any lag at all starts a build. What that costs the bound: a violation
+served while the tracker already sits at the strict end is one tightening step beyond
+the bound's, and such decisions are those made while a build runs (0.6-76 ms per
+build in ``bench/routing_overhead.py``); between builds the served threshold trails the
+tracker's by at most ``recompile_step`` of the range, on the loose side only while
+the tracker tightens. The tracker lives in memory: a reload or a restart starts again
+from the certified threshold. A certified router's distilled tree answers one
+threshold only, so the adapted router decides with the ensemble it certified.
 """
 
 from __future__ import annotations
@@ -79,6 +86,8 @@ class ThresholdTracker:
             raise ValueError(f"target violation rate {target}: must lie in (0, 1)")
         if not step_size > 0:
             raise ValueError(f"step_size {step_size}: must be positive")
+        if not (np.isfinite(strictest) and np.isfinite(loosest)):
+            raise ValueError(f"thresholds {strictest} .. {loosest}: both ends must be finite")
         if strictest == loosest:
             raise ValueError("the router's strictest and loosest thresholds coincide: nothing to adapt")
         self.strictest, self.sign = float(strictest), (1.0 if loosest > strictest else -1.0)
@@ -108,11 +117,32 @@ class ThresholdTracker:
         """The violation rate observed so far (NaN before any outcome)."""
         return self.violations / self.observed if self.observed else float("nan")
 
-    def slack(self, outcomes: int | None = None) -> float:
-        """How far the observed rate may exceed the target after ``outcomes`` (default:
-        those observed): ``(B + eta) / (eta * T)``."""
+    def slack(self, outcomes: int | None = None, delay: int = 0) -> float:
+        """How far the violation rate over ``outcomes`` decisions (default: those observed)
+        may exceed the target: ``(B + eta) / (eta * T)``; with each outcome fed back
+        ``delay`` decisions late, ``(B + (delay + 1) * eta) / (eta * T) + delay / T`` (a
+        violation can come ``delay`` tightening steps after the threshold reached the
+        strictest end, and the last ``delay`` decisions are never fed back)."""
         t = self.observed if outcomes is None else int(outcomes)
-        return (self.width + self.eta) / (self.eta * t) if t > 0 else float("inf")
+        d = int(delay)
+        return (self.width + (d + 1) * self.eta) / (self.eta * t) + d / t if t > 0 else float("inf")
+
+
+def tracker_for(router, start: float | None, target: float, step_size: float) -> ThresholdTracker:
+    """The tracker of ``router``'s risk threshold, from ``start`` (None: the strictest):
+    its strict end just below ``router.reference_only_below`` (the cost-predicting routers:
+    0), where the router answers the reference only. A router without such an end (a mode
+    classifier: its strictest threshold is infinite and answers its fallback, which need
+    not be the reference) cannot be adapted with the bound."""
+    below = getattr(router, "reference_only_below", None)
+    loosest = getattr(router, "loosest_threshold", lambda: None)()
+    if below is None or loosest is None:
+        raise ValueError(f"{type(router).__name__} cannot adapt its threshold online: that needs a finite "
+                         "threshold below which it answers the reference only (reference_only_below: the "
+                         "cost-predicting routers)")
+    loosest = float(loosest)
+    strict = float(np.nextafter(below, -np.inf if loosest > below else np.inf))
+    return ThresholdTracker(strict if start is None else float(start), strict, loosest, target, step_size)
 
 
 class AdaptiveThresholdRouter(ClassifierMixin, RouterMixin, BaseEstimator):
@@ -127,7 +157,7 @@ class AdaptiveThresholdRouter(ClassifierMixin, RouterMixin, BaseEstimator):
 
     decision_path = "pipeline"
 
-    def __init__(self, router, *, target_violation_rate=ALPHA, step_size=0.1, recompile_step=0.01):
+    def __init__(self, router, *, target_violation_rate=ALPHA, step_size=0.1, recompile_step=0.05):
         self.router = router
         self.target_violation_rate = target_violation_rate
         self.step_size = step_size
@@ -139,14 +169,8 @@ class AdaptiveThresholdRouter(ClassifierMixin, RouterMixin, BaseEstimator):
         fitted = fitted.estimator if isinstance(fitted, FrozenEstimator) else fitted
         certified = hasattr(fitted, "router_") and hasattr(fitted, "threshold_")
         decider = copy.deepcopy(fitted.router_ if certified else fitted)
-        if getattr(decider, "loosest_threshold", lambda: None)() is None:
-            raise ValueError(f"{type(decider).__name__} has no risk score to adapt (a mode classifier needs a "
-                             "safety_threshold)")
-        strict = float(decider.strictest_threshold)
         start = fitted.threshold_ if certified else getattr(decider, "threshold_", None)
-        self.tracker_ = ThresholdTracker(strict if start is None else float(start), strict,
-                                         float(decider.loosest_threshold()), self.target_violation_rate,
-                                         self.step_size)
+        self.tracker_ = tracker_for(decider, start, self.target_violation_rate, self.step_size)
         decider.set_risk_threshold(self.tracker_.threshold)
         self.router_ = decider
         self.start_threshold_ = self.tracker_.threshold
@@ -195,8 +219,8 @@ class AdaptiveThresholdRouter(ClassifierMixin, RouterMixin, BaseEstimator):
         return self._compiled
 
     def __getstate__(self):
-        # a compiled router holds the kernel's handles and a thread: built again after loading
-        state = self.__dict__.copy()
+        # a compiled router holds the kernel's handles and a lock: built again after loading
+        state = super().__getstate__()
         state.pop("_compiled", None)
         return state
 
@@ -263,7 +287,7 @@ class CompiledAdaptive:
         at a time; a build that finishes behind the tracker starts the next)."""
         with self._lock:
             self._wanted = float(threshold)
-            if self._building or abs(self._wanted - self.threshold) <= self._step:
+            if self._building or not self._behind():
                 return
             self._building = True
         threading.Thread(target=self._build, name="modeswitch-adaptive-compile", daemon=True).start()
@@ -280,9 +304,17 @@ class CompiledAdaptive:
                 if fast is not None:
                     self._route, self.threshold = fast.route, target
                     self.builds += 1
-                if fast is None or abs(self._wanted - self.threshold) <= self._step:
+                if fast is None or not self._behind():
                     self._building = False
                     return
+
+    def _behind(self) -> bool:
+        """Whether the compiled threshold lags the tracker's enough to rebuild: by more than
+        the step, or at all once the tracker sits at the strict end (the bound needs the
+        strict end served as soon as it is reached: there the reference answers)."""
+        if self._wanted == self.threshold:
+            return False
+        return abs(self._wanted - self.threshold) > self._step or self._wanted == self.owner.tracker_.strictest
 
     def wait(self, timeout: float = 60.0) -> bool:
         """Until no build is running (tests, benchmarks; the serving path never waits);

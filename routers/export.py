@@ -75,6 +75,8 @@ INPUT_COLUMNS = ("prompt_tokens", "expected_output_tokens", "shared_prefix_token
 ESTIMATOR_TYPES = ("modeswitch.routers.families.cost._Constant", "modeswitch.routers.families.cost._RatioRisk",
                    "modeswitch.routers.families.cost._CalibratedRisk",
                    "modeswitch.routers.certified.CertifiedRouter",
+                   "modeswitch.routers.adaptive.AdaptiveThresholdRouter", "modeswitch.routers.adaptive.ThresholdTracker",
+                   "sklearn.frozen._frozen.FrozenEstimator",
                    "modeswitch.routers.risk_control.Calibration", "sklearn.tree._tree.Tree", "lightgbm.basic.Booster",
                    "lightgbm.sklearn.LGBMClassifier", "lightgbm.sklearn.LGBMRegressor", "collections.OrderedDict")
 TRUSTED_TYPES_ENV = "MODESWITCH_TRUSTED_TYPES"

@@ -8,6 +8,7 @@ import pytest
 from modeswitch.routers.adaptive import AdaptiveThresholdRouter, ThresholdTracker
 from modeswitch.routers.scoring.adaptive import adaptive_replay, replay_stream, violation_matrix
 from modeswitch.routers.scoring.offline import score_requests
+from modeswitch.routers.scoring.threshold_sweep import picks_at
 from sklearn.base import clone
 from sklearn.frozen import FrozenEstimator
 
@@ -72,13 +73,15 @@ def test_the_replay_reports_each_certified_router_beside_its_certified_threshold
     summary, per_family = adaptive_replay({"cost": r, "rule": object()}, test)
     row = summary.set_index("router").loc["cost"]
     assert list(summary["router"]) == ["cost"] and row["requests"] == len(test)
-    fixed = score_requests(test, np.asarray(r.predict(test), dtype=object))
+    fixed = score_requests(test, picks_at(r, test, [r.threshold_])[0])  # the ensemble at its threshold
     assert row["certified_violations"] == pytest.approx(fixed["violates_any"].mean())
     assert row["violations"] < row["certified_violations"]
     assert set(per_family["family"]) == {"a", "c"}
     assert row["worst_family_violations"] == pytest.approx(per_family["violations"].max())
-    delayed, _ = adaptive_replay({"cost": r}, test, delay=25)
-    assert delayed["delay"].iloc[0] == 25 and delayed["violations"].iloc[0] >= 0
+    assert row["stream_requests"] == len(test) and row["stream_violations"] <= TARGET + row["slack"]
+    delayed = adaptive_replay({"cost": r}, test, delay=25)[0].iloc[0]
+    assert delayed["delay"] == 25 and delayed["slack"] > row["slack"]  # a delay widens the bound
+    assert delayed["stream_violations"] <= TARGET + delayed["slack"]
 
 
 def test_the_wrapper_decides_as_its_router_and_tightens_on_violations():
@@ -146,7 +149,7 @@ def test_the_compiled_form_follows_the_threshold_off_the_serving_path():
     small = a.observe([True])  # one step, eta * (1 - target): 9.5 % of the range, past recompile_step's 1 %
     assert fast.wait() and fast.threshold == pytest.approx(small) and fast.builds == 2
     fast.observe([True] * 40)  # the compiled form takes feedback as the wrapper does
-    assert fast.wait() and fast.threshold == pytest.approx(a.threshold_) and a.threshold_ == r.router_.strictest_threshold
+    assert fast.wait() and fast.threshold == pytest.approx(a.threshold_) and a.threshold_ == a.tracker_.strictest < 0
     assert all(fast.route(q) == REF for q in reqs)
     assert a.state()["recompiles"] == fast.builds - 1 >= 2 and a.state()["observed"] == 41
     back = pickle.loads(pickle.dumps(a))
@@ -159,7 +162,7 @@ def test_small_moves_do_not_rebuild():
     test = held_out(7)
     a = AdaptiveThresholdRouter(FrozenEstimator(r), target_violation_rate=TARGET, recompile_step=0.5).fit(test)
     fast = a.compile()
-    a.observe([False] * 10)  # 10 x eta x target: 2 % of the range
+    a.observe([False] * 10)  # 10 x eta x target: 10 x 0.1 x 0.05 = 5 % of the range, under 50 %
     assert fast.wait() and fast.builds == 1 and fast.threshold == a.start_threshold_ != a.threshold_
 
 
@@ -196,6 +199,60 @@ def test_the_study_report_sets_each_splits_replay_beside_its_certificate(tmp_pat
     assert lines[0].startswith("## Thresholds adapted online") and len(lines) == 4
     assert lines[2] == (f"- group, cost: adapted {row['capture']:.1%} of the oracle's saving at "
                         f"{row['violations']:.1%} violations (worst family {row['worst_family_violations']:.1%}; "
-                        f"target 5% + slack {row['slack']:.1%} on the stream); certified "
-                        f"{row['certified_capture']:.1%} at {row['certified_violations']:.1%}")
+                        f"certified {row['certified_capture']:.1%} at {row['certified_violations']:.1%}); every "
+                        f"decision of the streams {row['stream_violations']:.1%}, worst stream "
+                        f"{row['worst_stream_violations']:.1%} (bound: target 5% + slack {row['slack']:.1%})")
     assert _adaptive_lines({"lofo": tmp_path / "lofo"}) == []
+
+
+def test_only_a_router_that_answers_the_reference_below_a_threshold_is_adapted():
+    """A mode classifier's strictest threshold is infinite and answers its fallback: no
+    bound, refused by name; non-finite ends are refused by the tracker; a cost router's
+    strict end is just below 0 (its risk scores are never negative), not -1."""
+    from modeswitch.routers.adaptive import tracker_for
+    from modeswitch.routers.registry import get_router
+
+    with pytest.raises(ValueError, match="cannot adapt its threshold online"):
+        tracker_for(get_router("lgbm", safety_threshold=0.7), 0.8, 0.02, 0.1)
+    with pytest.raises(ValueError, match="must be finite"):
+        ThresholdTracker(0.7, float("inf"), 0.5)
+    r = certified(shifted_table(150, seed=3, shifted=(), plain=("a", "b")))
+    t = tracker_for(r.router_, None, 0.02, 0.1)
+    assert t.threshold < 0 and t.threshold > -1e-300 and t.width == pytest.approx(r.router_.loosest_threshold())
+    r.router_.set_risk_threshold(t.threshold)
+    test = held_out(7)
+    assert set(np.asarray(r.router_.predict(test), dtype=object)) == {REF}  # the strict end answers the reference
+    r.router_.set_risk_threshold(r.threshold_)
+
+
+def test_the_compiled_form_reaches_the_strict_end_however_small_the_lag():
+    """With a rebuild step wider than the distance left, a tracker that reaches the strict
+    end still has it built: there the reference answers and the bound holds."""
+    from modeswitch.routers.scoring.offline import requests_from_table
+
+    r = certified(shifted_table(150, seed=3, shifted=(), plain=("a", "b")))
+    test = held_out(7)
+    a = AdaptiveThresholdRouter(FrozenEstimator(r), target_violation_rate=TARGET, step_size=0.01,
+                                recompile_step=0.9).fit(test)
+    fast = a.compile()
+    while a.tracker_.position > 0:
+        a.observe(True)
+    assert fast.wait() and fast.threshold == a.threshold_ == a.tracker_.strictest
+    assert {fast.route(q) for q in requests_from_table(test)} == {REF}
+
+
+def test_an_adapted_router_exports_and_loads_with_its_tracker(tmp_path):
+    from modeswitch.routers.export import export_router, load_router
+    from modeswitch.routers.scoring.offline import requests_from_table
+
+    r = certified(shifted_table(150, seed=3, shifted=(), plain=("a", "b")))
+    test = held_out(7)
+    a = AdaptiveThresholdRouter(FrozenEstimator(r), target_violation_rate=TARGET).fit(test)
+    a.observe([False] * 7)
+    mlruns = str(tmp_path / "mlruns")
+    info = export_router(a, mlruns=mlruns, source_run_id="r1", backend="transformers")
+    loaded = load_router(info["uri"], mlruns)
+    reqs = requests_from_table(test)
+    assert loaded.path_ == "compiled" and loaded.state()["observed"] == 7
+    assert loaded.state()["threshold"] == pytest.approx(a.threshold_)
+    assert [loaded.route(q) for q in reqs] == [a.compile().route(q) for q in reqs]

@@ -322,13 +322,15 @@ def test_the_oracle_live_target_is_met_only_when_its_exact_bound_is_under_it():
     study = SimpleNamespace(cfg=SimpleNamespace(splits=["group"]), outputs=lambda step: {},
                             _profile=lambda: pd.DataFrame({"hardware": []}))
 
-    def line(k, n):
-        fig = pd.DataFrame([{"split": "group", "router": "oracle", "live_violation_rate_any": k / n,
-                             "live_violation_rate_beyond_noise": k / n,
+    def line(k, n, rate=None):  # rate: the family-weighted one, k / n where families are equal
+        rate = k / n if rate is None else rate
+        fig = pd.DataFrame([{"split": "group", "router": "oracle", "live_violation_rate_any": rate,
+                             "live_violation_rate_beyond_noise": rate,
                              "live_violations_beyond_noise": k, "live_requests": n}])
         return targets(study, fig)[0]
 
     assert "not shown (0 of 6, 95 % upper bound 39.3%; 59 live requests with none beyond noise" in line(0, 6)
     assert "met (0 of 59, 95 % upper bound 5.0%)" in line(0, 59)
-    assert "not shown (1 of 59" in line(1, 59)
+    assert "not shown (1 of 59, 95 % upper bound 7.8%)" in line(1, 59)  # no request count: one violated
+    assert "not shown (1 of 59" in line(1, 59, rate=0.08)  # the count decides, not the family-weighted rate
     assert "not met (1 of 6, 95 % upper bound 58.2%)" in line(1, 6)

@@ -410,6 +410,10 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     # -- the risk score a certification calibrates (routers.certified) ------------------
     #: the threshold at which only the reference is allowed
     strictest_threshold = -1.0
+    #: every threshold below this allows the reference only (a risk score is a probability,
+    #: or the logistic of a log ratio: never negative); where an adapted threshold's strict
+    #: end lies (routers.adaptive), so its steps are not spent in [-1, 0)
+    reference_only_below = 0.0
     #: the loosest threshold a calibration may certify (a risk of 1 is no guard at all)
     max_risk_ceiling = 0.99
 

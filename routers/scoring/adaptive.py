@@ -20,8 +20,10 @@ with the step scaled up) and the same violations the table's labels state.
 Figures, per router: the pooled capture and violation rate over the requests inside
 the training ranges (as every other point in the plot), the certified threshold's on
 the same requests (the same decider: a served distilled tree answers one threshold
-only, so both are the ensemble's, ``decision``), the worst family's rate, the bound's
-slack after the stream, and the threshold where the stream ended.
+only, so both are the ensemble's, ``decision``), the worst family's rate; and what the
+bound covers, each stream's every decision (extrapolated requests too): the pooled
+and the worst stream's violation rate and the largest slack (``delay`` counted). The
+per-family table adds the threshold each family's stream ended at.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from collections import deque
 
 import numpy as np
 import pandas as pd
-from modeswitch.routers.adaptive import ThresholdTracker
+from modeswitch.routers.adaptive import ThresholdTracker, tracker_for
 from modeswitch.routers.scoring.capture import capture_and_violations, inside_ranges
 from modeswitch.routers.scoring.offline import score_requests
 from modeswitch.routers.scoring.threshold_sweep import certified_parts, picks_at
@@ -54,9 +56,7 @@ def replay_stream(certified, X: pd.DataFrame, violates: np.ndarray, order: np.nd
     inner model's modes) ``delay`` picks later. Returns (picks by row, the threshold each
     row was decided at, the tracker at the end)."""
     inner = certified.router_
-    strict = float(inner.strictest_threshold)
-    start = strict if certified.threshold_ is None else float(certified.threshold_)
-    tracker = ThresholdTracker(start, strict, float(inner.loosest_threshold()), target, step_size)
+    tracker = tracker_for(inner, certified.threshold_, target, step_size)
     modes = np.asarray(inner.modes_, dtype=object)
     idx = np.zeros(len(X), dtype=int)
     at = np.full(len(X), np.nan)
@@ -90,18 +90,20 @@ def adaptive_replay(scored: dict, test: pd.DataFrame, marks: pd.DataFrame | None
     rng = np.random.default_rng(seed)
     for name, router in scored.items():
         parts = certified_parts(router)
-        if parts is None:
-            continue
+        if parts is None or not all(hasattr(r.router_, "reference_only_below") for r in parts.values()):
+            continue  # a certified mode classifier: no strict end that answers the reference
         adaptive, fixed = np.empty(len(test), dtype=object), np.empty(len(test), dtype=object)
-        ends, trackers = {}, []
+        ends, trackers, streams = {}, [], []  # streams: (decisions, violations) per deployment
         for key, r in parts.items():
             mask = np.ones(len(test), bool) if key is None else fam == key
             if not mask.any():
                 continue
             X = test[mask]
             order = rng.permutation(len(X))
-            picks, _, tracker = replay_stream(r, X, violation_matrix(X, list(r.router_.modes_)), order,
-                                              float(r.target_violation_rate), step_size, delay)
+            violates = violation_matrix(X, list(r.router_.modes_))
+            picks, _, tracker = replay_stream(r, X, violates, order, float(r.target_violation_rate), step_size, delay)
+            modes = list(r.router_.modes_)
+            streams.append((len(X), int(violates[np.arange(len(X)), [modes.index(m) for m in picks]].sum())))
             adaptive[mask] = picks
             certified_at = r.router_.strictest_threshold if r.threshold_ is None else r.threshold_
             fixed[mask] = picks_at(r, X, [certified_at])[0]
@@ -124,8 +126,12 @@ def adaptive_replay(scored: dict, test: pd.DataFrame, marks: pd.DataFrame | None
                      "requests": len(a), "capture": cap_a, "violations": viol_a,
                      "worst_family_violations": float(per_fam_a.max()) if len(per_fam_a) else np.nan,
                      "certified_capture": cap_f, "certified_violations": viol_f,
-                     "slack": max(t.slack() for t in trackers), "deployments": len(trackers),
-                     "decision": decision})
+                     # what the bound covers: every decision of each stream, extrapolated rows too
+                     "stream_requests": int(sum(n for n, _ in streams)),
+                     "stream_violations": float(sum(v for _, v in streams)) / max(1, sum(n for n, _ in streams)),
+                     "worst_stream_violations": max(v / n for n, v in streams),
+                     "slack": max(t.slack(n, delay) for t, (n, _) in zip(trackers, streams)),
+                     "deployments": len(trackers), "decision": decision})
         for family, g in a.groupby("family"):
             key = family if family in ends else None
             fam_rows.append({"router": name, "family": family, "requests": len(g),
