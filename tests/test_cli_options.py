@@ -266,7 +266,8 @@ SET_ALL = {
                "--pipeline-decisions", "6", "--live", "--live-requests", "3", "--live-per-family", "4", "--live-trials", "2",
                "--live-threads", "2", "--live-max-remeasure", "1", "--model", "/m",
                "--draft-model", "/d", "--device", "cuda", "--backend", "vllm", "--mlruns", "m2",
-               "--seed", "1", "--labels", "measured", "--tracking-uri", "http://127.0.0.1:5999", "--no-frontier"]],
+               "--seed", "1", "--labels", "measured", "--tracking-uri", "http://127.0.0.1:5999", "--no-frontier",
+               "--no-adaptive"]],
 }
 #: what each command hands its config to, patched where the command module looks it up
 CONSUMER = {"serve": "modeswitch.cli.serve.supported_modes", "profile": "modeswitch.engine.profiler.Profiler",

@@ -56,6 +56,7 @@ def score_cmd(
     seed: Annotated[int, typer.Option(help="Live stream seed.")] = 0,
     labels: Annotated[Labels, typer.Option(help="Score on all rows, or only measured labels (as the routers were trained with `train --labels`).")] = "all",
     frontier: Annotated[bool, typer.Option(help="Compute the split's capture / violation ceiling (safety from the request's shape, latencies known) and plot the routers beside it.")] = True,
+    adaptive: Annotated[bool, typer.Option(help="Replay each certified cost router over the held-out requests with its threshold adapted online by every pick's outcome (routers.adaptive), beside its certified threshold.")] = True,
 ):
     """Score trained routers against the rule baseline: overhead, violations, speedup, energy, quality."""
     out = output or Path("reports") / f"score-{datetime.now():%Y%m%d-%H%M%S}"
@@ -66,7 +67,7 @@ def score_cmd(
                       live_requests=live_requests, live_per_family=live_per_family, live_trials=live_trials,
                       live_threads=live_threads, live_max_remeasure=live_max_remeasure, model=model, draft_model=draft_model,
                       device=device, backend=backend, seed=seed, name=out.name, labels=labels,
-                      frontier=frontier)
+                      frontier=frontier, adaptive=adaptive)
     training = read_training_table(data)
     with console.status("scoring") as status:
         res = score_routers(training, cfg, out, progress=lambda m: status.update(m))
