@@ -333,4 +333,7 @@ def test_the_oracle_live_target_is_met_only_when_its_exact_bound_is_under_it():
     assert "met (0 of 59, 95 % upper bound 5.0%)" in line(0, 59)
     assert "not shown (1 of 59, 95 % upper bound 7.8%)" in line(1, 59)  # no request count: one violated
     assert "not shown (1 of 59" in line(1, 59, rate=0.08)  # the count decides, not the family-weighted rate
+    old = pd.DataFrame([{"split": "group", "router": "oracle", "live_violation_rate_any": 0.0,
+                         "live_violation_rate_beyond_noise": 0.0, "live_requests": 6}])  # no count kept
+    assert "not shown (0 of 6, 95 % upper bound 39.3%" in targets(study, old)[0]
     assert "not met (1 of 6, 95 % upper bound 58.2%)" in line(1, 6)

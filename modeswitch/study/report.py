@@ -64,12 +64,15 @@ def _oracle_verdict(rate: float, k: float, n: float) -> str:
     exact one-sided 95 % upper bound: a rate under 5 % on a few requests is not shown to
     be under it (0 of 6 leaves up to 39 %), so the verdict is "met" only when the bound is
     under the target, "not shown" when only ``k / n`` is, with the number of live
-    requests it would take where none violated. ``rate`` (family-weighted) decides only
-    for a report without the count."""
+    requests it would take where none violated. ``rate`` (family-weighted) gives the count
+    for a report written before it was kept (``rate * n``: the live stream draws as many
+    requests from each family), and decides alone where ``n`` is unknown too."""
     if not math.isfinite(rate):
         return "not measured"
-    if not (math.isfinite(k) and math.isfinite(n) and n > 0):  # a report without the count
+    if not (math.isfinite(n) and n > 0):  # a report without the live requests' number
         return "met" if rate <= TARGET_ORACLE_LIVE_VIOLATIONS else "not met"
+    if not math.isfinite(k):  # a report from before the count: the rate over equal families
+        k = round(rate * n)
     k, n = int(k), int(n)
     ub = rate_upper_bound(k, n)
     counted = f"{k} of {n}, 95 % upper bound {ub:.1%}"
