@@ -4,8 +4,9 @@
 Why: a certificate (:mod:`routers.certified`) answers for new requests that look like
 its calibration rows; a family it never saw can break it (the held-out families of the
 study), and one that is easier than the calibration rows leaves saving on the table
-(the certified cost routers kept 0.4-33 % of the oracle's saving where their own
-threshold, chosen in hindsight, kept up to 27-52 % at the same rate). Where the server
+(on the AVX2 profile's group split the certified cost_linear kept 0.4 % of the oracle's
+saving at 0 % violations, where its own threshold chosen in hindsight kept 26.7 % at
+1.9 %). Where the server
 learns, after the fact, whether a served pick broke a limit (a shadow run of the
 reference on a sample of requests: its output for ROUGE-L, its energy), the threshold
 can follow the stream instead: adaptive conformal inference (Gibbs and Candès,
@@ -43,15 +44,16 @@ infinite and answers its fallback.
 
 Served compiled (:meth:`AdaptiveThresholdRouter.compile`): a compiled router has its
 threshold built in (the margin's logit shifts its biases), and the risk router's own
-pipeline decides in milliseconds, not microseconds (11-22 ms here with content
-features, against 2-3 us compiled). So the compiled form keeps one compiled router at
+pipeline decides in milliseconds, not microseconds (``bench/routing_overhead.py``,
+2026-12-05: 5.5 ms cost_linear and 156 ms cost LightGBM through the pipeline, against
+0.38 and 0.33 us compiled). So the compiled form keeps one compiled router at
 the threshold it was built for and, when the tracker has moved more than
 ``recompile_step`` of the range away from it, builds the next one on a background
 thread and swaps it in; decisions never wait for a build. Once the tracker reaches the
 strict end any lag at all starts a build. What that costs the bound: a violation
 served while the tracker already sits at the strict end is one tightening step beyond
-the bound's, and such decisions are those made while a build runs (0.6-76 ms per
-build in ``bench/routing_overhead.py``); between builds the served threshold trails the
+the bound's, and such decisions are those made while a build runs (0.5 ms for
+cost_linear, 3.7 s for cost LightGBM's 100 trees and region tree, in the same bench run); between builds the served threshold trails the
 tracker's by at most ``recompile_step`` of the range, on the loose side only while
 the tracker tightens. The tracker lives in memory: a reload or a restart starts again
 from the certified threshold. A certified router's distilled tree answers one
@@ -71,6 +73,9 @@ from sklearn.base import BaseEstimator, ClassifierMixin, clone
 from sklearn.frozen import FrozenEstimator
 from sklearn.utils.validation import check_is_fitted
 
+#: the update's step as a share of the threshold's range (the replay's and the router's default)
+STEP_SIZE = 0.1
+
 
 class ThresholdTracker:
     """The online update of one risk threshold (the module's docstring has the rule).
@@ -81,7 +86,7 @@ class ThresholdTracker:
     share of the range ``|loosest - strictest|``."""
 
     def __init__(self, start: float, strictest: float, loosest: float, target: float = ALPHA,
-                 step_size: float = 0.1):
+                 step_size: float = STEP_SIZE):
         if not 0 < target < 1:
             raise ValueError(f"target violation rate {target}: must lie in (0, 1)")
         if not step_size > 0:
@@ -157,7 +162,7 @@ class AdaptiveThresholdRouter(ClassifierMixin, RouterMixin, BaseEstimator):
 
     decision_path = "pipeline"
 
-    def __init__(self, router, *, target_violation_rate=ALPHA, step_size=0.1, recompile_step=0.05):
+    def __init__(self, router, *, target_violation_rate=ALPHA, step_size=STEP_SIZE, recompile_step=0.05):
         self.router = router
         self.target_violation_rate = target_violation_rate
         self.step_size = step_size

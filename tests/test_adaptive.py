@@ -126,7 +126,8 @@ def test_the_report_writes_the_replay_and_marks_it_in_the_frontier_plot(tmp_path
             tmp_path / "r" / "plots" / "capture_vs_violations.png"} <= set(files)
     md = (tmp_path / "r" / "README.md").read_text()
     row = summary.iloc[0]
-    assert "## Adapted online" in md and f"cost: adapted {row['capture']:.1%} at {row['violations']:.1%}" in md
+    assert "## Adapted online" in md and \
+        f"cost: adapted {row['capture']:.1%} of the oracle's saving at {row['violations']:.1%}" in md
     assert len(pd.read_csv(tmp_path / "r" / "adaptive_replay_per_family.csv")) == len(per_family)
 
 
@@ -200,7 +201,7 @@ def test_the_study_report_sets_each_splits_replay_beside_its_certificate(tmp_pat
     assert lines[2] == (f"- group, cost: adapted {row['capture']:.1%} of the oracle's saving at "
                         f"{row['violations']:.1%} violations (worst family {row['worst_family_violations']:.1%}; "
                         f"certified {row['certified_capture']:.1%} at {row['certified_violations']:.1%}); every "
-                        f"decision of the streams {row['stream_violations']:.1%}, worst stream "
+                        f"decision of the streams {row['stream_violations']:.1%} of {row['stream_requests']}, worst stream "
                         f"{row['worst_stream_violations']:.1%} (bound: target 5% + slack {row['slack']:.1%})")
     assert _adaptive_lines({"lofo": tmp_path / "lofo"}) == []
 

@@ -113,15 +113,16 @@ def test_a_figure_without_any_denominator_is_nan():
 
 
 def test_the_exact_bound_of_a_rare_rate_matches_its_closed_forms():
-    """Clopper-Pearson, one-sided: with no failure in n the bound is 1 - 0.05 ** (1 / n);
+    """Clopper-Pearson, one-sided, as the oracle's live target reads it
+    (routers.risk_control): with no failure in n the 95 % bound is 1 - 0.05 ** (1 / n);
     with every trial failing it is 1; 59 clean trials are the fewest under 5 %."""
-    from modeswitch.routers.scoring.intervals import rate_upper_bound, requests_to_show
+    from modeswitch.routers.risk_control import min_calibration, upper_bound
 
     for n in (1, 6, 21, 59):
-        assert rate_upper_bound(0, n) == pytest.approx(1 - 0.05 ** (1 / n))
-    assert rate_upper_bound(6, 6) == 1.0
-    assert rate_upper_bound(1, 6) > rate_upper_bound(0, 6) > 1 / 6
-    n = requests_to_show(0.05)
-    assert n == 59 and rate_upper_bound(0, n) <= 0.05 < rate_upper_bound(0, n - 1)
-    assert requests_to_show(0.01) == 299
-    assert rate_upper_bound(0, 0) != rate_upper_bound(0, 0)  # NaN: nothing measured
+        assert upper_bound(0, n, 0.05) == pytest.approx(1 - 0.05 ** (1 / n))
+    assert upper_bound(6, 6, 0.05) == 1.0
+    assert upper_bound(1, 6, 0.05) > upper_bound(0, 6, 0.05) > 1 / 6
+    n = min_calibration(0.05, 0.05)
+    assert n == 59 and upper_bound(0, n, 0.05) <= 0.05 < upper_bound(0, n - 1, 0.05)
+    assert min_calibration(0.01, 0.05) == 299
+    assert upper_bound(0, 0, 0.05) == 1.0  # nothing measured: nothing bounded

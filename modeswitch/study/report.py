@@ -12,7 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from modeswitch.dataset.io import atomic_path
-from modeswitch.routers.scoring.intervals import rate_upper_bound, requests_to_show
+from modeswitch.routers.risk_control import min_calibration, upper_bound
+from modeswitch.routers.scoring.adaptive import summary_line
 from modeswitch.routers.training.tracking import git_commit, setup
 from modeswitch.study.markdown import md_table as _md
 from modeswitch.study.modes_section import beside_section, modes_section
@@ -21,6 +22,8 @@ from modeswitch.study.table import figures, findings, generalisation_table, open
 #: the issue's targets, checked in the report against the measured figures
 TARGET_ORACLE_LIVE_VIOLATIONS = 0.05
 TARGET_LIVE_ESTIMATE_ERROR_PCT = 15.0
+#: the oracle's live rate is judged by its one-sided (1 - this) upper bound
+LIVE_BOUND_DELTA = 0.05
 
 
 def _write(path: Path, text: str):
@@ -61,7 +64,8 @@ def _first(rows: pd.DataFrame, col: str) -> float:
 def _oracle_verdict(rate: float, k: float, n: float) -> str:
     """The oracle's live target judged on its beyond-noise violations (the issue's "beyond
     the self-consistency floor"), counted over the live requests (``k`` of ``n``), by their
-    exact one-sided 95 % upper bound: a rate under 5 % on a few requests is not shown to
+    exact one-sided 95 % upper bound (Clopper-Pearson, :func:`routers.risk_control.upper_bound`;
+    the clean requests it takes: :func:`~routers.risk_control.min_calibration`): a rate under 5 % on a few requests is not shown to
     be under it (0 of 6 leaves up to 39 %), so the verdict is "met" only when the bound is
     under the target, "not shown" when only ``k / n`` is, with the number of live
     requests it would take where none violated. ``rate`` (family-weighted) gives the count
@@ -74,12 +78,12 @@ def _oracle_verdict(rate: float, k: float, n: float) -> str:
     if not math.isfinite(k):  # a report from before the count: the rate over equal families
         k = round(rate * n)
     k, n = int(k), int(n)
-    ub = rate_upper_bound(k, n)
+    ub = upper_bound(k, n, LIVE_BOUND_DELTA)
     counted = f"{k} of {n}, 95 % upper bound {ub:.1%}"
     if ub <= TARGET_ORACLE_LIVE_VIOLATIONS:
         return f"met ({counted})"
     if k / n <= TARGET_ORACLE_LIVE_VIOLATIONS:
-        need = (f"; {requests_to_show(TARGET_ORACLE_LIVE_VIOLATIONS)} live requests with none beyond noise "
+        need = (f"; {min_calibration(TARGET_ORACLE_LIVE_VIOLATIONS, LIVE_BOUND_DELTA)} live requests with none beyond noise "
                 "would show it, [score] live_per_family sets how many") if k == 0 else ""
         return f"not shown ({counted}{need})"
     return f"not met ({counted})"
@@ -193,12 +197,7 @@ def _adaptive_lines(reports: dict) -> list[str]:
         f = path / "adaptive_replay.csv"
         if not f.exists():
             continue
-        for r in pd.read_csv(f).itertuples():
-            lines.append(f"- {split}, {r.router}: adapted {r.capture:.1%} of the oracle's saving at "
-                         f"{r.violations:.1%} violations (worst family {r.worst_family_violations:.1%}; certified "
-                         f"{r.certified_capture:.1%} at {r.certified_violations:.1%}); every decision of the "
-                         f"streams {r.stream_violations:.1%}, worst stream {r.worst_stream_violations:.1%} "
-                         f"(bound: target {r.target:.0%} + slack {r.slack:.1%})")
+        lines += [f"- {split}, {r.router}: {summary_line(r)}" for r in pd.read_csv(f).itertuples()]
     if not lines:
         return []
     return ["## Thresholds adapted online (the held-out requests as a stream, every outcome fed back)", "",

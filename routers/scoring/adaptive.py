@@ -32,13 +32,10 @@ from collections import deque
 
 import numpy as np
 import pandas as pd
-from modeswitch.routers.adaptive import ThresholdTracker, tracker_for
+from modeswitch.routers.adaptive import STEP_SIZE, ThresholdTracker, tracker_for
 from modeswitch.routers.scoring.capture import capture_and_violations, inside_ranges
 from modeswitch.routers.scoring.offline import score_requests
 from modeswitch.routers.scoring.threshold_sweep import certified_parts, picks_at
-
-#: the update's step as a share of the threshold's range (routers.adaptive)
-STEP_SIZE = 0.1
 
 
 def violation_matrix(test: pd.DataFrame, modes: list[str]) -> np.ndarray:
@@ -102,8 +99,8 @@ def adaptive_replay(scored: dict, test: pd.DataFrame, marks: pd.DataFrame | None
             order = rng.permutation(len(X))
             violates = violation_matrix(X, list(r.router_.modes_))
             picks, _, tracker = replay_stream(r, X, violates, order, float(r.target_violation_rate), step_size, delay)
-            modes = list(r.router_.modes_)
-            streams.append((len(X), int(violates[np.arange(len(X)), [modes.index(m) for m in picks]].sum())))
+            picked = pd.Index(r.router_.modes_).get_indexer(picks)
+            streams.append((len(X), int(violates[np.arange(len(X)), picked].sum())))
             adaptive[mask] = picks
             certified_at = r.router_.strictest_threshold if r.threshold_ is None else r.threshold_
             fixed[mask] = picks_at(r, X, [certified_at])[0]
@@ -141,3 +138,13 @@ def adaptive_replay(scored: dict, test: pd.DataFrame, marks: pd.DataFrame | None
                              "certified_capture": capture_and_violations(f[f["family"] == family])[0],
                              "end_threshold": ends.get(key, np.nan)})
     return pd.DataFrame(rows), pd.DataFrame(fam_rows)
+
+
+def summary_line(r) -> str:
+    """One router's replay (a row of :func:`adaptive_replay`'s first table) as a sentence,
+    for the score report and the study's."""
+    return (f"adapted {r.capture:.1%} of the oracle's saving at {r.violations:.1%} violations (worst family "
+            f"{r.worst_family_violations:.1%}; certified {r.certified_capture:.1%} at "
+            f"{r.certified_violations:.1%}); every decision of the streams {r.stream_violations:.1%} of "
+            f"{r.stream_requests}, worst stream {r.worst_stream_violations:.1%} (bound: target {r.target:.0%} "
+            f"+ slack {r.slack:.1%})")

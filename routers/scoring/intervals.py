@@ -19,22 +19,14 @@ tests' tiny study (``tests/test_study.py``) took 164 s before, 52 s after (``pyt
 
 NaN is skipped as pandas' ``mean()`` and ``quantile()`` skip it; an infinite value
 (an energy ratio over a reference that read 0 J) is kept, as there.
-
-A bootstrap over a handful of requests says little about a rare event: with no violation
-among 6 live requests every resample reads 0 %. For a rate held against a target (the
-oracle's live violations, at most 5 %) :func:`rate_upper_bound` gives the exact
-(Clopper-Pearson) one-sided bound of a count and :func:`requests_to_show` how many
-requests without a violation would bring that bound under the target.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 
 import numpy as np
 import pandas as pd
-from scipy.stats import binomtest
 
 #: figure name -> (numerator, denominator) per request; the figure is their sums' ratio
 Parts = dict[str, tuple[np.ndarray, np.ndarray]]
@@ -115,16 +107,3 @@ def family_bootstrap(per_request: pd.DataFrame, parts: Callable[[pd.DataFrame], 
             out[f"{k}_low"] = out[f"{k}_high"] = float("nan")
     return out
 
-
-def rate_upper_bound(k: int, n: int, confidence: float = 0.95) -> float:
-    """The exact (Clopper-Pearson) one-sided upper ``confidence`` bound of a rate seen
-    ``k`` times in ``n`` trials (scipy's ``binomtest``); NaN for no trials."""
-    if n <= 0:
-        return float("nan")
-    return float(binomtest(int(k), int(n), alternative="less").proportion_ci(confidence).high)
-
-
-def requests_to_show(target: float, confidence: float = 0.95) -> int:
-    """The fewest trials, none failing, whose exact upper bound lies at or under
-    ``target``: ``(1 - target) ** n <= 1 - confidence`` (59 for 5 % at 95 %)."""
-    return math.ceil(math.log(1 - confidence) / math.log(1 - target) - 1e-12)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from modeswitch.dataset.io import atomic_path
+from modeswitch.routers.scoring.adaptive import summary_line
 from modeswitch.routers.scoring.capture import envelope, router_points
 from modeswitch.routers.scoring.findings import findings
 from modeswitch.routers.training.tracking import git_commit, log_table_input, setup, table_input
@@ -426,12 +427,7 @@ def _adaptive_md(adaptive: pd.DataFrame, per_family: pd.DataFrame) -> list[str]:
           "the reference). Capture and violations are over the requests inside the training ranges, as "
           "every point in the plot, beside the certified threshold on the same requests and decider "
           "(`adaptive_replay.csv`, `adaptive_replay_per_family.csv`).", ""]
-    for r in adaptive.itertuples():
-        md.append(f"- {r.router}: adapted {r.capture:.1%} at {r.violations:.1%} violations (worst family "
-                  f"{r.worst_family_violations:.1%}); certified {r.certified_capture:.1%} at "
-                  f"{r.certified_violations:.1%}. The streams: {r.stream_violations:.1%} of "
-                  f"{r.stream_requests} decisions, worst stream {r.worst_stream_violations:.1%} (bound: target "
-                  f"{r.target:.0%} + slack {r.slack:.1%}).")
+    md += [f"- {r.router}: {summary_line(r)}." for r in adaptive.itertuples()]
     md += ["", _md_table(adaptive.set_index("router")), ""]
     if per_family is not None and len(per_family):
         md += [_md_table(per_family.set_index(["router", "family"])), ""]

@@ -410,12 +410,8 @@ def certificate_price_step(s: Scoring, say) -> None:
 def adaptive_step(s: Scoring, say) -> None:
     """Each certified router served to the held-out requests as a stream, its threshold
     moved by every pick's outcome (routers.adaptive), beside its certified threshold."""
-    targets = targets_of(s.scored)
-    if not targets:
-        return
-    say("replaying the certified routers with their thresholds adapted online")
-    s.adaptive, s.adaptive_family = adaptive_replay({k: s.scored[k] for k in targets}, s.test, s.marks,
-                                                    seed=s.trained[0].seed)
+    say("replaying the certified cost routers with their thresholds adapted online")
+    s.adaptive, s.adaptive_family = adaptive_replay(s.scored, s.test, s.marks, seed=s.trained[0].seed)
 
 
 def report_context(s: Scoring, cfg: ScoreConfig, out: Path) -> dict:
