@@ -135,6 +135,34 @@ def test_the_report_counts_the_measurements_a_familys_violations_rest_on():
     assert "cost in c (66.7%, its violations from 2 of the family's 4 measurement sources)" in md
 
 
+def test_the_report_says_what_a_family_certificate_promises_a_family_it_never_saw():
+    """Leave one family out: each held-out family is new to its fold's certificate, held
+    to six calibration families one by one; if families are exchangeable the new one is
+    the worst of seven with chance 1/7, so about one fold in seven breaks per router."""
+    from types import SimpleNamespace
+
+    from modeswitch.routers.scoring.coverage import new_family_breaks, risk_by_family
+    from modeswitch.routers.scoring.report import _coverage_md
+
+    others = [f"f{i}" for i in range(6)]
+    cal = {"alpha": 0.02, "delta": 0.1,
+           "groups": {f: {"members": [f], "rate": 0.01} for f in others}}
+    per = pd.DataFrame({"router": "cost", "family": ["new"] * 100 + ["old"] * 100,
+                        "violates_any": [True] * 10 + [False] * 190})
+    fam = risk_by_family({"cost": SimpleNamespace(calibration_=cal)}, per)
+    assert list(fam["calibration_families"]) == [6, 6]
+    got = new_family_breaks(fam)
+    assert got == {"pairs": 2, "calibration_families": 6, "chance": pytest.approx(1 / 7),
+                   "expected": pytest.approx(2 / 7), "broken": 1}
+    md = "\n".join(_coverage_md({"risk": pd.DataFrame(), "risk_family": fam, "new_family": got,
+                                  "extrapolated": 0, "held_out": 200, "headlines": {}, "live": {},
+                                  "ranges": pd.DataFrame()}))
+    assert "with chance 1/7 = 14%" in md and "at most about 0.3 of these 2 pairs by that alone; 1 did" in md
+    # a family the certificate calibrated on is not new: nothing to say
+    cal["groups"]["f0"]["members"] = ["f0", "new", "old"]
+    assert new_family_breaks(risk_by_family({"cost": SimpleNamespace(calibration_=cal)}, per)) is None
+
+
 def test_a_cross_fitted_certificate_calibrates_on_every_row_and_holds_on_a_new_family():
     """calibrate_on='all': every training row calibrates (decided by a clone fitted on the
     other families) and the served router learns from all of them. 180 rows at 2 %: a

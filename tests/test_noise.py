@@ -84,6 +84,27 @@ def test_flags_clean_trials_and_what_is_left_unresolved():
     assert ("a", 2) not in set(zip(unresolved_trials(more)["request_id"], unresolved_trials(more)["trial"]))
 
 
+def test_on_several_threads_each_mode_is_held_to_its_own_share():
+    """Two threads: the calibration kept 1.99 cores busy, but a mode whose parallel
+    parts are smaller keeps 1.3 clean; held to the calibration's share, every one of its
+    trials would read as contended and no re-measurement could clear them. Held to its
+    own median, only the trial that lost CPU time is."""
+    rows = []
+    for mode, share in (("wide", 1.95), ("narrow", 1.3)):
+        for u in range(4):
+            for t in range(2):
+                lost = mode == "narrow" and u == 0 and t == 1
+                rows.append({"request_id": f"r{u}", "mode": mode, "family": "f", "trial": t, "attempt": 0,
+                             "latency_ms": 500.0, "cpu_share": 0.7 if lost else share + 0.01 * t,
+                             "is_aggregate": False})
+    df = pd.DataFrame(rows)
+    flags = flag_contended(df, expected_share=1.99)
+    assert df[flags.astype(bool)][["mode", "request_id", "trial"]].values.tolist() == [["narrow", "r0", 1]]
+    # one thread: the calibration's share stands (a narrow share there is lost CPU time)
+    one = df.assign(cpu_share=df["cpu_share"] / 2)
+    assert flag_contended(one, expected_share=0.99).astype(bool)[one["mode"] == "narrow"].all()
+
+
 def test_noise_floor_reports_cv_and_contended_share():
     df = _rows()
     df["contended"] = flag_contended(df, expected_share=1.0)

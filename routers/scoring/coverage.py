@@ -151,7 +151,9 @@ def risk_by_family(routers: dict, per_request: pd.DataFrame, sources: pd.Series 
     break in one family (the group split's cost LightGBM: 2.08 % against 1 %, all in
     one family); this table shows where. ``sources`` (:func:`measurement_sources`): also
     how many distinct measurement sources the family's requests and its violations
-    rest on (``sources``, ``violating_sources``), since the slack counts requests."""
+    rest on (``sources``, ``violating_sources``), since the slack counts requests.
+    ``calibration_families``: how many families the certificate was held to one by one
+    (:func:`new_family_breaks` reads it where the family was not one of them)."""
     rows = []
     for name, r in routers.items():
         folds = getattr(r, "by_family", None)
@@ -169,6 +171,7 @@ def risk_by_family(routers: dict, per_request: pd.DataFrame, sources: pd.Series 
             rec = {"router": name, "family": fam, "target": cal["alpha"], "requests": n,
                    "held_out_rate": rate, "slack": slack, "met": bool(rate <= cal["alpha"] + slack),
                    "calibrated_per_family": bool(groups),
+                   "calibration_families": len({m for v in groups.values() for m in v["members"]}),
                    "calibration_rate_of_family": next((v["rate"] for v in groups.values()
                                                         if fam in v["members"]), math.nan)}
             if sources is not None:
@@ -178,3 +181,28 @@ def risk_by_family(routers: dict, per_request: pd.DataFrame, sources: pd.Series 
                 rec["violating_sources"] = int(pd.unique(src[bad]).size)
             rows.append(rec)
     return pd.DataFrame(rows)
+
+
+def new_family_breaks(by_family: pd.DataFrame) -> dict | None:
+    """What a certificate held family by family can promise a family it never saw, set
+    beside what happened (None where no held-out family was new to its certificate).
+
+    Why: certified in each of its K calibration families, a certificate says nothing of
+    a new family beyond where that family stands among them. If families are
+    exchangeable, the new one's own rate is the highest of the K + 1 with chance
+    1 / (K + 1); only then can it break the target (beyond the certificate's own
+    delta). Leaving one of seven families out, that is one fold in seven per router,
+    however many requests each family holds: a bound on the design, not on the routers,
+    which only more families (or feedback, :mod:`routers.adaptive`) can tighten."""
+    if by_family is None or not len(by_family) or "calibration_families" not in by_family:
+        return None
+    new = by_family[by_family["calibrated_per_family"].astype(bool)
+                    & by_family["calibration_rate_of_family"].isna()
+                    & (by_family["calibration_families"] > 0)]
+    if not len(new):
+        return None
+    k = int(new["calibration_families"].median())
+    chance = 1.0 / (k + 1)
+    return {"pairs": len(new), "calibration_families": k, "chance": chance,
+            "expected": len(new) * chance, "broken": int((~new["met"].astype(bool)).sum())}
+

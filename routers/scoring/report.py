@@ -387,6 +387,15 @@ def _coverage_md(cov: dict) -> list[str]:
                                       f"{r.sources} measurement sources" if "sources" in fam else "") + ")"
                                    for r in broken.itertuples()) if len(broken) else "") + ".", "",
                _md_table(fam.set_index("router")), ""]
+        new = cov.get("new_family")
+        if new:
+            md += [f"Each of these families was new to its certificate, which was held to its "
+                   f"{new['calibration_families']} calibration families one by one. If families are "
+                   f"exchangeable, a new family's rate is the highest of the {new['calibration_families'] + 1} "
+                   f"with chance 1/{new['calibration_families'] + 1} = {new['chance']:.0%}, and only then can "
+                   f"it break the target (the certificate's confidence aside): at most about {new['expected']:.1f} "
+                   f"of these {new['pairs']} pairs by that alone; {new['broken']} did. More families, not "
+                   "more requests, tighten it.", ""]
     md += [f"## Inside vs outside the training data ({cov['extrapolated']} of {cov['held_out']} "
            "held-out requests have a feature outside the training part's range)", ""]
     for name, h in cov["headlines"].items():

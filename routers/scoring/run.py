@@ -31,6 +31,7 @@ from modeswitch.routers.scoring.capture import envelope, router_points
 from modeswitch.routers.scoring.coverage import (
     coverage,
     measurement_sources,
+    new_family_breaks,
     risk_by_family,
     risk_table,
     split_headlines,
@@ -503,10 +504,11 @@ def coverage_info(s: Scoring, head: pd.DataFrame, live: LiveScores, context: dic
     certified = {t.name: s.scored.get(t.name, t.estimator) for t in s.trained}
     risk = risk_table(certified, head, live.summary,
                       held_out=len(s.marks), live_requests=context.get("live_requests", 0))
+    family = risk_by_family(certified, s.per_request, measurement_sources(s.table.frame))
     return {"ranges": s.ranges, "headlines": split_headlines(s.per_request, s.overhead, s.marks),
             "live": live_parts, "extrapolated": int(s.marks["extrapolated"].sum()),
             "held_out": len(s.marks), "risk": risk,
-            "risk_family": risk_by_family(certified, s.per_request, measurement_sources(s.table.frame))}
+            "risk_family": family, "new_family": new_family_breaks(family)}
 
 
 def write_outputs(s: Scoring, cfg: ScoreConfig, out: Path, live: LiveScores, context: dict, say):
