@@ -2,6 +2,7 @@
 the CLI as `make study` runs it; then resumed, and refused with other settings."""
 
 import json
+import time
 
 import pandas as pd
 import pytest
@@ -106,6 +107,34 @@ def test_the_study_is_logged_to_mlflow(tiny_study):
     metrics = runs[0].data.metrics
     assert any(k.startswith("lofo.oracle.live_speedup") for k in metrics)
     assert "step_seconds.profile" in metrics
+
+
+def test_an_interrupted_steps_time_counts_when_it_resumes(tmp_path, monkeypatch):
+    """A profile stopped with Ctrl-C and resumed from its journal took both runs' time;
+    the state's seconds say so, not the last run's alone."""
+    from modeswitch.study import Study, StudyConfig
+
+    cfg = tmp_path / "study.toml"
+    cfg.write_text(TINY.format(out=tmp_path / "run", mlruns=tmp_path / "mlruns", model="m", draft="d"))
+    study = Study(StudyConfig.from_toml(cfg), log=lambda *a: None)
+    calls = []
+
+    def model_step(self):
+        calls.append(1)
+        time.sleep(0.2)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return {"target": "m"}
+
+    monkeypatch.setattr(Study, "_step_model", model_step)
+    with pytest.raises(KeyboardInterrupt):
+        study.run(["model"])
+    saved = json.loads((tmp_path / "run" / "study_state.json").read_text())
+    assert saved["interrupted"]["model"] >= 0.2 and "model" not in saved["steps"]
+    again = Study(StudyConfig.from_toml(cfg), log=lambda *a: None)
+    rec = again.run(["model"])["steps"]["model"]
+    assert rec["seconds"] >= 0.4 and rec["earlier_runs_seconds"] >= 0.2
+    assert "model" not in again.state["interrupted"]
 
 
 def test_a_rerun_resumes_and_other_settings_are_refused(tiny_study):

@@ -251,14 +251,28 @@ class Study:
                 self.log(f"[{step}] done before ({rec['seconds']:.0f} s); skipped")
                 continue
             self.log(f"[{step}] starting")
+            # an interrupted run's time on this step (a resumed profile continues from its
+            # journal): the step's seconds count every run of it, not the last one only
+            before = float(self.state.get("interrupted", {}).get(step, 0.0))
             t0 = time.perf_counter()
             kind, _, arg = step.partition(":")
-            outputs = getattr(self, f"_step_{kind}")(*([arg] if arg else []))
-            seconds = time.perf_counter() - t0
-            self.state["steps"][step] = {"seconds": round(seconds, 1), "outputs": outputs,
-                                         "finished": datetime.now(UTC).isoformat(timespec="seconds")}
+            try:
+                outputs = getattr(self, f"_step_{kind}")(*([arg] if arg else []))
+            except BaseException:  # Ctrl-C included: keep the time spent before re-raising
+                self.state.setdefault("interrupted", {})[step] = round(before + time.perf_counter() - t0, 1)
+                self._save_state()
+                raise
+            this_run = time.perf_counter() - t0
+            seconds = before + this_run
+            self.state.get("interrupted", {}).pop(step, None)
+            rec = {"seconds": round(seconds, 1), "outputs": outputs,
+                   "finished": datetime.now(UTC).isoformat(timespec="seconds")}
+            if before:
+                rec["earlier_runs_seconds"] = round(before, 1)
+            self.state["steps"][step] = rec
             self._save_state()
-            self.log(f"[{step}] finished in {seconds:.0f} s")
+            self.log(f"[{step}] finished in {seconds:.0f} s"
+                     + (f" ({this_run:.0f} s in this run, the rest in interrupted ones)" if before else ""))
         total = sum(s["seconds"] for s in self.state["steps"].values())
         self.log(f"study steps took {total / 60:.1f} min in all (this run and earlier ones)")
         return self.state
