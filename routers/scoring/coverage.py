@@ -196,13 +196,12 @@ def new_family_breaks(by_family: pd.DataFrame) -> dict | None:
     which only more families (or feedback, :mod:`routers.adaptive`) can tighten."""
     if by_family is None or not len(by_family) or "calibration_families" not in by_family:
         return None
-    new = by_family[by_family["calibrated_per_family"].astype(bool)
-                    & by_family["calibration_rate_of_family"].isna()
-                    & (by_family["calibration_families"] > 0)]
+    # certified family by family (K > 0), and the family not among them
+    new = by_family[(by_family["calibration_families"] > 0) & by_family["calibration_rate_of_family"].isna()]
     if not len(new):
         return None
-    k = int(new["calibration_families"].median())
-    chance = 1.0 / (k + 1)
-    return {"pairs": len(new), "calibration_families": k, "chance": chance,
-            "expected": len(new) * chance, "broken": int((~new["met"].astype(bool)).sum())}
+    k = int(new["calibration_families"].median())  # the text's K; each pair's own K sets its chance
+    return {"pairs": len(new), "calibration_families": k, "chance": 1.0 / (k + 1),
+            "expected": float((1.0 / (new["calibration_families"] + 1)).sum()),
+            "broken": int((~new["met"].astype(bool)).sum())}
 
