@@ -302,7 +302,10 @@ class CostModel:
         row = v[(v["mode"] == mode) & (v["metric"] == metric)]
         if row.empty or not np.isfinite(row["mape_costmodel"].iloc[0]):
             return False
-        interp = row["mape_interpolation"].iloc[0]
+        # on the same requests (a table saved before that column: the interpolation's all)
+        col = ("mape_interpolation_same_rows" if "mape_interpolation_same_rows" in row
+               and np.isfinite(row["mape_interpolation_same_rows"].iloc[0]) else "mape_interpolation")
+        interp = row[col].iloc[0]
         return not np.isfinite(interp) or row["mape_costmodel"].iloc[0] < interp
 
     # ------------------------------------------------------------ storage
@@ -436,11 +439,17 @@ def validate(profile: pd.DataFrame, k: int = 5, seed: int = 0, misfit: float = 0
     for (metric, mode), g in p.groupby(["metric", "mode"], sort=True):
         y = g["measured"].to_numpy(float)
         rec = {"metric": metric, "mode": mode, "n": int(len(g))}
+        err = {}
         for col in ("costmodel", "interpolation"):
-            e = np.abs(g[col].to_numpy(float) - y) / np.abs(y)
+            e = err[col] = np.abs(g[col].to_numpy(float) - y) / np.abs(y)
             rec[f"mape_{col}"] = float(np.nanmean(e)) if np.isfinite(e).any() else math.nan
             rec[f"within10_{col}"] = float(np.mean(e[np.isfinite(e)] <= 0.10)) if np.isfinite(e).any() else math.nan
             rec[f"missing_{col}"] = int((~np.isfinite(e)).sum())
+        # the interpolation on the requests the cost model predicted too: where the model
+        # covers only some conditions, the comparison that decides which to use
+        both = np.isfinite(err["costmodel"]) & np.isfinite(err["interpolation"])
+        rec["mape_interpolation_same_rows"] = (float(err["interpolation"][both].mean()) if both.any()
+                                               else math.nan)
         out.append(rec)
     return pd.DataFrame(out), p
 
@@ -448,16 +457,20 @@ def validate(profile: pd.DataFrame, k: int = 5, seed: int = 0, misfit: float = 0
 def enough_requests(profile: pd.DataFrame, min_requests: int = 6, k: int = 5) -> str | None:
     """Why a cost model cannot be fitted on ``profile`` (None: it can): it needs
     measured requests, at least ``k`` of them, and some (mode, condition) with
-    ``min_requests``."""
+    ``min_requests``: counted by the groups :meth:`CostModel.fit` fits, not by family
+    (conditions drawn per request put one family's requests under several)."""
     rows = request_rows(profile)
     if rows.empty:
         return "no measured per-request rows"
     n = rows["request_id"].nunique()
     if n < k:
         return f"{n} measured requests, fewer than {k} folds"
-    per = rows.groupby(["mode", "family"])["request_id"].nunique()
+    units = summarise(rows).units
+    group = _group_of(units)
+    per = rows.assign(group=rows["request_id"].astype(str).map(group)).groupby(
+        ["mode", "group"])["request_id"].nunique()
     if per.max() < min_requests:
-        return f"at most {per.max()} requests per (mode, family); the model needs {min_requests}"
+        return f"at most {per.max()} requests per (mode, condition); the model needs {min_requests}"
     return None
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from modeswitch.oracle import family_rule, noise_aware, sweep_quality
+from modeswitch.oracle import estimate_error, family_rule, noise_aware, sweep_quality
 from modeswitch.oracle.cells import Cells, OracleError, summarise
 from modeswitch.oracle.constraints import Constraints
 from modeswitch.oracle.estimate import estimate
@@ -45,7 +45,8 @@ def _fmt_missing(unit, mode, metrics):
 
 def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constraints,
            trials: pd.DataFrame | None = None, groups: pd.Series | None = None,
-           family_table: pd.DataFrame | None = None):
+           family_table: pd.DataFrame | None = None, estimate_residuals: pd.DataFrame | None = None,
+           estimated: set | None = None):
     """Label every unit in ``metrics`` (indexed by unit, mode). With ``trials`` (the
     clean per-trial rows, :attr:`Cells.trials`) and ``constraints.noise_aware``, the
     noise rule of :mod:`oracle.noise_aware` decides between modes within noise.
@@ -54,6 +55,10 @@ def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constrai
     (:func:`oracle.family_rule.family_quality`, from measured units) make the quality
     limits judge each (mode, group)'s means under ``quality_scope="family"``; without
     them every unit is judged on its own figures.
+
+    ``estimate_residuals`` (:func:`oracle.estimate_error.residuals`) and ``estimated``
+    (the units whose figures are estimates): with ``constraints.noise_aware``, the
+    noise rule holds those units to the estimator's cross-validated error.
 
     Returns ``(labels, candidates, skipped)``: one row per labelled unit; one row
     per (unit, mode) with ratios, violations and the verdict; and the units
@@ -74,6 +79,11 @@ def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constrai
     noisy = trials is not None and c.noise_aware and not trials.empty
     if noisy:
         noise_aware.add_intervals(cand, trials, c.confidence_level)
+    if c.noise_aware and estimate_residuals is not None and not estimate_residuals.empty and estimated:
+        if "n_paired" not in cand:
+            cand["n_paired"] = 0
+        estimate_error.attach(cand, estimate_residuals, estimated, c.confidence_level)
+        noisy = True
     needs = _needed_signals(cand, r)
     cand["missing"] = _missing_metrics(cand, needs, c)
     cand["quality_missing"] = _quality_missing(cand, needs)
@@ -81,7 +91,8 @@ def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constrai
     plain = chosen = _choose(cand, c)
     noise_info = None
     if noisy:
-        chosen, noise_info = noise_aware.choose(cand, plain, trials, c.confidence_level)
+        chosen, noise_info = noise_aware.choose(cand, plain, _no_trials() if trials is None else trials,
+                                                c.confidence_level)
     cand["chosen"] = cand["mode"] == cand["unit"].map(chosen)
     cand["reason"] = [_reason(row, c) for _, row in cand.iterrows()]
     if noise_info is not None:
@@ -102,6 +113,10 @@ def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constrai
     labels.index.name = "unit"
     cand = cand.drop(columns=[c for c in cand.columns if c.startswith("_")], errors="ignore")
     return labels, cand, skipped
+
+
+def _no_trials() -> pd.DataFrame:
+    return pd.DataFrame(columns=["unit", "mode", "trial", "latency_ms", "energy_per_token_j"])
 
 
 def _units_without_reference(cand, ref, reference_of, c: Constraints) -> dict:
@@ -256,8 +271,14 @@ def _noise_reasons(cand, plain: pd.Series, chosen: pd.Series, info: pd.DataFrame
         if row["chosen"]:
             cand.at[i, "reason"] = f"chosen: {info.loc[u, 'noise_rule']}"
         elif row["mode"] == plain.get(u):
-            cand.at[i, "reason"] = (f"fastest by median, but not beyond noise: {chosen[u]} is "
-                                    "safer and within noise")
+            spread = _spread_words(row)
+            cand.at[i, "reason"] = (f"fastest by median, but not beyond {spread}: {chosen[u]} is "
+                                    f"safer and within {spread}")
+
+
+def _spread_words(row) -> str:
+    """What an interval spans: trial noise, or an estimate's cross-validated error."""
+    return "the estimate's error" if row.get("interval_basis") == "estimate error" else "noise"
 
 
 def _label_latency(cand) -> pd.Series:
@@ -302,7 +323,7 @@ def _reason(row, c: Constraints) -> str:
         high = row.get("energy_ratio_high")
         if high is not None and high == high and row["energy_ratio"] <= c.max_energy_ratio + EPS:
             parts.append(f"energy/token {row['energy_ratio']:.3f}x, but up to {high:.3f}x within "
-                         f"noise > {c.max_energy_ratio:.2f}x")
+                         f"{_spread_words(row)} > {c.max_energy_ratio:.2f}x")
         else:
             parts.append(f"energy/token {row['energy_ratio']:.3f}x > {c.max_energy_ratio:.2f}x "
                          f"(over by {row['energy_ratio'] - c.max_energy_ratio:.3f})")
@@ -397,8 +418,12 @@ def label_requests(profile: pd.DataFrame, requests: pd.DataFrame,
         from modeswitch.oracle import quality_risk  # scikit-learn: only when a risk model is fitted
 
         est, risk_info = quality_risk.attach(est, basis, quality, risk_features, groups, constraints)
+    residuals, estimated = None, set(basis.index[basis["label_source"] == "estimated"])
+    if constraints.noise_aware and estimated:
+        residuals = estimate_error.residuals(profile, costmodel=costmodel)
     labels, cand, skipped = decide(est, basis["reference_mode"], constraints, trials=cells.trials,
-                                   groups=groups, family_table=table)
+                                   groups=groups, family_table=table, estimate_residuals=residuals,
+                                   estimated=estimated)
     req = requests.set_index("id")
     cols = [c for c in ("workload", "family", "benchmark_suite", "prompt_tokens",
                         "expected_output_tokens", "shared_prefix_tokens",
@@ -408,4 +433,7 @@ def label_requests(profile: pd.DataFrame, requests: pd.DataFrame,
     labels["latency_basis"] = chosen.reindex(labels.index)
     if risk_info is not None:
         labels.attrs["quality_risk"] = risk_info
+    if residuals is not None:
+        labels.attrs["estimate_error"] = estimate_error.summary(
+            residuals, constraints.confidence_level).to_dict(orient="records")
     return labels, cand, skipped

@@ -24,8 +24,14 @@ index: trial ``t`` of every mode ran in the same pass over the units):
   label faster than the reference; for a reference label, the fastest safe
   alternative not faster than the reference).
 
-Units without trials (estimated requests, published aggregates) keep the plain
-rule; their ``confidence`` is missing.
+A request the profile did not measure has no trials; where the estimator's
+cross-validated error is known (:mod:`oracle.estimate_error`) its candidates carry
+intervals from it instead (``interval_basis`` = "estimate error") and the same rule
+applies to their safety: the energy limit is met by the interval's upper end. The
+choice among the safe is the point estimate's (:func:`_choose_estimated` says why),
+and ``confidence`` is the share of residuals under which it is faster than the
+reference. Units with neither (published aggregates, a profile too small to
+cross-validate) keep the plain rule; their ``confidence`` is missing.
 """
 
 from __future__ import annotations
@@ -99,9 +105,16 @@ def choose(cand: pd.DataFrame, chosen: pd.Series, trials: pd.DataFrame, level: f
     """
     t = trials.set_index(["unit", "mode", "trial"]).sort_index()
     out, info = {}, []
+    estimated = set()
+    if "interval_basis" in cand:
+        estimated = set(cand.loc[cand["interval_basis"] == "estimate error", "unit"])
     for unit, g in cand[cand["safe"]].groupby("unit", sort=False):
         best = chosen.get(unit)
         ref = g["reference_mode"].iloc[0]
+        if best is not None and g["n_paired"].max() < 2 and unit in estimated:
+            out[unit], rec = _choose_estimated(g, best, ref)
+            info.append({"unit": unit, **rec})
+            continue
         if best is None or g["n_paired"].max() < 2:
             out[unit] = best
             info.append({"unit": unit, "noise_rule": "no trials: median rule", "confidence": np.nan,
@@ -135,3 +148,23 @@ def choose(cand: pd.DataFrame, chosen: pd.Series, trials: pd.DataFrame, level: f
                 f"fastest and safest of {len(tied)} tied")
         info.append({"unit": unit, "noise_rule": rule, "confidence": conf, "tied": ",".join(sorted(tied))})
     return pd.Series(out, name="mode"), pd.DataFrame(info).set_index("unit")
+
+
+def _choose_estimated(g: pd.DataFrame, best: str, ref: str) -> tuple[str, dict]:
+    """An estimated unit keeps the fastest safe mode by its point estimates: its safety
+    already cleared the estimate's error (the energy limit met by the upper end), and
+    on a CPU energy is CPU time, so a mode that clears it is beyond error cheaper and
+    so faster. Holding the speed to an interval too would only hand an uncertain gain
+    back to the reference; the label records how sure it is instead: ``confidence``
+    is the share of residuals under which the label is faster than the reference
+    (for a reference label, under which the fastest alternative is not)."""
+    x = g.set_index("mode")
+    lat = x["latency_ms"]
+    if best != ref:
+        conf = float(x.loc[best, "p_faster"])
+    else:
+        others = [m for m in x.index if m != ref]
+        alt = min(others, key=lambda m: (lat[m], m)) if others else None
+        conf = 1 - float(x.loc[alt, "p_faster"]) if alt is not None else 1.0
+    return best, {"noise_rule": "estimate: fastest safe by estimate, energy within its error",
+                  "confidence": conf, "tied": ""}

@@ -148,6 +148,8 @@ def build_training_table(profile: pd.DataFrame, requests: list[Request],
             "prompts": int(len(prefill))},
         # the per-request quality-risk model that judged unswept requests, and how it validated
         "quality_risk": labels.attrs.get("quality_risk"),
+        # per mode, how far an estimated request's ratios are widened (oracle.estimate_error)
+        "estimate_error": labels.attrs.get("estimate_error"),
         "costmodel": None if costmodel is None else {
             "backend": costmodel.backend,
             "preferred": sorted({f"{m}:{k}" for (m, _, k) in costmodel.groups

@@ -278,8 +278,11 @@ CONSUMER = {"serve": "modeswitch.cli.serve.supported_modes", "profile": "modeswi
 def test_every_option_reaches_the_config(cmd, monkeypatch, fake_models, table, tmp_path):
     spec = BACKED[cmd]
     _capture(monkeypatch, CONSUMER[cmd])
+    journal = tmp_path / "p.parquet.journal.jsonl"  # a profiler's journal: its first line holds the plan
+    journal.write_text('{"identity": "x", "run_id": "y", "spec": {"model": "m"}}\n')
     extra = {"profile": ["-o", str(tmp_path / "p.parquet")], "train": ["--data", str(table)],
-             "score": ["--data", str(table), "-o", str(tmp_path / "r")]}.get(cmd, [])
+             "score": ["--data", str(table), "-o", str(tmp_path / "r"), "--profile-plan", str(journal)]
+             }.get(cmd, [])
     built = [_built([*args, *extra]) for args in SET_ALL[cmd]]
     skip = set(spec.resolved) | {f for c, f in EXCLUDED if c == cmd}
     unset = {f for f, d in config_defaults(spec.config).items()

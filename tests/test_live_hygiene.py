@@ -188,3 +188,82 @@ def test_live_runs_the_profiled_arrival_group_after_its_primer_from_an_emptied_c
                   concurrent_requests=2, shared_prefix_tokens=16)
     live_mod.run_live([req], {"x": ["fp16_baseline"]}, "model", reference="fp16_baseline", trials=1)
     assert log == ["reset", [primer(req).id], [r.id for r in arrival_group(req)]]
+
+
+def test_a_measured_request_runs_live_with_the_prompts_the_profiler_built(monkeypatch):
+    """A table row holds a profiled unit's measured shape (the template's prompt lengths,
+    averaged over its group), not the budgets its prompts were built from, so prompts
+    rebuilt from the row differ (the live check then measures other text: on SmolLM2 a
+    batch_pressure unit's 20-token budget became a 21-token prompt, and 21 built another
+    prompt). With the profile's plan, live runs the unit's own requests and primers."""
+    import dataclasses
+
+    from modeswitch.dataset.workloads.conditions import ConditionDraw
+    from modeswitch.engine.backends import registry
+    from modeswitch.engine.profiler import ProfileSpec
+    from modeswitch.oracle.training_table import profiled_requests
+    from modeswitch.routers.scoring import live as live_mod
+
+    from tests.helpers import profile, row
+
+    def prepare(r):  # as the real builder: the template adds tokens, the text follows the budget
+        return dataclasses.replace(r, prompt_tokens=r.prompt_tokens + 1), [hash((r.id, r.prompt_tokens))]
+
+    builder = SimpleNamespace(prepare=prepare)
+    monkeypatch.setattr(live_mod.prompts, "PromptBuilder", lambda tok: builder)
+    draw = ConditionDraw(concurrency=(1, 4), concurrency_weights=(0.5, 0.5), shared_prefix_rate=0.5)
+    spec = ProfileSpec(model="m", workloads=["batch_pressure", "long_prompt_short_output"], requests=4,
+                       conditions=draw.to_dict(), length_scale=0.25)
+    units = live_mod.profiled_units(dataclasses.asdict(spec))
+    assert len(units) == 8 and live_mod.profiled_units(None) == {}
+    # the rows a profile of these units holds: each unit's prepared shape, group-averaged
+    rows = []
+    for uid, (members, _) in units.items():
+        prepared = [prepare(r)[0] for r in members]
+        r0 = prepared[0]
+        rows.append(row(uid, "fp16_baseline", 1.0, request_id=uid, family=r0.family,
+                        prompt_tokens=sum(p.prompt_tokens for p in prepared) / len(prepared),
+                        expected_output_tokens=r0.expected_output_tokens,
+                        shared_prefix_tokens=r0.shared_prefix_tokens, concurrent_requests=len(prepared),
+                        memory_pressure=r0.memory_pressure))
+    from_rows = {r.id: r for r in profiled_requests(profile(rows))}
+    stream = [from_rows[u] for u in units]
+    profiled = [[prepare(r)[1] for r in members] for members, _ in units.values()]
+
+    def timed_groups(**kw):
+        seen = []
+
+        class Logged(_Engine):
+            def run(self, group, ignore_eos=True):
+                seen.append([ids for _, ids in group])
+                return super().run(group, ignore_eos)
+
+        be = SimpleNamespace(plan=lambda s, modes: (modes, [], {}), load=lambda m, s: Logged(m, []),
+                             child_processes=False)
+        monkeypatch.setattr(registry, "get_backend", lambda name: be)
+        monkeypatch.setattr(live_mod, "_trial_clock", lambda children: lambda: _Clock(1.0))
+        live_mod.run_live(stream, {"x": ["fp16_baseline"] * len(stream)}, "model", reference="fp16_baseline",
+                          trials=1, **kw)
+        primers = [[prepare(p)[1] for p in ps] for _, ps in units.values()] + \
+                  [[prepare(p)[1]] for r in stream for p in [live_mod.primer(r)] if p]
+        return [ids for ids in seen if ids not in primers]
+
+    assert timed_groups(replay=units) == profiled
+    assert timed_groups() != profiled  # rebuilt from the rows: other prompts
+
+
+def test_the_plan_is_read_from_a_profilers_journal_and_a_bad_one_is_named(tmp_path):
+    from modeswitch.dataset.errors import InputFileError
+    from modeswitch.engine.profiler.journal import recorded_plan
+
+    good = tmp_path / "p.parquet.journal.jsonl"
+    good.write_text('{"identity": "i", "run_id": "r", "spec": {"model": "m", "requests": 4}}\n{"row": 1}\n')
+    assert recorded_plan(good) == {"model": "m", "requests": 4}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    with pytest.raises(InputFileError, match="bad.jsonl.*line 1"):
+        recorded_plan(bad)
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"rows": []}\n')
+    with pytest.raises(InputFileError, match="spec"):
+        recorded_plan(other)

@@ -18,6 +18,22 @@ from modeswitch.dataset.io import OutputLock, os_errors, write_text
 if TYPE_CHECKING:
     from modeswitch.engine.profiler.plan import ProfileSpec
 
+def recorded_plan(path) -> dict:
+    """The plan (:class:`ProfileSpec` as a dict) a profile run recorded in its journal's
+    first line: what live scoring replays to run a measured request as it was profiled."""
+    path = Path(path)
+    try:
+        with open(path) as fh:
+            header = json.loads(fh.readline())
+    except OSError as exc:
+        raise InputFileError(path, None, None, f"cannot be read ({exc.strerror})") from None
+    except json.JSONDecodeError:
+        raise InputFileError(path, 1, None, "line 1 is not a profile run's header (JSON)") from None
+    if not isinstance(header, dict) or not isinstance(header.get("spec"), dict):
+        raise InputFileError(path, 1, "spec", "missing: not a profiler's journal")
+    return header["spec"]
+
+
 class Journal:
     """Append-only JSONL of finished rows; the first line identifies the run.
 

@@ -25,7 +25,9 @@ from modeswitch.cli.common import (
 )
 from modeswitch.display import console, fmt, frame_table
 from modeswitch.engine.models.resolve import MODEL_HELP
+from modeswitch.engine.profiler.journal import recorded_plan
 from modeswitch.oracle.external_table import read_training_table
+from modeswitch.oracle.training_table import table_meta
 from modeswitch.routers.scoring.run import ScoreConfig, score_routers
 
 #: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
@@ -57,18 +59,20 @@ def score_cmd(
     labels: Annotated[Labels, typer.Option(help="Score on all rows, or only measured labels (as the routers were trained with `train --labels`).")] = "all",
     frontier: Annotated[bool, typer.Option(help="Compute the split's capture / violation ceiling (safety from the request's shape, latencies known) and plot the routers beside it.")] = True,
     adaptive: Annotated[bool, typer.Option(help="Replay each certified cost router over the held-out requests with its threshold adapted online by every pick's outcome (routers.adaptive), beside its certified threshold.")] = True,
+    profile_plan: Annotated[Path | None, typer.Option(help="The profiler's journal (PROFILE.journal.jsonl): live, each measured request runs with the prompts the profiler built for it. Default: the one beside the table's profile, where it is still there; else prompts rebuilt from the table's rows.")] = None,
 ):
     """Score trained routers against the rule baseline: overhead, violations, speedup, energy, quality."""
     out = output or Path("reports") / f"score-{datetime.now():%Y%m%d-%H%M%S}"
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} already holds a report; choose a new folder")
+    training = read_training_table(data)
     cfg = ScoreConfig(mlruns=str(mlruns), tracking_uri=tracking_uri, run_ids=_split(run), compiled=compile_routers,
                       decisions=decisions, pipeline_decisions=pipeline_decisions, live=live,
                       live_requests=live_requests, live_per_family=live_per_family, live_trials=live_trials,
                       live_threads=live_threads, live_max_remeasure=live_max_remeasure, model=model, draft_model=draft_model,
                       device=device, backend=backend, seed=seed, name=out.name, labels=labels,
-                      frontier=frontier, adaptive=adaptive)
-    training = read_training_table(data)
+                      frontier=frontier, adaptive=adaptive,
+                      profile_plan=_profile_plan(profile_plan, training) if live else None)
     with console.status("scoring") as status:
         res = score_routers(training, cfg, out, progress=lambda m: status.update(m))
     head = res["headline"].copy()
@@ -104,3 +108,15 @@ def score_cmd(
                                 f"({res['live_figures'].get(f'estimate_pairs_{src}', 0)} pairs)"
                                 for src in ("measured", "estimated")))
     console.print(f"report: {out}/README.md; MLflow scoring run {res['mlflow_run_id']} (`make ui`)")
+
+
+def _profile_plan(journal: Path | None, training) -> dict | None:
+    """The profiler's plan from its journal: the one named, else the one beside the
+    table's profile where it is still there (None: live rebuilds prompts from rows)."""
+    if journal is None:
+        source = table_meta(training).get("profile_source")
+        beside = Path(f"{source}.journal.jsonl") if source else None
+        if beside is None or not beside.is_file():
+            return None
+        journal = beside
+    return recorded_plan(journal)

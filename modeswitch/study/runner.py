@@ -494,7 +494,7 @@ class Study:
                           live_trials=c.live_trials, live_threads=c.threads, live_max_remeasure=c.max_remeasure,
                           model=c.model, draft_model=c.draft_model,
                           device=c.device, backend=c.backend, seed=c.seed, name=f"{c.name}-{split}",
-                          labels=c.labels)
+                          labels=c.labels, profile_plan=dataclasses.asdict(self.profile_spec(*self._models()[:2])))
         res = score_routers(table, cfg, out, progress=self.log if self.console is None else None)
         return {"report": str(out), "mlflow_run_id": res["mlflow_run_id"],
                 "live_requests": None if res["live_per"] is None else int(res["live_per"]["request_id"].nunique()),

@@ -52,6 +52,8 @@ weighted in every resample). A live violation has a cause:
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 from modeswitch.dataset.benchmarks import score_answer
@@ -64,6 +66,7 @@ from modeswitch.engine.backends.base import EngineSettings, context_for, start_u
 from modeswitch.engine.energy import cpu_seconds_clock, make_meter
 from modeswitch.engine.modes import reference_mode
 from modeswitch.engine.noise import TrialClock, clean_trials, flag_contended, unresolved_trials
+from modeswitch.engine.profiler.plan import ProfileSpec, build_units
 from modeswitch.engine.quality import rouge_l
 from modeswitch.oracle.family_rule import lossless
 from modeswitch.oracle.uncertainty import paired_ratio
@@ -102,7 +105,8 @@ def stratified(requests: list[Request], n: int, seed: int = 0,
 def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path, draft_path=None,
              device: str = "cpu", reference: str | None = None, progress=None,
              watts_per_core: float = 4.0, backend: str = "transformers",
-             trials: int = 1, threads: int | None = None, max_remeasure: int = 2) -> pd.DataFrame:
+             trials: int = 1, threads: int | None = None, max_remeasure: int = 2,
+             replay: dict | None = None) -> pd.DataFrame:
     """Run each request ``trials`` times in the reference mode and every chosen mode on
     ``backend`` (any registered one); one row per (request, mode, trial, attempt), with
     the trial's CPU share, the machine's other load and the contention flag.
@@ -111,7 +115,13 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
     should be the profile's, so live and table measure the same thing. After the
     sweep, each trial with no attempt clean by :class:`engine.noise.ContentionRule`
     is measured again, in stream order, up to ``max_remeasure`` more times, as the
-    profiler does."""
+    profiler does.
+
+    ``replay``: request id -> (the requests, the primers) the profiler ran for that
+    unit (:func:`profiled_units`). A table row holds the unit's measured shape (prompt
+    lengths as the template made them, averaged over a group), not the budgets the
+    prompts were built from, and rebuilt from it the prompts differ; a profiled
+    request is run as the profiler ran it where its plan is given."""
     if trials < 1:
         raise ValueError(f"live trials {trials}: at least 1")
     ids = [r.id for r in stream]
@@ -161,9 +171,13 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
         rows = []
         for i, req in enumerate(stream):
             # the group and primer the profiler measured for this row (dataset's one recipe)
-            group = [builder.prepare(r) for r in arrival_group(req)]
-            p = primer(req)
-            prime = [builder.prepare(p)] if p else []
+            if replay and req.id in replay:
+                members, primers = replay[req.id]
+            else:
+                p = primer(req)
+                members, primers = arrival_group(req), ([p] if p else [])
+            group = [builder.prepare(r) for r in members]
+            prime = [builder.prepare(p) for p in primers]
             # ends at the model's end of answer for real text, as the profiler does
             plans.append((req, group, prime, not any(r.benchmark_suite or r.evaluation_mode for r, _ in group)))
             modes = [reference] + sorted({d[i] for d in decisions.values()} - {reference})
@@ -197,6 +211,17 @@ def _trial_clock(include_children: bool):
     process's, or its process tree's where the engine computes in children)."""
     cpu = cpu_seconds_clock(include_children)
     return lambda: TrialClock(cpu)
+
+
+def profiled_units(spec: dict | None) -> dict:
+    """Request id -> (requests, primers) of every unit the profile plan ``spec`` (a
+    :class:`engine.profiler.ProfileSpec` as a dict) measures: what ``run_live`` replays
+    for the table's measured requests. Empty without a plan."""
+    if not spec:
+        return {}
+    known = {f.name for f in dataclasses.fields(ProfileSpec)}  # a plan recorded by an older version
+    plan = ProfileSpec(**{k: v for k, v in spec.items() if k in known})
+    return {u.id: (list(u.requests), list(u.prime)) for u in build_units(plan)}
 
 
 def _measure(engine, group, prime, ignore_eos: bool, meter, clock):

@@ -37,7 +37,13 @@ from modeswitch.routers.scoring.coverage import (
     split_headlines,
 )
 from modeswitch.routers.scoring.frontier import frontier
-from modeswitch.routers.scoring.live import run_live, score_live, stratified, summarise_live
+from modeswitch.routers.scoring.live import (
+    profiled_units,
+    run_live,
+    score_live,
+    stratified,
+    summarise_live,
+)
 from modeswitch.routers.scoring.offline import (
     aggregate_scores,
     offline_intervals,
@@ -95,6 +101,10 @@ class ScoreConfig:
     #: replay each certified router over the held-out requests with its threshold adapted
     #: online by every pick's outcome (routers.scoring.adaptive)
     adaptive: bool = True
+    #: the profile's plan (:class:`engine.profiler.ProfileSpec` as a dict): live, each
+    #: measured request runs with the prompts the profiler built for it (a study passes
+    #: it); None: rebuilt from the table's row, whose prompts may differ
+    profile_plan: dict | None = None
 
 
 def live_threads(cfg: ScoreConfig, meta: dict) -> tuple[int | None, str]:
@@ -474,8 +484,13 @@ def score_live_step(s: Scoring, cfg: ScoreConfig, context: dict, say) -> LiveSco
     threads, threads_from = live_threads(cfg, s.table.meta)
     if not threads_from.startswith(("the profile's", "--live")):
         say(f"live: engine threads {threads}: {threads_from}")
+    replay = {k: v for k, v in profiled_units(cfg.profile_plan).items() if k in {r.id for r in stream}}
+    if measured and cfg.profile_plan is None:
+        say("live: no profile plan given: measured requests run with prompts rebuilt from the "
+            "table's rows, which may differ from the profiled ones")
     runs = run_live(stream, decisions, target, draft, cfg.device, progress=say, backend=cfg.backend,
-                    trials=cfg.live_trials, threads=threads, max_remeasure=cfg.live_max_remeasure)
+                    trials=cfg.live_trials, threads=threads, max_remeasure=cfg.live_max_remeasure,
+                    replay=replay)
     here, profiled = hardware_string(cfg.device), profile_hardware(s.table.meta)
     other = bool(other_kinds(here, profiled))
     if other:
@@ -486,6 +501,7 @@ def score_live_step(s: Scoring, cfg: ScoreConfig, context: dict, say) -> LiveSco
                                         other_hardware=other)
     context.update(live_requests=len(stream), live_trials=cfg.live_trials,
                    live_threads=f"{threads}: {threads_from}", live_model=str(target), live_hardware=here,
+                   live_replayed_as_profiled=len(replay),
                    profile_hardware="; ".join(profiled) or "unknown",
                    live_on_the_profile_kind=("unknown" if not profiled else not other))
     return LiveScores(per, summarise_live(per), summarise_live(per, by_family=True), estimate, figures,
