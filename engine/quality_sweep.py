@@ -26,11 +26,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from modeswitch.dataset.benchmarks import score_answer
 from modeswitch.dataset.errors import InputError, InputFileError
 from modeswitch.dataset.io import write_parquet
 from modeswitch.dataset.requests import Request
+from modeswitch.dataset.workloads.conditions import arrival_group
 from modeswitch.engine import prompts
 from modeswitch.engine.backends import registry
 from modeswitch.engine.backends.base import EngineSettings, context_for
@@ -61,6 +63,11 @@ class SweepSpec:
     batch_size: int = 16
     threads: int | None = None
     checkpoints: dict = field(default_factory=dict)
+    #: run each request with the companions that arrive with it
+    #: (:func:`dataset.workloads.conditions.arrival_group`) and judge the group's joined
+    #: output, as the profiler and the live check do; ``batch_size`` then counts sequences
+    #: (a group is never split). False: the request's own output alone
+    arrival_groups: bool = False
 
     def __post_init__(self):
         if self.batch_size < 1:
@@ -74,19 +81,35 @@ class SweepSpec:
 
     def identity(self) -> str:
         """Settings that change the result (the journal refuses to mix two runs)."""
-        blob = json.dumps({**asdict(self), "requests": [r.to_dict() for r in self.requests]},
-                          sort_keys=True, default=str)
+        d = {**asdict(self), "requests": [r.to_dict() for r in self.requests]}
+        if not self.arrival_groups:  # added later: sweeps journalled before it keep their identity
+            d.pop("arrival_groups")
+        blob = json.dumps(d, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
+    def group(self, req: Request) -> list[Request]:
+        """What runs for ``req``: its arrival group, or the request alone."""
+        return arrival_group(req) if self.arrival_groups else [req]
+
     def batches(self) -> list[list[Request]]:
-        """The requests in batches of ``batch_size``, each family's apart (one batch holds
+        """The requests in batches of ``batch_size`` sequences (a request's arrival group
+        counts its members, and stays in one batch), each family's apart (one batch holds
         prompts of one shape range, as the server's batches of one workload do)."""
         out = []
         families: dict[str, list[Request]] = {}
         for r in self.requests:
             families.setdefault(r.family or r.workload or "", []).append(r)
         for reqs in families.values():
-            out += [reqs[i:i + self.batch_size] for i in range(0, len(reqs), self.batch_size)]
+            batch, size = [], 0
+            for r in reqs:
+                n = len(self.group(r))
+                if batch and size + n > self.batch_size:
+                    out.append(batch)
+                    batch, size = [], 0
+                batch.append(r)
+                size += n
+            if batch:
+                out.append(batch)
         return out
 
 
@@ -134,16 +157,19 @@ def run_sweep(spec: SweepSpec, output: Path, progress=None, log=print) -> tuple[
             try:
                 builder = builder or prompts.PromptBuilder(engine.tokenizer)
                 for k in todo:
-                    group = [builder.prepare(r) for r in batches[k]]
+                    # every member of every request's group, with the request it belongs to
+                    members = [(lead.id, i, m) for lead in batches[k] for i, m in enumerate(spec.group(lead))]
+                    group = [builder.prepare(m) for _, _, m in members]
                     # real text ends at the model's end of answer, as the profiler runs it
                     ignore_eos = not any(r.benchmark_suite or r.evaluation_mode for r, _ in group)
                     t0 = time.perf_counter()
                     gens = engine.run(group, ignore_eos=ignore_eos)
                     seconds = time.perf_counter() - t0
-                    journal.add({"mode": mode, "batch": k, "seconds": seconds,
-                                 "outputs": [{"request_id": r.id, "text": g.text, "output_tokens": g.output_tokens,
-                                              "reference": r.reference, "evaluation_mode": r.evaluation_mode}
-                                             for (r, _), g in zip(group, gens)]})
+                    journal.add({"mode": mode, "batch": k, "seconds": seconds, "requests": len(batches[k]),
+                                 "outputs": [{"request_id": lead, "member": i, "text": g.text,
+                                              "output_tokens": g.output_tokens, "reference": r.reference,
+                                              "evaluation_mode": r.evaluation_mode}
+                                             for (lead, i, _), (r, _), g in zip(members, group, gens)]})
                     if progress:
                         progress.update(task, advance=1, description=f"quality sweep: {mode}")
             finally:
@@ -159,22 +185,30 @@ def _results(spec: SweepSpec, rows: list[dict], reference: str) -> tuple[pd.Data
     """The per-(request, mode) table and the per-mode throughput, from the journal."""
     by_id = {r.id: r for r in spec.requests}
     batch_of = {r.id: k for k, b in enumerate(spec.batches()) for r in b}
-    outputs = {(o["request_id"], row["mode"]): o for row in rows for o in row["outputs"]}
+    outputs: dict[tuple[str, str], list[dict]] = {}
+    for row in rows:
+        for o in row["outputs"]:
+            outputs.setdefault((o["request_id"], row["mode"]), []).append(o)
     hardware = hardware_string(spec.device)
     out = []
-    for (rid, mode), o in outputs.items():
+    for (rid, mode), group in outputs.items():
+        # a group's output is its members' joined, as the profiler and the live check judge it
+        group = sorted(group, key=lambda o: o.get("member", 0))
+        text = "\n".join(o["text"] for o in group)
         ref = outputs.get((rid, reference))
         req = by_id[rid]
-        acc = score_answer(o["text"], o["reference"], o["evaluation_mode"])
+        acc = [score_answer(o["text"], o["reference"], o["evaluation_mode"]) for o in group]
+        acc = [a for a in acc if a is not None]
         out.append({"request_id": rid, "family": req.family, "workload": req.workload,
                     "benchmark_suite": req.benchmark_suite, "mode": mode, "reference_mode": reference,
-                    "batch": batch_of[rid], "output_tokens": int(o["output_tokens"]),
-                    "rouge_l_vs_baseline": rouge_l(o["text"], ref["text"]) if ref else float("nan"),
-                    "accuracy": float("nan") if acc is None else float(acc),
+                    "batch": batch_of[rid], "output_tokens": int(sum(o["output_tokens"] for o in group)),
+                    "rouge_l_vs_baseline": (rouge_l(text, "\n".join(o["text"] for o in sorted(
+                        ref, key=lambda o: o.get("member", 0)))) if ref else float("nan")),
+                    "accuracy": float(np.mean(acc)) if acc else float("nan"),
                     "model": spec.model, "backend": spec.backend, "hardware": hardware})
     frame = pd.DataFrame(out, columns=list(COLUMNS)).sort_values(["request_id", "mode"]).reset_index(drop=True)
-    per = pd.DataFrame([{"mode": r["mode"], "requests": len(r["outputs"]), "seconds": r["seconds"]}
-                        for r in rows]).groupby("mode")[["requests", "seconds"]].sum()
+    per = pd.DataFrame([{"mode": r["mode"], "requests": r.get("requests", len(r["outputs"])),
+                         "seconds": r["seconds"]} for r in rows]).groupby("mode")[["requests", "seconds"]].sum()
     per["requests_per_s"] = per["requests"] / per["seconds"]
     return frame, per.reset_index()
 

@@ -102,3 +102,35 @@ def test_the_training_table_takes_the_sweeps_quality_as_measured():
 def test_without_a_sweep_the_family_table_is_the_profiles():
     table = pd.DataFrame({"group_units": [1]})
     assert sweep_quality.family_table(None, pd.DataFrame({"id": []}), table) is table
+
+
+def test_with_arrival_groups_a_request_is_judged_on_its_groups_output(tiny_models, tmp_path):
+    """As the profiler and the live check run it: the request with its companions, the
+    group's joined output against the reference's; batches count sequences."""
+    from modeswitch.dataset.workloads.conditions import arrival_group
+
+    reqs = drawn_requests(FAMILIES, 2, seed=1, length_scale=0.25)
+    reqs = [dataclasses.replace(r, concurrent_requests=3 if i % 2 else 1) for i, r in enumerate(reqs)]
+    alone = sweep_spec(tiny_models, requests=tuple(reqs), batch_size=4)
+    spec = dataclasses.replace(alone, arrival_groups=True)
+    assert alone.identity() != spec.identity()
+    # a sweep journalled before the option keeps its identity
+    old = json.dumps({**{k: v for k, v in dataclasses.asdict(alone).items() if k != "arrival_groups"},
+                      "requests": [r.to_dict() for r in alone.requests]}, sort_keys=True, default=str)
+    import hashlib
+
+    assert alone.identity() == hashlib.sha256(old.encode()).hexdigest()[:16]
+    for batch in spec.batches():  # 4 sequences at most, a group of 3 never split
+        assert sum(len(arrival_group(r)) for r in batch) <= 4 or len(batch) == 1
+    frame, throughput = run_sweep(spec, tmp_path / "g.parquet", log=lambda *a: None)
+    assert len(frame) == len(reqs) * 2 and (throughput["requests"] == len(reqs)).all()
+    single, _ = run_sweep(alone, tmp_path / "a.parquet", log=lambda *a: None)
+    tokens = frame.set_index(["request_id", "mode"])["output_tokens"]
+    one = single.set_index(["request_id", "mode"])["output_tokens"]
+    grouped = [r.id for r in reqs if r.concurrent_requests == 3]
+    assert (tokens.loc[grouped] > one.loc[grouped]).all()  # three members' tokens
+    ref = frame[frame["mode"] == REF]
+    assert (ref["rouge_l_vs_baseline"] == 1.0).all()
+    journal = [json.loads(line) for line in (tmp_path / "g.parquet.journal.jsonl").read_text().splitlines()[1:]]
+    members = {(o["request_id"], o["member"]) for row in journal if "outputs" in row for o in row["outputs"]}
+    assert {(rid, 2) for rid in grouped} <= members

@@ -209,6 +209,9 @@ def test_the_shipped_study_file_is_valid():
                                                                        cfg.length_scale)
     assert content.constraint_set().quality_scope == "family" and not content.confidence
     assert request.constraint_set().quality_scope == "request" and request.confidence
+    # its sweep judges a request's arrival group, as the profile and the live check do
+    assert request.sweep_arrival_groups and not StudyConfig().sweep_arrival_groups
+    assert StudyConfig(sweep_arrival_groups=False).identity() == StudyConfig().identity()
     # its cost routers' fixed parameters come from [train.router_params.<family>]
     assert request.router_params["cost_lgbm"]["risk_score"] == "margin"
     # and Optuna ranks trials by the capture the report gives, not mean regret
@@ -220,7 +223,7 @@ def test_the_shipped_study_file_is_valid():
 
 
 def test_a_profile_too_small_for_the_cost_model_leaves_the_estimates_interpolated(tmp_path):
-    # the cost model needs 6 requests of a (mode, family); the shipped study measures 4
+    # the cost model needs 6 requests of a (mode, condition); here one condition holds 5
     from modeswitch.study import Study
 
     said = []

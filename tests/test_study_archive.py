@@ -116,3 +116,22 @@ def test_a_profile_seeded_from_another_kind_of_machine_is_named(tmp_path):
             assert len(warned) == 1 and "Some CPU" in warned[0] and "--redo profile" in warned[0]
         else:
             assert not warned
+
+
+def test_a_sweep_of_arrival_groups_is_another_measurement_and_an_older_archive_still_matches():
+    from modeswitch.study.archive import measured_with
+
+    alone = StudyConfig(swept_per_family=2, drawn_requests=14)
+    groups = alone.replace(sweep_arrival_groups=True)
+    assert measured_with(groups, "quality") != measured_with(alone, "quality")
+    assert measured_with(groups, "profile") == measured_with(alone, "profile")
+    # off, the hash is the one archives were matched on before the option existed
+    import hashlib
+
+    from modeswitch.study.config import TABLES
+
+    d = alone.to_dict()
+    keys = ["seed", *TABLES["model"], *TABLES["profile"], "drawn_requests", "swept_per_family"]
+    before = {**{k: d[k] for k in keys}, "conditions": alone.condition_draw().to_dict()}
+    assert measured_with(alone, "quality") == hashlib.sha256(
+        json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -45,7 +45,8 @@ def quality_sweep_cmd(
     model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
     draft_model: Annotated[str | None, typer.Option(help="Draft checkpoint (for a speculative mode named in --modes).")] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
-    batch_size: Annotated[int, typer.Option(min=1, help="Requests generated together in one call.")] = 16,
+    batch_size: Annotated[int, typer.Option(min=1, help="Requests generated together in one call (sequences, with --arrival-groups).")] = 16,
+    arrival_groups: Annotated[bool, typer.Option(help="Run each request with the companions that arrive with it and judge the group's joined output, as the profiler and the live check do (a request with concurrency c costs c sequences).")] = False,
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's choice; nothing here is timed).")] = None,
     cache_dir: Annotated[Path | None, typer.Option(help="Model cache folder.")] = None,
 ):
@@ -63,7 +64,7 @@ def quality_sweep_cmd(
                                                         modes=wanted or ())
     spec = SweepSpec(model=str(target), requests=tuple(reqs), draft_model=str(draft) if draft else None,
                      backend=backend, device=device, modes=tuple(wanted) if wanted else None,
-                     batch_size=batch_size, threads=threads)
+                     batch_size=batch_size, threads=threads, arrival_groups=arrival_groups)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=console) as progress:
         frame, throughput = run_sweep(spec, output, progress=progress, log=console.print)

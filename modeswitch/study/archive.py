@@ -12,7 +12,8 @@ each step measured with, not on the whole study's identity:
 
 * ``profile``, ``memory`` and ``costmodel``: the seed, the model and backend, the profile's
   settings and the drawn conditions;
-* ``quality`` (the sweep): those and the drawn and swept request counts.
+* ``quality`` (the sweep): those, the drawn and swept request counts, and whether it swept
+  arrival groups (where it did: an archive swept before the option matches without it).
 
 Nothing is overwritten: an archive folder must not hold the files it would write, and
 seeding refuses a file the study folder holds already.
@@ -48,6 +49,8 @@ def measured_with(cfg: StudyConfig, step: str) -> str:
     keys = ["seed", *TABLES["model"], *TABLES["profile"]]
     if step == "quality":
         keys += ["drawn_requests", "swept_per_family"]
+        if cfg.sweep_arrival_groups:  # added later: archives swept before it still match without it
+            keys.append("sweep_arrival_groups")
     picked = {k: d[k] for k in keys}
     picked["conditions"] = cfg.condition_draw().to_dict()  # the draw itself: defaults written out or not
     return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -40,7 +40,7 @@ TABLES = {
     "model": ("model", "draft_model", "backend", "device"),
     "profile": ("families", "modes", "requests_per_family", "trials", "max_remeasure",
                 "length_scale", "interleave", "threads"),
-    "dataset": ("drawn_requests", "swept_per_family", "confidence"),
+    "dataset": ("drawn_requests", "swept_per_family", "sweep_arrival_groups", "confidence"),
     "train": ("splits", "routers", "tuning_trials", "feature_set", "labels", "test_size",
               "target_violation_rate", "certificate", "router_params", "tuning_objective", "lofo_tuning",
               "workers"),
@@ -48,6 +48,7 @@ TABLES = {
 }
 #: fields added after studies had begun, left out of the identity at their default
 LATER_FIELDS = {"target_violation_rate": 0.01, "certificate": "pooled", "swept_per_family": 0,
+                "sweep_arrival_groups": False,
                 "confidence": False, "router_params": {}, "tuning_objective": "regret",
                 # studies before it tuned leave-one-family-out once, on every row
                 "lofo_tuning": "pooled", "workers": 1}
@@ -85,6 +86,9 @@ class StudyConfig:
     #: ``quality`` step: the reference and every lossy mode, batched, untimed), so
     #: their safety labels are their own, not their family's mean; 0: no sweep
     swept_per_family: int = 0
+    #: the sweep runs each request with the companions that arrive with it and judges the
+    #: group's joined output, as the profile and the live check do (engine.quality_sweep)
+    sweep_arrival_groups: bool = False
     #: the dataset step also reads the reference model's confidence at each prompt's end
     #: (one prefill per prompt), which the per-request quality-risk model reads
     confidence: bool = False

@@ -425,7 +425,8 @@ class Study:
             self.log(f"quality sweep: {path.name} swept other requests; kept as .previous-{stamp}")
         spec = SweepSpec(model=str(target), requests=tuple(swept),
                          draft_model=str(draft) if draft else None, backend=c.backend, device=c.device,
-                         modes=tuple(c.modes) if c.modes else None, threads=c.threads)
+                         modes=tuple(c.modes) if c.modes else None, threads=c.threads,
+                         arrival_groups=c.sweep_arrival_groups)
         t0 = time.perf_counter()
         frame, throughput = run_sweep(spec, path, log=self.log)
         seconds = time.perf_counter() - t0
