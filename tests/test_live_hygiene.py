@@ -198,6 +198,7 @@ def test_a_measured_request_runs_live_with_the_prompts_the_profiler_built(monkey
     prompt). With the profile's plan, live runs the unit's own requests and primers."""
     import dataclasses
 
+    from modeswitch.dataset.errors import InputError
     from modeswitch.dataset.workloads.conditions import ConditionDraw
     from modeswitch.engine.backends import registry
     from modeswitch.engine.profiler import ProfileSpec
@@ -250,6 +251,10 @@ def test_a_measured_request_runs_live_with_the_prompts_the_profiler_built(monkey
 
     assert timed_groups(replay=units) == profiled
     assert timed_groups() != profiled  # rebuilt from the rows: other prompts
+    live_mod.check_replay(stream, units)
+    other = dataclasses.replace(stream[0], concurrent_requests=stream[0].concurrent_requests + 1)
+    with pytest.raises(InputError, match="another profile"):
+        live_mod.check_replay([other], units)
 
 
 def test_the_plan_is_read_from_a_profilers_journal_and_a_bad_one_is_named(tmp_path):

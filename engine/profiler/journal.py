@@ -18,6 +18,7 @@ from modeswitch.dataset.io import OutputLock, os_errors, write_text
 if TYPE_CHECKING:
     from modeswitch.engine.profiler.plan import ProfileSpec
 
+
 def recorded_plan(path) -> dict:
     """The plan (:class:`ProfileSpec` as a dict) a profile run recorded in its journal's
     first line: what live scoring replays to run a measured request as it was profiled."""

@@ -23,6 +23,7 @@ from modeswitch.cli.common import (
     deferred_help,
     friendly_errors,
 )
+from modeswitch.dataset.errors import InputError
 from modeswitch.display import console, fmt, frame_table
 from modeswitch.engine.models.resolve import MODEL_HELP
 from modeswitch.engine.profiler.journal import recorded_plan
@@ -114,7 +115,10 @@ def _profile_plan(journal: Path | None, training) -> dict | None:
     """The profiler's plan from its journal: the one named, else the one beside the
     table's profile where it is still there (None: live rebuilds prompts from rows)."""
     if journal is None:
-        source = table_meta(training).get("profile_source")
+        try:
+            source = table_meta(training).get("profile_source")
+        except InputError:  # an external table (published cells): no profile of ours to replay
+            return None
         beside = Path(f"{source}.journal.jsonl") if source else None
         if beside is None or not beside.is_file():
             return None

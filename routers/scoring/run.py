@@ -38,6 +38,7 @@ from modeswitch.routers.scoring.coverage import (
 )
 from modeswitch.routers.scoring.frontier import frontier
 from modeswitch.routers.scoring.live import (
+    check_replay,
     profiled_units,
     run_live,
     score_live,
@@ -485,6 +486,7 @@ def score_live_step(s: Scoring, cfg: ScoreConfig, context: dict, say) -> LiveSco
     if not threads_from.startswith(("the profile's", "--live")):
         say(f"live: engine threads {threads}: {threads_from}")
     replay = {k: v for k, v in profiled_units(cfg.profile_plan).items() if k in {r.id for r in stream}}
+    check_replay(stream, replay)
     if measured and cfg.profile_plan is None:
         say("live: no profile plan given: measured requests run with prompts rebuilt from the "
             "table's rows, which may differ from the profiled ones")
