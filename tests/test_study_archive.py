@@ -135,3 +135,35 @@ def test_a_sweep_of_arrival_groups_is_another_measurement_and_an_older_archive_s
     before = {**{k: d[k] for k in keys}, "conditions": alone.condition_draw().to_dict()}
     assert measured_with(alone, "quality") == hashlib.sha256(
         json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def test_a_step_asked_for_again_is_not_taken_from_the_archive(tmp_path, monkeypatch):
+    """`study run --from-archive A --redo costmodel`: the archive seeds first, the redo then
+    forgets the step (and what reads it), so it runs again (before, the archive's copy
+    came back after the redo and the step was skipped)."""
+    from typer.testing import CliRunner
+
+    from modeswitch.cli import app
+    from modeswitch.cli import study as study_cli
+
+    calls = []
+
+    class Recorded(Study):
+        def seed_from(self, src):
+            calls.append(("seed", str(src)))
+            return []
+
+        def forget(self, step):
+            calls.append(("forget", step))
+
+        def run(self, only=None):
+            calls.append(("run", only))
+            return {}
+
+    monkeypatch.setattr(study_cli, "Study", Recorded)
+    config = tmp_path / "s.toml"
+    config.write_text(f'[study]\noutput = "{tmp_path / "s"}"\n')
+    res = CliRunner().invoke(app, ["study", "run", "--config", str(config), "--from-archive", str(tmp_path / "a"),
+                                   "--redo", "costmodel", "--only", "costmodel"])
+    assert res.exit_code == 0, res.output
+    assert calls == [("seed", str(tmp_path / "a")), ("forget", "costmodel"), ("run", ["costmodel"])]

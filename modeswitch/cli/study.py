@@ -52,10 +52,11 @@ def study_run_cmd(
                   beside=beside, redo=_split(redo))
     console.print(f"study {cfg.name} in {study.out} (settings {cfg.identity()}); steps: "
                   + ", ".join(study.steps()))
-    for step in _split(redo):
-        study.forget(step)
     if from_archive is not None:
         study.seed_from(from_archive)
+    # after seeding: a step asked for again is measured again, not taken from the archive
+    for step in _split(redo):
+        study.forget(step)
     study.run(_split(only) or None)
     if study.done("report"):
         console.print(f"report: {study.out}/README.md")
