@@ -23,14 +23,30 @@ from modeswitch.engine.content_table import content_table
 TOKEN_IDS = "prompt_token_ids"
 
 
-def prompt_ids(requests: list[Request], model: str) -> dict[str, list[int]]:
+def prompt_ids(requests: list[Request], model: str,
+               built_from: dict[str, Request] | None = None) -> dict[str, list[int]]:
     """Each request's prompt token ids, built as the engine builds them for ``model``.
+
+    ``built_from``: request id -> the request its prompt was built from, where that is
+    not the request itself. A profiled request's table row holds the unit's measured
+    shape, not the budgets its prompt was built from, so it is rebuilt from the
+    profile's plan (:func:`engine.profiler.plan.profiled_units`: the unit's first
+    member), as the live check replays it.
 
     A request without its text or ids whose family is no registered workload (a profiled
     benchmark unit: the profile keeps its shape, not its prompt) is an error naming it:
     the builder would give it another prompt than the one measured."""
     from transformers import AutoTokenizer  # heavy: only when a table takes content columns
 
+    built_from = built_from or {}
+    for r in requests:  # a plan of another profile would give the rows other requests' prompts
+        lead = built_from.get(r.id)
+        if lead is not None and (lead.family != r.family or lead.concurrent_requests != r.concurrent_requests):
+            raise InputError(f"request {r.id}: the profile plan's unit ({lead.family}, "
+                             f"{lead.concurrent_requests} arriving together) is not the table's row "
+                             f"({r.family}, {r.concurrent_requests}): the plan is of another profile")
+    ids = [r.id for r in requests]  # the table's ids, whatever the prompt was built from
+    requests = [built_from.get(r.id, r) for r in requests]
     registered = {w.name for w in list_workloads()}
     for r in requests:
         if r.prompt is None and r.prompt_token_ids is None and (r.family or r.workload) not in registered:
@@ -40,13 +56,15 @@ def prompt_ids(requests: list[Request], model: str) -> dict[str, list[int]]:
                              "--profiled")
 
     builder = prompts.PromptBuilder(AutoTokenizer.from_pretrained(str(model)))
-    return {r.id: builder.prepare(r)[1] for r in requests}
+    return {rid: builder.prepare(r)[1] for rid, r in zip(ids, requests)}
 
 
-def content_columns(requests: list[Request], model: str) -> pd.DataFrame:
-    """Per request (index: id): its prompt token ids and its content features."""
+def content_columns(requests: list[Request], model: str,
+                    built_from: dict[str, Request] | None = None) -> pd.DataFrame:
+    """Per request (index: id): its prompt token ids and its content features
+    (``built_from``: as in :func:`prompt_ids`)."""
     table = content_table(str(model))
-    ids = prompt_ids(requests, model)
+    ids = prompt_ids(requests, model, built_from)
     feats = pd.DataFrame([table.features(v) for v in ids.values()], columns=list(CONTENT_FEATURES),
                          index=pd.Index(list(ids), name="request_id"))
     feats[TOKEN_IDS] = [list(v) for v in ids.values()]

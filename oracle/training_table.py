@@ -75,17 +75,21 @@ def build_training_table(profile: pd.DataFrame, requests: list[Request],
                          constraints: Constraints | None = None, source=None,
                          costmodel=None, quality: pd.DataFrame | None = None,
                          content_model: str | None = None, confidence: bool = False,
-                         device: str = "cpu", threads: int | None = None) -> pd.DataFrame:
+                         device: str = "cpu", threads: int | None = None,
+                         built_from: dict[str, Request] | None = None) -> pd.DataFrame:
     """One row per labelled request: its features, the oracle's label and every mode's
     costs and safety. ``content_model``: a checkpoint folder whose prompts and content
     features (:mod:`oracle.content_columns`) the table also takes, for routers that read
     the prompt (feature set C); None: shape only. ``confidence``: also the reference
     model's confidence at each prompt's end (:mod:`dataset.confidence_features`, one
     prefill of ``content_model`` per prompt on ``device`` with ``threads``), which the
-    quality-risk model reads."""
+    quality-risk model reads. ``built_from``: request id -> the request its prompt was
+    built from (a profiled request: its unit's first member in the profile's plan,
+    :func:`engine.profiler.plan.profiled_units`), for the content columns."""
     constraints = constraints or Constraints()
     reqs_df = requests_frame(requests)
-    content = None if content_model is None else content_columns(requests, content_model)
+    built_from = {k: v for k, v in (built_from or {}).items() if k in {r.id for r in requests}}
+    content = None if content_model is None else content_columns(requests, content_model, built_from)
     prefill = None
     if confidence:
         if content is None:
@@ -142,6 +146,9 @@ def build_training_table(profile: pd.DataFrame, requests: list[Request],
         "hardware": sorted(profile["hardware"].dropna().astype(str).unique().tolist())
         if "hardware" in profile else [],
         "content_model": None if content_model is None else str(content_model),
+        # requests whose prompt was rebuilt from the profile's plan (the profiled units'
+        # own requests), not from their rows
+        "prompts_from_plan": len(built_from) if content is not None else 0,
         # what reading the reference's confidence cost: one prefill per prompt
         "confidence": None if prefill is None else {
             "prefill_ms_p50": float(prefill.median()), "prefill_ms_p90": float(prefill.quantile(0.9)),

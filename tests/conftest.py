@@ -20,4 +20,8 @@ def tiny_models(tmp_path_factory):
     """The project's model builder with the test recipe (seconds, same code path)."""
     from modeswitch.engine.models.tiny import TEST_RECIPE, build_models
 
-    return build_models(tmp_path_factory.mktemp("mscache"), TEST_RECIPE, log=lambda *a: None)
+    models = build_models(tmp_path_factory.mktemp("mscache"), TEST_RECIPE, log=lambda *a: None)
+    # every step trained, whatever the machine's load: tests read this model's outputs
+    assert [models.card[k]["steps"] for k in ("target", "draft")] == [TEST_RECIPE.target_steps,
+                                                                     TEST_RECIPE.draft_steps]
+    return models

@@ -235,3 +235,52 @@ def test_tuning_times_a_content_router_on_the_table_requests_token_ids(content, 
     est = get_router("dt", feature_set="C", content_model=str(tiny_models.target)).fit(X, X["label"])
     picks, p50_ms = served_decision(est, X, decisions=200)
     assert list(picks) == list(est.predict(X)) and 0 < p50_ms < 5
+
+
+def test_a_measured_requests_content_is_read_from_the_prompt_the_profiler_built(content, tiny_models):
+    """A profile row holds its unit's measured shape (the template's prompt length), not
+    the budget its prompt was built from, so a prompt rebuilt from the row is other text
+    (on SmolLM2 a batch_pressure unit's 20-token budget made a 21-token prompt, and 21
+    builds another). The table's content columns read the prompt the profiler built for
+    the unit's lead (the profile's plan), as the live check replays it."""
+    from modeswitch.dataset.workloads.conditions import ConditionDraw
+    from modeswitch.engine import prompts
+    from modeswitch.engine.profiler import ProfileSpec
+    from modeswitch.engine.profiler.plan import profiled_leads
+    from modeswitch.oracle.content_columns import TOKEN_IDS, content_columns
+    from transformers import AutoTokenizer
+
+    model = str(tiny_models.target)
+    draw = ConditionDraw(concurrency=(1, 4), concurrency_weights=(0.5, 0.5), shared_prefix_rate=0.5)
+    spec = ProfileSpec(model=model, workloads=["batch_pressure", "long_prompt_short_output"], requests=4,
+                       conditions=draw.to_dict(), length_scale=0.25)
+    leads = profiled_leads(dataclasses.asdict(spec))
+    assert len(leads) == 8 and profiled_leads(None) == {}
+    builder = prompts.PromptBuilder(AutoTokenizer.from_pretrained(model))
+    built = {uid: builder.prepare(r)[1] for uid, r in leads.items()}
+    # what the profile records: the measured length, one over the budget as a chat
+    # template made it on SmolLM2 (the tiny model has no template)
+    rows = [dataclasses.replace(r, prompt_tokens=len(built[uid]) + 1) for uid, r in leads.items()]
+    planned = content_columns(rows, model, built_from=leads)
+    assert list(planned.index) == [r.id for r in rows]
+    assert all(planned.loc[uid, TOKEN_IDS] == list(ids) for uid, ids in built.items())
+    rebuilt = content_columns(rows, model)  # from the rows: other prompts
+    assert all(rebuilt.loc[uid, TOKEN_IDS] != planned.loc[uid, TOKEN_IDS] for uid in leads)
+    first = rows[0]
+    other = {first.id: dataclasses.replace(leads[first.id], family="shared_prefix_chat")}
+    with pytest.raises(InputError, match="plan is of another profile"):
+        content_columns(rows, model, built_from=other)
+    # the table takes them: a measured row's token ids are its unit's own prompt
+    from modeswitch.oracle.training_table import build_training_table, profiled_requests, table_meta
+
+    from tests.helpers import profile, row
+
+    prof = profile([row(uid, m, lat, request_id=uid, family=r.family, prompt_tokens=len(built[uid]) + 1,
+                        expected_output_tokens=r.expected_output_tokens,
+                        shared_prefix_tokens=r.shared_prefix_tokens,
+                        concurrent_requests=r.concurrent_requests, memory_pressure=r.memory_pressure)
+                    for uid, r in leads.items() for m, lat in (("fp16_baseline", 1.0), ("int8_quant", 0.6))])
+    table = build_training_table(prof, profiled_requests(prof), content_model=model, built_from=leads)
+    assert table_meta(table)["prompts_from_plan"] == len(leads)
+    ids = table.set_index("request_id")[TOKEN_IDS]
+    assert all(list(ids[uid]) == list(built[uid]) for uid in leads)

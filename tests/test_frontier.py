@@ -41,6 +41,10 @@ def test_safety_the_features_cannot_see_caps_the_capture():
     # and picking freely (every mode allowed) saves more than the oracle at a high violation rate
     free = f.curve[f.curve["rule"] == "threshold"].iloc[-1]
     assert free["capture"] > 1.0 and free["violations"] > 0.9
+    # but nothing of that is a saving a deployment keeps: every gptq pick is unsafe
+    assert free["safe_capture"] == pytest.approx(0.0)
+    assert (f.curve["safe_capture"] <= f.curve["capture"] + 1e-12).all()
+    assert f.best_capture(0.02, safe=True) <= f.best_capture(0.02)
 
 
 def test_lofo_scores_every_family_once_and_only_inside_the_ranges():

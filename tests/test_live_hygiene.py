@@ -202,6 +202,7 @@ def test_a_measured_request_runs_live_with_the_prompts_the_profiler_built(monkey
     from modeswitch.dataset.workloads.conditions import ConditionDraw
     from modeswitch.engine.backends import registry
     from modeswitch.engine.profiler import ProfileSpec
+    from modeswitch.engine.profiler.plan import profiled_units
     from modeswitch.oracle.training_table import profiled_requests
     from modeswitch.routers.scoring import live as live_mod
 
@@ -215,8 +216,8 @@ def test_a_measured_request_runs_live_with_the_prompts_the_profiler_built(monkey
     draw = ConditionDraw(concurrency=(1, 4), concurrency_weights=(0.5, 0.5), shared_prefix_rate=0.5)
     spec = ProfileSpec(model="m", workloads=["batch_pressure", "long_prompt_short_output"], requests=4,
                        conditions=draw.to_dict(), length_scale=0.25)
-    units = live_mod.profiled_units(dataclasses.asdict(spec))
-    assert len(units) == 8 and live_mod.profiled_units(None) == {}
+    units = profiled_units(dataclasses.asdict(spec))
+    assert len(units) == 8 and profiled_units(None) == {}
     # the rows a profile of these units holds: each unit's prepared shape, group-averaged
     rows = []
     for uid, (members, _) in units.items():

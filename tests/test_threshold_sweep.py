@@ -100,15 +100,18 @@ def test_the_price_sets_the_certified_point_beside_hindsight_and_the_ceiling(tmp
     r, test = certified(shifted_table(150, seed=3)), held_out(7)
     curves = router_curves({"cost": r}, test)
     per = score_requests(test, np.asarray(r.predict(test), dtype=object), router="cost")
-    ceiling = envelope(pd.DataFrame({"violations": [0.0, 0.02, 0.2], "capture": [0.5, 0.9, 1.2]}))
+    ceiling = envelope(pd.DataFrame({"violations": [0.0, 0.02, 0.2], "capture": [0.5, 0.9, 1.2],
+                                     "safe_capture": [0.5, 0.7, 0.1]}))
     price = certificate_price(curves, router_points(per), {"cost": TARGET}, ceiling).iloc[0]
     under = curves[curves["violations"] <= TARGET]
     assert price["hindsight_capture"] == pytest.approx(under["capture"].max())
     assert price["hindsight_violations"] <= TARGET and price["hindsight_capture"] >= price["certified_capture"]
     assert (price["certified_capture"], price["certified_violations"]) == pytest.approx(point(test, r.predict(test)))
     assert price["ceiling_capture"] == pytest.approx(0.9)  # the envelope's best at <= 5 %
+    assert price["ceiling_safe_capture"] == pytest.approx(0.7)  # its safe picks' saving alone
     md = "\n".join(report._price_md(pd.DataFrame([price])))
     assert "## What the certificate costs" in md and f"hindsight {price['hindsight_capture']:.1%}" in md
+    assert "counting safe picks' saving alone: 70.0%" in md
 
 
 def test_the_report_writes_what_each_certificate_refused(tmp_path):

@@ -54,8 +54,12 @@ class BuildRecipe:
     target_steps: int = 200
     draft: ArchConfig = field(default_factory=lambda: ArchConfig(128, 2, 352, 2))
     draft_steps: int = 200
-    #: stop a stage early if it runs this long (a slow machine); recorded in the card
-    stage_time_cap_s: float = 180.0
+    #: stop a stage early if it runs this long (recorded in the card); None: never. Off by
+    #: default: a capped stage trains a model that depends on the machine's load, under a
+    #: cache key that does not say so (the test fixture's target stopped at 103 of 150
+    #: steps while a study trained beside it; the one test that failed only under load
+    #: reads that model's confidence)
+    stage_time_cap_s: float | None = None
 
     def key(self) -> str:
         blob = json.dumps(asdict(self), sort_keys=True) + platform.python_version()
@@ -125,7 +129,7 @@ def _train(model, stream, recipe: BuildRecipe, steps: int, label: str, progress=
         done = step + 1
         if progress:
             progress.update(task, advance=1, description=f"train {label} loss {losses[-1]:.2f}")
-        if time.perf_counter() - start > recipe.stage_time_cap_s:
+        if recipe.stage_time_cap_s is not None and time.perf_counter() - start > recipe.stage_time_cap_s:
             break
     model.eval()
     tail = losses[-10:]

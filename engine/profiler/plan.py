@@ -132,3 +132,26 @@ def _drawn_units(spec: ProfileSpec, w, i: int) -> list[Unit]:
         p = primer(du.request)
         units.append(Unit(du.request.id, w.name, du.group, prime=[p] if p else []))
     return units
+
+
+def profiled_units(spec: dict | None) -> dict[str, tuple[list[Request], list[Request]]]:
+    """Request id -> (requests, primers) of every unit the profile plan ``spec`` (a
+    :class:`ProfileSpec` as a dict, as the profiler's journal records it) measures.
+
+    Why: a profile row holds the unit's measured shape (the template's prompt lengths,
+    averaged over its group), not the budgets its prompts were built from, so prompts
+    rebuilt from the row are other text. What reads a measured request's prompt (the
+    live check replaying it, the table's content features) takes it from here.
+    Empty without a plan."""
+    if not spec:
+        return {}
+    known = {f.name for f in dataclasses.fields(ProfileSpec)}  # a plan recorded by an older version
+    plan = ProfileSpec(**{k: v for k, v in spec.items() if k in known})
+    return {u.id: (list(u.requests), list(u.prime)) for u in build_units(plan)}
+
+
+def profiled_leads(spec: dict | None) -> dict[str, Request]:
+    """Request id -> the request a profiled unit's prompt was built from (its group's
+    lead, whose id the profile row carries): what the table's content columns read
+    for a measured request (:func:`oracle.content_columns.prompt_ids`)."""
+    return {uid: members[0] for uid, (members, _) in profiled_units(spec).items()}

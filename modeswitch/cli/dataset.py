@@ -28,6 +28,8 @@ from modeswitch.dataset.prompt_corpus import in_draft_split
 from modeswitch.dataset.workloads import list_workloads
 from modeswitch.dataset.workloads.conditions import drawn_requests
 from modeswitch.display import console, frame_table
+from modeswitch.engine.profiler.journal import recorded_plan
+from modeswitch.engine.profiler.plan import profiled_leads
 from modeswitch.engine.quality_sweep import read_sweep
 from modeswitch.oracle.training_table import build_training_table, profiled_requests, table_meta
 
@@ -58,6 +60,7 @@ def dataset_build_cmd(
     overwrite: Annotated[bool, typer.Option(help="Replace an existing output file.")] = False,
     costmodel: Annotated[str, typer.Option(help="Cost model for estimated requests: a file from `modeswitch costmodel fit`, 'auto' (fit and validate on the profile now) or 'none' (interpolation only). Used per (mode, metric) only where it validated better.")] = "auto",
     content_model: Annotated[Path | None, typer.Option(help="A checkpoint folder (the profiled model): the table also takes each request's prompt token ids, built as the engine builds them, and the content features read from them (what feature set C trains on).")] = None,
+    profile_plan: Annotated[Path | None, typer.Option(help="The profiler's journal (PROFILE.journal.jsonl): with --profiled and --content-model, each measured request's prompt is the one the profiler built (its row holds the measured shape, not the budgets the prompt was built from). Default: the journal beside the first profile, where it is there; else prompts rebuilt from the rows.")] = None,
     quality: Annotated[Path | None, typer.Option(help="A quality sweep (`modeswitch quality-sweep`, same --requests, --seed and --length-scale): each swept request's own measured quality per mode, and the family means the rule judges from it.")] = None,
     confidence: Annotated[bool, typer.Option(help="With --content-model: also the reference model's confidence at each prompt's end (entropy, top-2 gap, top-1 probability; one prefill per prompt, cached), which the per-request quality-risk model reads.")] = False,
     quality_scope: QualityScope = None,
@@ -87,13 +90,17 @@ def dataset_build_cmd(
                  and (not _split(workloads) or r.family in names)]
     cm = costmodel_for(costmodel, profile, ", ".join(paths))
     sweep = read_sweep(quality) if quality is not None else None
+    leads = _profiled_leads(profile_plan, paths[0]) if profiled and content_model is not None else {}
     table = build_training_table(profile, reqs, c, source=", ".join(paths), costmodel=cm, quality=sweep,
                                  content_model=None if content_model is None else str(content_model.resolve()),
-                                 confidence=confidence)
+                                 confidence=confidence, built_from=leads)
     write_parquet(table, output, overwrite=overwrite)
     counts = table["label"].value_counts()
     console.print(f"wrote {len(table)} requests x {table.shape[1]} columns to {output}")
     console.print("labels: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    if leads:
+        console.print(f"content: {table_meta(table).get('prompts_from_plan', 0)} measured requests read "
+                      "the prompts the profiler built (its journal's plan)")
     console.print("label source: " + ", ".join(
         f"{k} {v}" for k, v in table["label_source"].value_counts().items()))
     console.print("quality from: " + ", ".join(
@@ -123,3 +130,14 @@ def dataset_build_cmd(
                "the range)" if 0 < fewest <= 2 else "does --length-scale match the profile's?")
         console.print(f"[yellow]{outside} of {len(table)} requests lie outside the profile's measured "
                       f"range; their costs are extrapolated ({why})[/]")
+
+
+def _profiled_leads(journal: Path | None, first_profile: str) -> dict:
+    """The profiled units' own lead requests from the profiler's journal (the one
+    named, else the one beside the first profile where it is there; {}: prompts
+    rebuilt from the rows)."""
+    if journal is None:
+        journal = Path(f"{first_profile}.journal.jsonl")
+        if not journal.is_file():
+            return {}
+    return profiled_leads(recorded_plan(journal))

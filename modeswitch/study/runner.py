@@ -53,6 +53,7 @@ from modeswitch.engine.backends import registry as backend_registry
 from modeswitch.engine.distributed import make_profiler
 from modeswitch.engine.hardware import hardware_string, other_kinds, recorded_hardware
 from modeswitch.engine.profiler import ProfileSpec
+from modeswitch.engine.profiler.plan import profiled_leads
 from modeswitch.engine.quality_sweep import SweepSpec, read_sweep, run_sweep
 from modeswitch.oracle import label_profile
 from modeswitch.oracle.costmodel import CostModel, enough_requests, fit_validated
@@ -448,7 +449,9 @@ class Study:
                                      content_model=self.outputs("model")["target"]
                                      if reads_content(self.cfg.feature_set) or self.cfg.confidence else None,
                                      confidence=self.cfg.confidence, device=self.cfg.device,
-                                     threads=self.cfg.threads)
+                                     threads=self.cfg.threads,
+                                     built_from=profiled_leads(dataclasses.asdict(
+                                         self.profile_spec(*self._models()[:2]))))
         path = self.out / "train.parquet"
         write_parquet(table, path, overwrite=True)
         src = table["label_source"].value_counts()

@@ -41,7 +41,9 @@ def router_points(per_request: pd.DataFrame) -> pd.DataFrame:
 
 
 def envelope(curve: pd.DataFrame) -> pd.DataFrame:
-    """The frontier's upper envelope: the best capture at or below each violation rate."""
+    """The frontier's upper envelope: the best capture at or below each violation rate
+    (and the best ``safe_capture``, where the curve has it: each its own maximum)."""
     c = curve.dropna(subset=["capture", "violations"]).sort_values(["violations", "capture"])
-    c = c.assign(capture=c["capture"].cummax())
-    return c.drop_duplicates("violations", keep="last")[["violations", "capture"]]
+    cols = ["violations", "capture"] + (["safe_capture"] if "safe_capture" in c else [])
+    c = c.assign(**{k: c[k].cummax() for k in cols[1:]})
+    return c.drop_duplicates("violations", keep="last")[cols]

@@ -64,16 +64,18 @@ class Frontier:
     scored: int
     #: out-of-fold AUC of each mode's safety model, where both outcomes occur
     auc: dict[str, float]
-    #: (rule, knob, capture, violations): one row per threshold / lam walked; rules
-    #: ``threshold``, ``relative``, ``absolute``
+    #: (rule, knob, capture, safe_capture, violations): one row per threshold / lam
+    #: walked; rules ``threshold``, ``relative``, ``absolute``. ``capture`` counts every
+    #: pick's saving, as the scoring report's capture does; ``safe_capture`` only the
+    #: safe picks' (an unsafe pick saves nothing a deployment may keep)
     curve: pd.DataFrame
 
-    def best_capture(self, cap: float, rule: str | None = None) -> float:
-        """The largest capture at a violation rate <= ``cap`` (any rule, or ``rule``); NaN
-        when no point of the walk is that safe."""
+    def best_capture(self, cap: float, rule: str | None = None, safe: bool = False) -> float:
+        """The largest capture (``safe``: safe picks' saving alone) at a violation rate <=
+        ``cap`` (any rule, or ``rule``); NaN when no point of the walk is that safe."""
         c = self.curve if rule is None else self.curve[self.curve["rule"] == rule]
         ok = c[c["violations"] <= cap + 1e-12]
-        return float(ok["capture"].max()) if len(ok) else float("nan")
+        return float(ok["safe_capture" if safe else "capture"].max()) if len(ok) else float("nan")
 
 
 def frontier(table: pd.DataFrame, split: str = "lofo", feature_set: str = "A", risk_model: str = "lgbm",
@@ -117,7 +119,7 @@ def frontier(table: pd.DataFrame, split: str = "lofo", feature_set: str = "A", r
     keep = (tested & inside if inside_only else tested) & np.isfinite(lat[:, r])
     rows = np.flatnonzero(keep)
     if not len(rows):
-        return Frontier(split, 0, {}, pd.DataFrame(columns=["rule", "knob", "capture", "violations"]))
+        return Frontier(split, 0, {}, pd.DataFrame(columns=["rule", "knob", "capture", "safe_capture", "violations"]))
     auc = {m: float(roc_auc_score(safe[rows, j], p_safe[rows, j])) for j, m in enumerate(modes)
            if 0 < safe[rows, j].mean() < 1}
     lat, safe, risk = lat[rows], safe[rows], 1 - p_safe[rows]
@@ -128,9 +130,10 @@ def frontier(table: pd.DataFrame, split: str = "lofo", feature_set: str = "A", r
     i = np.arange(len(rows))
 
     def point(rule, knob, pick):
-        saved = (lat[:, r] - lat[i, pick]).sum()
-        return {"rule": rule, "knob": knob, "capture": saved / best if best > 1e-12 else np.nan,
-                "violations": float((~safe[i, pick]).mean()) if len(rows) else np.nan}
+        gain, ok = lat[:, r] - lat[i, pick], safe[i, pick]
+        share = (lambda x: x / best) if best > 1e-12 else (lambda x: np.nan)
+        return {"rule": rule, "knob": knob, "capture": share(gain.sum()), "safe_capture": share(gain[ok].sum()),
+                "violations": float((~ok).mean()) if len(rows) else np.nan}
 
     out = [point("threshold", th, np.where(risk <= th, lat, np.inf).argmin(axis=1))
            for th in np.unique(np.concatenate([[0.0], np.quantile(risk, np.linspace(0, 1, 400)), [1.0]]))]

@@ -52,8 +52,6 @@ weighted in every resample). A live violation has a cause:
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pandas as pd
 from modeswitch.dataset.benchmarks import score_answer
@@ -66,7 +64,6 @@ from modeswitch.engine.backends.base import EngineSettings, context_for, start_u
 from modeswitch.engine.energy import cpu_seconds_clock, make_meter
 from modeswitch.engine.modes import reference_mode
 from modeswitch.engine.noise import TrialClock, clean_trials, flag_contended, unresolved_trials
-from modeswitch.engine.profiler.plan import ProfileSpec, build_units
 from modeswitch.engine.quality import rouge_l
 from modeswitch.oracle.family_rule import lossless
 from modeswitch.oracle.uncertainty import paired_ratio
@@ -118,7 +115,7 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
     profiler does.
 
     ``replay``: request id -> (the requests, the primers) the profiler ran for that
-    unit (:func:`profiled_units`). A table row holds the unit's measured shape (prompt
+    unit (:func:`engine.profiler.plan.profiled_units`). A table row holds the unit's measured shape (prompt
     lengths as the template made them, averaged over a group), not the budgets the
     prompts were built from, and rebuilt from it the prompts differ; a profiled
     request is run as the profiler ran it where its plan is given."""
@@ -211,17 +208,6 @@ def _trial_clock(include_children: bool):
     process's, or its process tree's where the engine computes in children)."""
     cpu = cpu_seconds_clock(include_children)
     return lambda: TrialClock(cpu)
-
-
-def profiled_units(spec: dict | None) -> dict:
-    """Request id -> (requests, primers) of every unit the profile plan ``spec`` (a
-    :class:`engine.profiler.ProfileSpec` as a dict) measures: what ``run_live`` replays
-    for the table's measured requests. Empty without a plan."""
-    if not spec:
-        return {}
-    known = {f.name for f in dataclasses.fields(ProfileSpec)}  # a plan recorded by an older version
-    plan = ProfileSpec(**{k: v for k, v in spec.items() if k in known})
-    return {u.id: (list(u.requests), list(u.prime)) for u in build_units(plan)}
 
 
 def check_replay(stream: list[Request], replay: dict) -> None:

@@ -418,10 +418,12 @@ def _price_md(price: pd.DataFrame) -> list[str]:
           "risks costs; from hindsight to certified is what the certificate costs (its threshold chosen "
           "on training families only, each decided by a model fitted without it).", ""]
     for r in price.itertuples():
-        ceiling = getattr(r, "ceiling_capture", np.nan)
+        ceiling, safe = getattr(r, "ceiling_capture", np.nan), getattr(r, "ceiling_safe_capture", np.nan)
         md.append(f"- {r.router}: certified {r.certified_capture:.1%} at {r.certified_violations:.1%} violations; "
                   f"hindsight {r.hindsight_capture:.1%} at {r.hindsight_violations:.1%}; ceiling "
-                  f"{ceiling:.1%} at <= {r.target:.0%}.")
+                  f"{ceiling:.1%} at <= {r.target:.0%}"
+                  + (f" (counting safe picks' saving alone: {safe:.1%})"
+                     if np.isfinite(safe) else "") + ".")
     return md + ["", _md_table(price.set_index("router")), ""]
 
 

@@ -20,6 +20,7 @@ from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.features import FEATURE_SET_C
 from modeswitch.engine.hardware import hardware_string, other_kinds, recorded_hardware
 from modeswitch.engine.models.resolve import resolve_models
+from modeswitch.engine.profiler.plan import profiled_units
 from modeswitch.oracle.constraints import Constraints
 from modeswitch.oracle.training_table import frame_hash
 from modeswitch.routers.reference import FixedModeRouter, OracleRouter
@@ -39,7 +40,6 @@ from modeswitch.routers.scoring.coverage import (
 from modeswitch.routers.scoring.frontier import frontier
 from modeswitch.routers.scoring.live import (
     check_replay,
-    profiled_units,
     run_live,
     score_live,
     stratified,

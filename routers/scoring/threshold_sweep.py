@@ -133,6 +133,8 @@ def certificate_price(curves: pd.DataFrame, points: pd.DataFrame, targets: dict,
         if ceiling is not None and len(ceiling):
             under = ceiling[ceiling["violations"] <= target + 1e-12]
             row["ceiling_capture"] = under["capture"].max() if len(under) else np.nan
+            if "safe_capture" in ceiling:  # the safe picks' saving alone (routers.scoring.frontier)
+                row["ceiling_safe_capture"] = under["safe_capture"].max() if len(under) else np.nan
         rows.append(row)
     return pd.DataFrame(rows)
 
