@@ -1,7 +1,8 @@
 """Print the capture / violation frontier of a training table (``routers.scoring.frontier``).
 
 For each split: each mode's out-of-fold safety AUC, and the best capture of the
-oracle's latency saving at violation caps 0-10 % for the three decision rules, with
+oracle's latency saving at violation caps 0-10 % for the three decision rules (every
+pick's saving, then the safe picks' alone: "safe"), with
 every mode's latency known exactly and each rule's knob chosen on the scored
 requests (a ceiling for those rules with that safety model and these features).
 
@@ -36,11 +37,14 @@ def main():
     table = pd.read_parquet(args.data)
     print(f"{args.data}: {len(table)} requests; feature set {args.feature_set}, risk model {args.risk_model}")
     caps = (0.0, 0.01, 0.02, 0.05, 0.10)
-    print(f"{'split':<7} {'scored':>6} {'rule':<11} " + " ".join(f"{'<=' + format(c, '.0%'):>6}" for c in caps))
+    print(f"{'split':<7} {'scored':>6} {'rule':<14} " + " ".join(f"{'<=' + format(c, '.0%'):>6}" for c in caps))
     for split in args.splits.split(","):
         f = frontier(table, split, args.feature_set, args.risk_model, args.inside, args.test_size, args.seed)
         for rule in ("threshold", "relative", "absolute"):
-            print(f"{split:<7} {f.scored:>6} {rule:<11} " + " ".join(f"{f.best_capture(c, rule):6.2f}" for c in caps))
+            for safe in (False, True):  # every pick's saving, then the safe picks' alone
+                name = f"{rule}{' safe' if safe else ''}"
+                print(f"{split:<7} {f.scored:>6} {name:<14} "
+                      + " ".join(f"{f.best_capture(c, rule, safe=safe):6.2f}" for c in caps))
         print(f"{'':<7} AUC: " + ", ".join(f"{m} {a:.2f}" for m, a in sorted(f.auc.items(), key=lambda kv: kv[1])))
 
 
