@@ -18,6 +18,7 @@ from modeswitch.dataset.requests import Request
 from modeswitch.dataset.workloads import list_workloads
 from modeswitch.engine import prompts
 from modeswitch.engine.content_table import content_table
+from modeswitch.engine.profiler.plan import check_plan
 
 #: the column holding each request's prompt token ids
 TOKEN_IDS = "prompt_token_ids"
@@ -39,12 +40,7 @@ def prompt_ids(requests: list[Request], model: str,
     from transformers import AutoTokenizer  # heavy: only when a table takes content columns
 
     built_from = built_from or {}
-    for r in requests:  # a plan of another profile would give the rows other requests' prompts
-        lead = built_from.get(r.id)
-        if lead is not None and (lead.family != r.family or lead.concurrent_requests != r.concurrent_requests):
-            raise InputError(f"request {r.id}: the profile plan's unit ({lead.family}, "
-                             f"{lead.concurrent_requests} arriving together) is not the table's row "
-                             f"({r.family}, {r.concurrent_requests}): the plan is of another profile")
+    check_plan(requests, built_from, "content columns")
     ids = [r.id for r in requests]  # the table's ids, whatever the prompt was built from
     requests = [built_from.get(r.id, r) for r in requests]
     registered = {w.name for w in list_workloads()}

@@ -266,3 +266,19 @@ def crafted_skops(data: bytes, function: str, code: str) -> bytes:
         for item in src.namelist():
             dst.writestr(item, json.dumps(schema) if item == "schema.json" else src.read(item))
     return out.getvalue()
+
+
+def request_shapes(n: int, seed: int, family: str = "short_prompt_short_output", prompt=(50, 3000),
+                   output=(8, 400), prefix: str | None = None) -> pd.DataFrame:
+    """``n`` requests' shapes (one family, no prefix, alone), lengths drawn uniformly in
+    ``prompt`` and ``output``; ids ``<prefix>-<i>`` (default ``<family>-<seed>``)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({
+        "id": [f"{prefix or f'{family}-{seed}'}-{i}" for i in range(n)],
+        "prompt_tokens": rng.integers(*prompt, n).astype(float),
+        "expected_output_tokens": rng.integers(*output, n).astype(float),
+        "shared_prefix_tokens": 0.0, "concurrent_requests": 1.0, "memory_pressure": 0.0,
+        "family": family, "benchmark_suite": None,
+    })

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from modeswitch.oracle.costmodel import CostModel, design, fit_structural, grouped_folds, validate
 
-from tests.helpers import PROV, profile
+from tests.helpers import PROV, profile, request_shapes
 
 REF = "fp16_baseline"
 #: latency terms: constant, prefill, prefill^2, decode per token, decode x context
@@ -16,14 +16,7 @@ TRUE = {REF: [40.0, 300.0, 20.0, 9000.0, 400.0], "int8_quant": [30.0, 200.0, 10.
 
 
 def _shapes(n, seed, family="short_prompt_short_output"):
-    rng = np.random.default_rng(seed)
-    return pd.DataFrame({
-        "id": [f"{family}-{seed}-{i}" for i in range(n)],
-        "prompt_tokens": rng.integers(50, 3000, n).astype(float),
-        "expected_output_tokens": rng.integers(8, 400, n).astype(float),
-        "shared_prefix_tokens": 0.0, "concurrent_requests": 1.0, "memory_pressure": 0.0,
-        "family": family, "benchmark_suite": None,
-    })
+    return request_shapes(n, seed, family)
 
 
 def synthetic(n=30, trials=3, noise=0.01, seed=0):

@@ -10,7 +10,7 @@ from modeswitch.oracle import Constraints, label_requests
 from modeswitch.oracle.costmodel import enough_requests
 from modeswitch.oracle.estimate_error import residuals, summary
 
-from tests.helpers import profile, row
+from tests.helpers import profile, request_shapes, row
 
 REF = "fp16_baseline"
 
@@ -38,14 +38,7 @@ def _measured(n=12, seed=0, parity_spread=0.12, family="short_prompt_short_outpu
 
 
 def _drawn(n=8, seed=5, family="short_prompt_short_output"):
-    rng = np.random.default_rng(seed)
-    return pd.DataFrame({
-        "id": [f"draw-{i}" for i in range(n)],
-        "prompt_tokens": rng.integers(100, 900, n).astype(float),
-        "expected_output_tokens": rng.integers(16, 100, n).astype(float),
-        "shared_prefix_tokens": 0.0, "concurrent_requests": 1.0, "memory_pressure": 0.0,
-        "family": family, "benchmark_suite": None,
-    })
+    return request_shapes(n, seed, family, prompt=(100, 900), output=(16, 100), prefix="draw")
 
 
 def _without_int8(prof: pd.DataFrame) -> pd.DataFrame:

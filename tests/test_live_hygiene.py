@@ -202,7 +202,7 @@ def test_a_measured_request_runs_live_with_the_prompts_the_profiler_built(monkey
     from modeswitch.dataset.workloads.conditions import ConditionDraw
     from modeswitch.engine.backends import registry
     from modeswitch.engine.profiler import ProfileSpec
-    from modeswitch.engine.profiler.plan import profiled_units
+    from modeswitch.engine.profiler.plan import check_plan, profiled_units
     from modeswitch.oracle.training_table import profiled_requests
     from modeswitch.routers.scoring import live as live_mod
 
@@ -252,10 +252,11 @@ def test_a_measured_request_runs_live_with_the_prompts_the_profiler_built(monkey
 
     assert timed_groups(replay=units) == profiled
     assert timed_groups() != profiled  # rebuilt from the rows: other prompts
-    live_mod.check_replay(stream, units)
+    leads = {k: members[0] for k, (members, _) in units.items()}
+    check_plan(stream, leads, "live")
     other = dataclasses.replace(stream[0], concurrent_requests=stream[0].concurrent_requests + 1)
     with pytest.raises(InputError, match="another profile"):
-        live_mod.check_replay([other], units)
+        check_plan([other], leads, "live")
 
 
 def test_the_plan_is_read_from_a_profilers_journal_and_a_bad_one_is_named(tmp_path):

@@ -35,6 +35,13 @@ def recorded_plan(path) -> dict:
     return header["spec"]
 
 
+def plan_beside(profile) -> dict | None:
+    """The plan recorded in the journal beside ``profile`` (``<profile>.journal.jsonl``),
+    or None where there is none: what a measured request's prompt is rebuilt from by default."""
+    path = Path(f"{profile}.journal.jsonl")
+    return recorded_plan(path) if path.is_file() else None
+
+
 class Journal:
     """Append-only JSONL of finished rows; the first line identifies the run.
 

@@ -10,6 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from modeswitch.dataset.benchmarks import read_benchmark
+from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.limits import count, finite, requests_fit
 from modeswitch.dataset.prompt_corpus import in_draft_split
 from modeswitch.dataset.requests import Request
@@ -148,6 +149,21 @@ def profiled_units(spec: dict | None) -> dict[str, tuple[list[Request], list[Req
     known = {f.name for f in dataclasses.fields(ProfileSpec)}  # a plan recorded by an older version
     plan = ProfileSpec(**{k: v for k, v in spec.items() if k in known})
     return {u.id: (list(u.requests), list(u.prime)) for u in build_units(plan)}
+
+
+def check_plan(rows: list[Request], leads: dict[str, Request], where: str) -> None:
+    """Refuse a plan of another profile: it would give the rows other requests' prompts.
+    Each planned unit (``leads``: :func:`profiled_leads`) must be its row's family and
+    arrival group size."""
+    for req in rows:
+        lead = leads.get(req.id)
+        if lead is None:
+            continue
+        n, m = max(1, int(lead.concurrent_requests)), max(1, int(req.concurrent_requests))
+        if lead.family != req.family or n != m:
+            raise InputError(f"{where}: the profile plan's unit {req.id!r} ({lead.family}, {n} arriving "
+                             f"together) is not the table's row ({req.family}, {m}): the plan is of "
+                             "another profile")
 
 
 def profiled_leads(spec: dict | None) -> dict[str, Request]:

@@ -28,7 +28,7 @@ from modeswitch.dataset.prompt_corpus import in_draft_split
 from modeswitch.dataset.workloads import list_workloads
 from modeswitch.dataset.workloads.conditions import drawn_requests
 from modeswitch.display import console, frame_table
-from modeswitch.engine.profiler.journal import recorded_plan
+from modeswitch.engine.profiler.journal import plan_beside, recorded_plan
 from modeswitch.engine.profiler.plan import profiled_leads
 from modeswitch.engine.quality_sweep import read_sweep
 from modeswitch.oracle.training_table import build_training_table, profiled_requests, table_meta
@@ -136,8 +136,4 @@ def _profiled_leads(journal: Path | None, first_profile: str) -> dict:
     """The profiled units' own lead requests from the profiler's journal (the one
     named, else the one beside the first profile where it is there; {}: prompts
     rebuilt from the rows)."""
-    if journal is None:
-        journal = Path(f"{first_profile}.journal.jsonl")
-        if not journal.is_file():
-            return {}
-    return profiled_leads(recorded_plan(journal))
+    return profiled_leads(plan_beside(first_profile) if journal is None else recorded_plan(journal))

@@ -26,7 +26,7 @@ from modeswitch.cli.common import (
 from modeswitch.dataset.errors import InputError
 from modeswitch.display import console, fmt, frame_table
 from modeswitch.engine.models.resolve import MODEL_HELP
-from modeswitch.engine.profiler.journal import recorded_plan
+from modeswitch.engine.profiler.journal import plan_beside, recorded_plan
 from modeswitch.oracle.external_table import read_training_table
 from modeswitch.oracle.training_table import table_meta
 from modeswitch.routers.scoring.run import ScoreConfig, score_routers
@@ -119,8 +119,5 @@ def _profile_plan(journal: Path | None, training) -> dict | None:
             source = table_meta(training).get("profile_source")
         except InputError:  # an external table (published cells): no profile of ours to replay
             return None
-        beside = Path(f"{source}.journal.jsonl") if source else None
-        if beside is None or not beside.is_file():
-            return None
-        journal = beside
+        return plan_beside(source) if source else None
     return recorded_plan(journal)

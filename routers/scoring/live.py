@@ -210,19 +210,6 @@ def _trial_clock(include_children: bool):
     return lambda: TrialClock(cpu)
 
 
-def check_replay(stream: list[Request], replay: dict) -> None:
-    """Refuse a plan of another profile: it would replay other requests under the table's
-    ids. Each replayed unit must be the row's family and arrival group size."""
-    for req in stream:
-        if req.id not in replay:
-            continue
-        members = replay[req.id][0]
-        if members[0].family != req.family or len(members) != max(1, int(req.concurrent_requests)):
-            raise InputError(f"live: the profile plan's unit {req.id!r} ({members[0].family}, "
-                             f"{len(members)} arriving together) is not the table's row ({req.family}, "
-                             f"{int(req.concurrent_requests)}): the plan is of another profile")
-
-
 def _measure(engine, group, prime, ignore_eos: bool, meter, clock):
     """One timed run of ``group`` (after its untimed prime): (generations, energy, clock)."""
     start_unit(engine, prime, ignore_eos)

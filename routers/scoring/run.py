@@ -20,7 +20,7 @@ from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.features import FEATURE_SET_C
 from modeswitch.engine.hardware import hardware_string, other_kinds, recorded_hardware
 from modeswitch.engine.models.resolve import resolve_models
-from modeswitch.engine.profiler.plan import profiled_units
+from modeswitch.engine.profiler.plan import check_plan, profiled_units
 from modeswitch.oracle.constraints import Constraints
 from modeswitch.oracle.training_table import frame_hash
 from modeswitch.routers.reference import FixedModeRouter, OracleRouter
@@ -39,7 +39,6 @@ from modeswitch.routers.scoring.coverage import (
 )
 from modeswitch.routers.scoring.frontier import frontier
 from modeswitch.routers.scoring.live import (
-    check_replay,
     run_live,
     score_live,
     stratified,
@@ -486,7 +485,7 @@ def score_live_step(s: Scoring, cfg: ScoreConfig, context: dict, say) -> LiveSco
     if not threads_from.startswith(("the profile's", "--live")):
         say(f"live: engine threads {threads}: {threads_from}")
     replay = {k: v for k, v in profiled_units(cfg.profile_plan).items() if k in {r.id for r in stream}}
-    check_replay(stream, replay)
+    check_plan(stream, {k: members[0] for k, (members, _) in replay.items()}, "live")
     if measured and cfg.profile_plan is None:
         say("live: no profile plan given: measured requests run with prompts rebuilt from the "
             "table's rows, which may differ from the profiled ones")
