@@ -14,7 +14,17 @@ are left out by default: their divergence is the reference's own floor, which th
 profile reports. The sweep's time and throughput (requests per second per mode) are
 part of its result.
 
-Resumable: every finished (mode, batch) is journalled (the profiler's
+Repeats (``repeats``): a request's verdict depends on its batch. On a CPU a batch of
+other shapes sums the same request's matrix products in another order, a greedy answer
+near a tie turns, the reference's or the mode's, and ROUGE-L jumps (1.0 to 0.3, not
+0.81 to 0.79). With ``repeats = k`` every mode runs every request k times, each repeat
+in batches of other companions (the family's requests shuffled), and the table keeps
+the worst repeat: a request is safe only where every batch judged it safe (accuracy: a
+lossy mode's worst repeat against the reference's best). Its
+``rouge_l_spread`` (best minus worst) and ``flipped`` (the repeats disagree on the
+quality rule's 0.8) say how often one pass would have decided otherwise.
+
+Resumable: every finished (mode, repeat, batch) is journalled (the profiler's
 :class:`~engine.profiler.journal.Journal`), and a rerun with the same settings continues.
 """
 
@@ -43,7 +53,10 @@ from modeswitch.engine.quality import rouge_l
 
 #: the sweep's columns, one row per (request, mode)
 COLUMNS = ("request_id", "family", "workload", "benchmark_suite", "mode", "reference_mode", "batch",
-           "output_tokens", "rouge_l_vs_baseline", "accuracy", "model", "backend", "hardware")
+           "output_tokens", "rouge_l_vs_baseline", "accuracy", "repeats", "rouge_l_spread", "flipped",
+           "model", "backend", "hardware")
+#: the ROUGE-L that ``flipped`` reads (the quality rule's default, ``Constraints.min_rouge_l``)
+FLIP_AT = 0.8
 
 
 @dataclass(frozen=True)
@@ -68,10 +81,15 @@ class SweepSpec:
     #: output, as the profiler and the live check do; ``batch_size`` then counts sequences
     #: (a group is never split). False: the request's own output alone
     arrival_groups: bool = False
+    #: passes over every request, each in batches of other companions; the table keeps
+    #: the worst (see the module's docstring)
+    repeats: int = 1
 
     def __post_init__(self):
         if self.batch_size < 1:
             raise InputError(f"batch size {self.batch_size}: at least 1")
+        if self.repeats < 1:
+            raise InputError(f"repeats {self.repeats}: at least 1")
         if not self.requests:
             raise InputError("the sweep has no requests")
         ids = [r.id for r in self.requests]
@@ -84,6 +102,8 @@ class SweepSpec:
         d = {**asdict(self), "requests": [r.to_dict() for r in self.requests]}
         if not self.arrival_groups:  # added later: sweeps journalled before it keep their identity
             d.pop("arrival_groups")
+        if self.repeats == 1:  # the same
+            d.pop("repeats")
         blob = json.dumps(d, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -91,15 +111,19 @@ class SweepSpec:
         """What runs for ``req``: its arrival group, or the request alone."""
         return arrival_group(req) if self.arrival_groups else [req]
 
-    def batches(self) -> list[list[Request]]:
+    def batches(self, repeat: int = 0) -> list[list[Request]]:
         """The requests in batches of ``batch_size`` sequences (a request's arrival group
         counts its members, and stays in one batch), each family's apart (one batch holds
-        prompts of one shape range, as the server's batches of one workload do)."""
+        prompts of one shape range, as the server's batches of one workload do). Repeat 0
+        keeps the requests' order; repeat r > 0 shuffles each family's (seeded by r), so a
+        request meets other companions."""
         out = []
         families: dict[str, list[Request]] = {}
         for r in self.requests:
             families.setdefault(r.family or r.workload or "", []).append(r)
         for reqs in families.values():
+            if repeat:
+                reqs = [reqs[i] for i in np.random.default_rng(repeat).permutation(len(reqs))]
             batch, size = [], 0
             for r in reqs:
                 n = len(self.group(r))
@@ -141,31 +165,32 @@ def run_sweep(spec: SweepSpec, output: Path, progress=None, log=print) -> tuple[
         log(f"skipped {m}: {why}")
     journal = Journal(output.with_name(output.name + ".journal.jsonl"), spec)
     try:
-        done = {(r["mode"], r["batch"]) for r in journal.rows}
-        batches = spec.batches()
+        done = {(r["mode"], r.get("repeat", 0), r["batch"]) for r in journal.rows}
+        passes = [(rep, k, b) for rep in range(spec.repeats) for k, b in enumerate(spec.batches(rep))]
         be = registry.get_backend(spec.backend)
         settings = _settings(spec)
-        task = progress.add_task("quality sweep", total=len(modes) * len(batches)) if progress else None
+        task = progress.add_task("quality sweep", total=len(modes) * len(passes)) if progress else None
         if progress:
             progress.update(task, completed=len(done))
         builder = None
         for mode in modes:
-            todo = [k for k in range(len(batches)) if (mode, k) not in done]
+            todo = [(rep, k, b) for rep, k, b in passes if (mode, rep, k) not in done]
             if not todo:
                 continue
             engine = be.load(mode, settings)
             try:
                 builder = builder or prompts.PromptBuilder(engine.tokenizer)
-                for k in todo:
+                for rep, k, batch in todo:
                     # every member of every request's group, with the request it belongs to
-                    members = [(lead.id, i, m) for lead in batches[k] for i, m in enumerate(spec.group(lead))]
+                    members = [(lead.id, i, m) for lead in batch for i, m in enumerate(spec.group(lead))]
                     group = [builder.prepare(m) for _, _, m in members]
                     # real text ends at the model's end of answer, as the profiler runs it
                     ignore_eos = not any(r.benchmark_suite or r.evaluation_mode for r, _ in group)
                     t0 = time.perf_counter()
                     gens = engine.run(group, ignore_eos=ignore_eos)
                     seconds = time.perf_counter() - t0
-                    journal.add({"mode": mode, "batch": k, "seconds": seconds, "requests": len(batches[k]),
+                    journal.add({"mode": mode, **({"repeat": rep} if rep else {}), "batch": k,
+                                 "seconds": seconds, "requests": len(batch),
                                  "outputs": [{"request_id": lead, "member": i, "text": g.text,
                                               "output_tokens": g.output_tokens, "reference": r.reference,
                                               "evaluation_mode": r.evaluation_mode}
@@ -185,26 +210,42 @@ def _results(spec: SweepSpec, rows: list[dict], reference: str) -> tuple[pd.Data
     """The per-(request, mode) table and the per-mode throughput, from the journal."""
     by_id = {r.id: r for r in spec.requests}
     batch_of = {r.id: k for k, b in enumerate(spec.batches()) for r in b}
-    outputs: dict[tuple[str, str], list[dict]] = {}
+    outputs: dict[tuple[str, str, int], list[dict]] = {}
     for row in rows:
         for o in row["outputs"]:
-            outputs.setdefault((o["request_id"], row["mode"]), []).append(o)
+            outputs.setdefault((o["request_id"], row["mode"], row.get("repeat", 0)), []).append(o)
     hardware = hardware_string(spec.device)
-    out = []
-    for (rid, mode), group in outputs.items():
+
+    def joined(group: list[dict]) -> str:
         # a group's output is its members' joined, as the profiler and the live check judge it
-        group = sorted(group, key=lambda o: o.get("member", 0))
-        text = "\n".join(o["text"] for o in group)
-        ref = outputs.get((rid, reference))
-        req = by_id[rid]
+        return "\n".join(o["text"] for o in sorted(group, key=lambda o: o.get("member", 0)))
+
+    per_repeat: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
+    for (rid, mode, rep), group in sorted(outputs.items(), key=lambda kv: kv[0][2]):
+        ref = outputs.get((rid, reference, rep))  # the reference in the same batch
         acc = [score_answer(o["text"], o["reference"], o["evaluation_mode"]) for o in group]
         acc = [a for a in acc if a is not None]
+        per_repeat.setdefault((rid, mode), []).append(
+            (rouge_l(joined(group), joined(ref)) if ref else float("nan"),
+             float(np.mean(acc)) if acc else float("nan"),
+             int(sum(o["output_tokens"] for o in group))))
+    out = []
+    for (rid, mode), reps in per_repeat.items():
+        req = by_id[rid]
+        rouge = np.array([r for r, _, _ in reps])
+        known = rouge[~np.isnan(rouge)]
+        acc = [a for _, a, _ in reps if not np.isnan(a)]
         out.append({"request_id": rid, "family": req.family, "workload": req.workload,
                     "benchmark_suite": req.benchmark_suite, "mode": mode, "reference_mode": reference,
-                    "batch": batch_of[rid], "output_tokens": int(sum(o["output_tokens"] for o in group)),
-                    "rouge_l_vs_baseline": (rouge_l(text, "\n".join(o["text"] for o in sorted(
-                        ref, key=lambda o: o.get("member", 0)))) if ref else float("nan")),
-                    "accuracy": float(np.mean(acc)) if acc else float("nan"),
+                    "batch": batch_of[rid], "output_tokens": reps[0][2],
+                    # the worst repeat: safe only where every batch judged it safe
+                    "rouge_l_vs_baseline": float(known.min()) if len(known) else float("nan"),
+                    # accuracy: a lossy mode's worst repeat, the reference's best (the drop the
+                    # rule reads is then the largest the repeats show)
+                    "accuracy": float((max if mode == reference else min)(acc)) if acc else float("nan"),
+                    "repeats": len(reps),
+                    "rouge_l_spread": float(known.max() - known.min()) if len(known) else float("nan"),
+                    "flipped": bool(len(known) and (known >= FLIP_AT).any() and (known < FLIP_AT).any()),
                     "model": spec.model, "backend": spec.backend, "hardware": hardware})
     frame = pd.DataFrame(out, columns=list(COLUMNS)).sort_values(["request_id", "mode"]).reset_index(drop=True)
     per = pd.DataFrame([{"mode": r["mode"], "requests": r.get("requests", len(r["outputs"])),

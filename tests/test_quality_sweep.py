@@ -115,7 +115,7 @@ def test_with_arrival_groups_a_request_is_judged_on_its_groups_output(tiny_model
     spec = dataclasses.replace(alone, arrival_groups=True)
     assert alone.identity() != spec.identity()
     # a sweep journalled before the option keeps its identity
-    old = json.dumps({**{k: v for k, v in dataclasses.asdict(alone).items() if k != "arrival_groups"},
+    old = json.dumps({**{k: v for k, v in dataclasses.asdict(alone).items() if k not in ("arrival_groups", "repeats")},
                       "requests": [r.to_dict() for r in alone.requests]}, sort_keys=True, default=str)
     import hashlib
 
@@ -134,3 +134,68 @@ def test_with_arrival_groups_a_request_is_judged_on_its_groups_output(tiny_model
     journal = [json.loads(line) for line in (tmp_path / "g.parquet.journal.jsonl").read_text().splitlines()[1:]]
     members = {(o["request_id"], o["member"]) for row in journal if "outputs" in row for o in row["outputs"]}
     assert {(rid, 2) for rid in grouped} <= members
+
+
+def _journal_row(mode, repeat, texts, reference="42"):
+    return {"mode": mode, "repeat": repeat, "batch": 0, "seconds": 1.0, "requests": len(texts),
+            "outputs": [{"request_id": rid, "member": 0, "text": t, "output_tokens": 3, "reference": reference,
+                         "evaluation_mode": "final_answer_exact_match"} for rid, t in texts.items()]}
+
+
+def test_with_repeats_a_request_is_safe_only_where_every_batch_judged_it_safe():
+    """A batch of other shapes turns a greedy answer near a tie (measured on SmolLM2: 3.5 %
+    of verdicts at concurrency 1 changed with the batch). The table keeps the worst repeat,
+    and says where the repeats disagree."""
+    from modeswitch.engine.quality_sweep import _results
+
+    reqs = drawn_requests(FAMILIES[:1], 2, seed=1, length_scale=0.25)
+    spec = SweepSpec(model="m", requests=tuple(reqs), modes=(REF, "int8_quant"), repeats=2)
+    a, b = (r.id for r in reqs)
+    same = "the answer is 42 and nothing else"
+    rows = [_journal_row(REF, 0, {a: same, b: same}),
+            _journal_row("int8_quant", 0, {a: same, b: same}),  # pass 0: both answers as the reference's
+            _journal_row(REF, 1, {a: "so it is 41", b: same}),   # pass 1: the reference turned on a
+            _journal_row("int8_quant", 1, {a: same, b: same})]
+    frame, throughput = _results(spec, rows, REF)
+    got = frame.set_index(["request_id", "mode"])
+    assert (got["repeats"] == 2).all()
+    assert got.loc[(b, "int8_quant"), "rouge_l_vs_baseline"] == 1.0 and not got.loc[(b, "int8_quant"), "flipped"]
+    worst = got.loc[(a, "int8_quant")]
+    assert worst["rouge_l_vs_baseline"] < 0.5 and worst["flipped"]
+    assert worst["rouge_l_spread"] == pytest.approx(1.0 - worst["rouge_l_vs_baseline"])
+    # accuracy: the reference's best pass (right once), the mode's worst (right both times)
+    assert got.loc[(a, REF), "accuracy"] == 1.0 and worst["accuracy"] == 1.0
+    assert (throughput["requests"] == 4).all()  # every pass counts in the throughput
+
+
+def test_each_repeat_meets_other_companions_and_one_repeat_keeps_the_old_identity(tiny_models, tmp_path):
+    reqs = drawn_requests(FAMILIES, 4, seed=1, length_scale=0.25)
+    once = sweep_spec(tiny_models, requests=tuple(reqs))
+    twice = dataclasses.replace(once, repeats=2)
+    assert once.identity() != twice.identity()
+    old = json.dumps({**{k: v for k, v in dataclasses.asdict(once).items() if k not in ("arrival_groups", "repeats")},
+                      "requests": [r.to_dict() for r in once.requests]}, sort_keys=True, default=str)
+    import hashlib
+
+    assert once.identity() == hashlib.sha256(old.encode()).hexdigest()[:16]
+    with pytest.raises(InputError, match="repeats 0"):
+        dataclasses.replace(once, repeats=0)
+    many = dataclasses.replace(twice, requests=tuple(drawn_requests(FAMILIES, 8, seed=1, length_scale=0.25)))
+    first, second = ([[r.id for r in b] for b in many.batches(k)] for k in (0, 1))
+    assert sorted(sum(first, [])) == sorted(sum(second, []))  # every request in every pass
+    assert {frozenset(b) for b in first} != {frozenset(b) for b in second}
+    for batch in second:  # a pass's batches still hold one family each
+        assert len({r.split("-")[1] for r in batch}) == 1
+    frame, throughput = run_sweep(twice, tmp_path / "r.parquet", log=lambda *a: None)
+    assert len(frame) == len(reqs) * 2 and (frame["repeats"] == 2).all()
+    assert (throughput["requests"] == 2 * len(reqs)).all()
+    journal = tmp_path / "r.parquet.journal.jsonl"
+    rows = [json.loads(line) for line in journal.read_text().splitlines()[1:]]
+    assert {r.get("repeat", 0) for r in rows} == {0, 1}
+    # resuming after a lost repeat-1 batch runs that batch alone
+    (tmp_path / "r.parquet").unlink()
+    lines = journal.read_text().splitlines()
+    journal.write_text("\n".join(lines[:-1]) + "\n")
+    again, _ = run_sweep(twice, tmp_path / "r.parquet", log=lambda *a: None)
+    assert len(journal.read_text().splitlines()) == len(lines)
+    pd.testing.assert_frame_equal(again.drop(columns="hardware"), frame.drop(columns="hardware"))

@@ -212,6 +212,11 @@ def test_the_shipped_study_file_is_valid():
     # its sweep judges a request's arrival group, as the profile and the live check do
     assert request.sweep_arrival_groups and not StudyConfig().sweep_arrival_groups
     assert StudyConfig(sweep_arrival_groups=False).identity() == StudyConfig().identity()
+    # so are repeated sweeps (one pass: the identity studies began with)
+    assert StudyConfig(sweep_repeats=1).identity() == StudyConfig().identity()
+    assert StudyConfig(sweep_repeats=2).identity() != StudyConfig().identity()
+    with pytest.raises(ValueError, match="sweep_repeats"):
+        StudyConfig(sweep_repeats=0)
     # its cost routers' fixed parameters come from [train.router_params.<family>]
     assert request.router_params["cost_lgbm"]["risk_score"] == "margin"
     # and Optuna ranks trials by the capture the report gives, not mean regret

@@ -125,6 +125,9 @@ def test_a_sweep_of_arrival_groups_is_another_measurement_and_an_older_archive_s
     groups = alone.replace(sweep_arrival_groups=True)
     assert measured_with(groups, "quality") != measured_with(alone, "quality")
     assert measured_with(groups, "profile") == measured_with(alone, "profile")
+    twice = groups.replace(sweep_repeats=2)  # a sweep with more passes is yet another
+    assert measured_with(twice, "quality") != measured_with(groups, "quality")
+    assert measured_with(groups.replace(sweep_repeats=1), "quality") == measured_with(groups, "quality")
     # off, the hash is the one archives were matched on before the option existed
     import hashlib
 

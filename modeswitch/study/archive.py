@@ -51,6 +51,8 @@ def measured_with(cfg: StudyConfig, step: str) -> str:
         keys += ["drawn_requests", "swept_per_family"]
         if cfg.sweep_arrival_groups:  # added later: archives swept before it still match without it
             keys.append("sweep_arrival_groups")
+        if cfg.sweep_repeats != 1:  # the same
+            keys.append("sweep_repeats")
     picked = {k: d[k] for k in keys}
     picked["conditions"] = cfg.condition_draw().to_dict()  # the draw itself: defaults written out or not
     return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()[:16]

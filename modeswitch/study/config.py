@@ -40,7 +40,7 @@ TABLES = {
     "model": ("model", "draft_model", "backend", "device"),
     "profile": ("families", "modes", "requests_per_family", "trials", "max_remeasure",
                 "length_scale", "interleave", "threads"),
-    "dataset": ("drawn_requests", "swept_per_family", "sweep_arrival_groups", "confidence"),
+    "dataset": ("drawn_requests", "swept_per_family", "sweep_arrival_groups", "sweep_repeats", "confidence"),
     "train": ("splits", "routers", "tuning_trials", "feature_set", "labels", "test_size",
               "target_violation_rate", "certificate", "router_params", "tuning_objective", "lofo_tuning",
               "workers"),
@@ -48,7 +48,7 @@ TABLES = {
 }
 #: fields added after studies had begun, left out of the identity at their default
 LATER_FIELDS = {"target_violation_rate": 0.01, "certificate": "pooled", "swept_per_family": 0,
-                "sweep_arrival_groups": False,
+                "sweep_arrival_groups": False, "sweep_repeats": 1,
                 "confidence": False, "router_params": {}, "tuning_objective": "regret",
                 # studies before it tuned leave-one-family-out once, on every row
                 "lofo_tuning": "pooled", "workers": 1}
@@ -89,6 +89,9 @@ class StudyConfig:
     #: the sweep runs each request with the companions that arrive with it and judges the
     #: group's joined output, as the profile and the live check do (engine.quality_sweep)
     sweep_arrival_groups: bool = False
+    #: passes of the sweep over every request, each in batches of other companions; a
+    #: request is safe only where every pass judged it so (engine.quality_sweep)
+    sweep_repeats: int = 1
     #: the dataset step also reads the reference model's confidence at each prompt's end
     #: (one prefill per prompt), which the per-request quality-risk model reads
     confidence: bool = False
@@ -128,7 +131,8 @@ class StudyConfig:
             raise ValueError(f"train.splits: unknown split(s) {', '.join(bad)}; choose from {', '.join(SPLITS)}")
         # every number finite, in range and within what this machine can hold, before any
         # step starts (length_scale = inf or requests_per_family = 1e20 failed in the profile)
-        for name in ("requests_per_family", "trials", "live_trials", "tuning_trials", "decisions", "workers"):
+        for name in ("requests_per_family", "trials", "live_trials", "tuning_trials", "decisions", "workers",
+                     "sweep_repeats"):
             count(name, getattr(self, name))
         for name in ("max_remeasure", "drawn_requests", "live_per_family", "swept_per_family"):
             count(name, getattr(self, name), minimum=0)

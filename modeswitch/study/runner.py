@@ -427,7 +427,7 @@ class Study:
         spec = SweepSpec(model=str(target), requests=tuple(swept),
                          draft_model=str(draft) if draft else None, backend=c.backend, device=c.device,
                          modes=tuple(c.modes) if c.modes else None, threads=c.threads,
-                         arrival_groups=c.sweep_arrival_groups)
+                         arrival_groups=c.sweep_arrival_groups, repeats=c.sweep_repeats)
         t0 = time.perf_counter()
         frame, throughput = run_sweep(spec, path, log=self.log)
         seconds = time.perf_counter() - t0
@@ -436,7 +436,12 @@ class Study:
         self.log(f"quality sweep: {frame['request_id'].nunique()} requests x {frame['mode'].nunique()} modes "
                  f"in {seconds / 60:.1f} min; requests/s per mode "
                  + ", ".join(f"{r.mode} {r.requests_per_s:.2f}" for r in throughput.itertuples()))
+        lossy = frame[frame["mode"] != frame["reference_mode"]]
+        if c.sweep_repeats > 1 and not lossy.empty:
+            self.log(f"quality sweep: the {c.sweep_repeats} repeats disagree on the quality rule for "
+                     f"{lossy['flipped'].mean():.1%} of (request, lossy mode) pairs")
         return {"sweep": str(path), "requests": int(frame["request_id"].nunique()),
+                **({"flipped": float(lossy["flipped"].mean())} if c.sweep_repeats > 1 and not lossy.empty else {}),
                 "requests_per_s": {r.mode: float(r.requests_per_s) for r in throughput.itertuples()}}
 
     def _step_dataset(self) -> dict:
