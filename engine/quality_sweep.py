@@ -20,9 +20,12 @@ near a tie turns, the reference's or the mode's, and ROUGE-L jumps (1.0 to 0.3, 
 0.81 to 0.79). With ``repeats = k`` every mode runs every request k times, each repeat
 in batches of other companions (the family's requests shuffled), and the table keeps
 the worst repeat: a request is safe only where every batch judged it safe (accuracy: a
-lossy mode's worst repeat against the reference's best). Its
-``rouge_l_spread`` (best minus worst) and ``flipped`` (the repeats disagree on the
-quality rule's 0.8) say how often one pass would have decided otherwise.
+lossy mode's worst repeat against the reference's best). A family's mean, which the
+family rule judges, is then a mean of worst passes: stricter than one pass's, and the
+more so the more passes. A family that fits in one batch meets no other companions,
+only another order. Its
+``rouge_l_spread`` (best minus worst) and ``flipped`` (the repeats disagree on ROUGE-L
+>= 0.8, :data:`FLIP_AT`) say how often one pass would have decided otherwise.
 
 Resumable: every finished (mode, repeat, batch) is journalled (the profiler's
 :class:`~engine.profiler.journal.Journal`), and a rerun with the same settings continues.
@@ -55,7 +58,8 @@ from modeswitch.engine.quality import rouge_l
 COLUMNS = ("request_id", "family", "workload", "benchmark_suite", "mode", "reference_mode", "batch",
            "output_tokens", "rouge_l_vs_baseline", "accuracy", "repeats", "rouge_l_spread", "flipped",
            "model", "backend", "hardware")
-#: the ROUGE-L that ``flipped`` reads (the quality rule's default, ``Constraints.min_rouge_l``)
+#: the ROUGE-L that ``flipped`` reads: fixed at the quality rule's default
+#: (``oracle.Constraints.min_rouge_vs_baseline``), whatever a study sets; accuracy not read
 FLIP_AT = 0.8
 
 
@@ -167,6 +171,7 @@ def run_sweep(spec: SweepSpec, output: Path, progress=None, log=print) -> tuple[
     try:
         done = {(r["mode"], r.get("repeat", 0), r["batch"]) for r in journal.rows}
         passes = [(rep, k, b) for rep in range(spec.repeats) for k, b in enumerate(spec.batches(rep))]
+        _check_batches(journal, passes)
         be = registry.get_backend(spec.backend)
         settings = _settings(spec)
         task = progress.add_task("quality sweep", total=len(modes) * len(passes)) if progress else None
@@ -206,6 +211,20 @@ def run_sweep(spec: SweepSpec, output: Path, progress=None, log=print) -> tuple[
         journal.close()
 
 
+def _check_batches(journal: Journal, passes: list) -> None:
+    """Every journalled batch holds the requests this sweep plans for it. A pass's batches
+    come from a seeded shuffle; another numpy could draw them otherwise, and a resumed
+    sweep would then run some requests twice and others never."""
+    planned = {(rep, k): {r.id for r in b} for rep, k, b in passes}
+    for i, row in enumerate(journal.rows):
+        key = (row.get("repeat", 0), row["batch"])
+        got = {o["request_id"] for o in row["outputs"]}
+        if planned.get(key) != got:
+            raise InputFileError(journal.path, i, "outputs",
+                                 f"pass {key[0]}, batch {key[1]} ({row['mode']}) holds other requests than this "
+                                 "sweep plans for it (its batches were drawn otherwise); start a new sweep")
+
+
 def _results(spec: SweepSpec, rows: list[dict], reference: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The per-(request, mode) table and the per-mode throughput, from the journal."""
     by_id = {r.id: r for r in spec.requests}
@@ -237,13 +256,14 @@ def _results(spec: SweepSpec, rows: list[dict], reference: str) -> tuple[pd.Data
         acc = [a for _, a, _ in reps if not np.isnan(a)]
         out.append({"request_id": rid, "family": req.family, "workload": req.workload,
                     "benchmark_suite": req.benchmark_suite, "mode": mode, "reference_mode": reference,
+                    # batch and length: the first pass's (what a one-pass sweep records)
                     "batch": batch_of[rid], "output_tokens": reps[0][2],
                     # the worst repeat: safe only where every batch judged it safe
                     "rouge_l_vs_baseline": float(known.min()) if len(known) else float("nan"),
                     # accuracy: a lossy mode's worst repeat, the reference's best (the drop the
                     # rule reads is then the largest the repeats show)
                     "accuracy": float((max if mode == reference else min)(acc)) if acc else float("nan"),
-                    "repeats": len(reps),
+                    "repeats": len(known),  # passes judged (a pass without the reference is not)
                     "rouge_l_spread": float(known.max() - known.min()) if len(known) else float("nan"),
                     "flipped": bool(len(known) and (known >= FLIP_AT).any() and (known < FLIP_AT).any()),
                     "model": spec.model, "backend": spec.backend, "hardware": hardware})

@@ -152,20 +152,23 @@ def test_with_repeats_a_request_is_safe_only_where_every_batch_judged_it_safe():
     spec = SweepSpec(model="m", requests=tuple(reqs), modes=(REF, "int8_quant"), repeats=2)
     a, b = (r.id for r in reqs)
     same = "the answer is 42 and nothing else"
+    wrong = "so it is 41"
     rows = [_journal_row(REF, 0, {a: same, b: same}),
-            _journal_row("int8_quant", 0, {a: same, b: same}),  # pass 0: both answers as the reference's
-            _journal_row(REF, 1, {a: "so it is 41", b: same}),   # pass 1: the reference turned on a
-            _journal_row("int8_quant", 1, {a: same, b: same})]
+            _journal_row("int8_quant", 0, {a: same, b: wrong}),  # pass 0: a as the reference's, b turned
+            _journal_row(REF, 1, {a: wrong}),                     # pass 1: the reference turned on a,
+            _journal_row("int8_quant", 1, {a: same, b: same})]   # and b's reference was lost
     frame, throughput = _results(spec, rows, REF)
     got = frame.set_index(["request_id", "mode"])
-    assert (got["repeats"] == 2).all()
-    assert got.loc[(b, "int8_quant"), "rouge_l_vs_baseline"] == 1.0 and not got.loc[(b, "int8_quant"), "flipped"]
     worst = got.loc[(a, "int8_quant")]
-    assert worst["rouge_l_vs_baseline"] < 0.5 and worst["flipped"]
+    assert worst["repeats"] == 2 and worst["rouge_l_vs_baseline"] < 0.5 and worst["flipped"]
     assert worst["rouge_l_spread"] == pytest.approx(1.0 - worst["rouge_l_vs_baseline"])
     # accuracy: the reference's best pass (right once), the mode's worst (right both times)
     assert got.loc[(a, REF), "accuracy"] == 1.0 and worst["accuracy"] == 1.0
-    assert (throughput["requests"] == 4).all()  # every pass counts in the throughput
+    # b: judged in pass 0 only (no reference in pass 1), yet its wrong answer there counts
+    lone = got.loc[(b, "int8_quant")]
+    assert lone["repeats"] == 1 and lone["rouge_l_vs_baseline"] < 0.5 and lone["rouge_l_spread"] == 0
+    assert not lone["flipped"] and lone["accuracy"] == 0.0
+    assert (throughput["requests"] == [3, 4]).all()  # every pass counts in the throughput
 
 
 def test_each_repeat_meets_other_companions_and_one_repeat_keeps_the_old_identity(tiny_models, tmp_path):
@@ -199,3 +202,10 @@ def test_each_repeat_meets_other_companions_and_one_repeat_keeps_the_old_identit
     again, _ = run_sweep(twice, tmp_path / "r.parquet", log=lambda *a: None)
     assert len(journal.read_text().splitlines()) == len(lines)
     pd.testing.assert_frame_equal(again.drop(columns="hardware"), frame.drop(columns="hardware"))
+    # a journal whose batch holds other requests than planned (batches drawn otherwise) is refused
+    (tmp_path / "r.parquet").unlink()
+    row = json.loads(lines[-1])
+    row["outputs"] = row["outputs"][:-1]
+    journal.write_text("\n".join([*lines[:-1], json.dumps(row)]) + "\n")
+    with pytest.raises(InputFileError, match=f"row {len(lines) - 2}.*other requests"):
+        run_sweep(twice, tmp_path / "r.parquet", log=lambda *a: None)

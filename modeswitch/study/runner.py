@@ -54,7 +54,7 @@ from modeswitch.engine.distributed import make_profiler
 from modeswitch.engine.hardware import hardware_string, other_kinds, recorded_hardware
 from modeswitch.engine.profiler import ProfileSpec
 from modeswitch.engine.profiler.plan import profiled_leads
-from modeswitch.engine.quality_sweep import SweepSpec, read_sweep, run_sweep
+from modeswitch.engine.quality_sweep import FLIP_AT, SweepSpec, read_sweep, run_sweep
 from modeswitch.oracle import label_profile
 from modeswitch.oracle.costmodel import CostModel, enough_requests, fit_validated
 from modeswitch.oracle.training_table import build_training_table, profiled_requests
@@ -438,7 +438,7 @@ class Study:
                  + ", ".join(f"{r.mode} {r.requests_per_s:.2f}" for r in throughput.itertuples()))
         lossy = frame[frame["mode"] != frame["reference_mode"]]
         if c.sweep_repeats > 1 and not lossy.empty:
-            self.log(f"quality sweep: the {c.sweep_repeats} repeats disagree on the quality rule for "
+            self.log(f"quality sweep: the {c.sweep_repeats} repeats disagree on ROUGE-L >= {FLIP_AT} for "
                      f"{lossy['flipped'].mean():.1%} of (request, lossy mode) pairs")
         return {"sweep": str(path), "requests": int(frame["request_id"].nunique()),
                 **({"flipped": float(lossy["flipped"].mean())} if c.sweep_repeats > 1 and not lossy.empty else {}),
