@@ -143,7 +143,7 @@ def _journal_row(mode, repeat, texts, reference="42"):
 
 
 def test_with_repeats_a_request_is_safe_only_where_every_batch_judged_it_safe():
-    """A batch of other shapes turns a greedy answer near a tie (measured on SmolLM2: 3.5 %
+    """A batch of other shapes turns a greedy answer near a tie (measured on SmolLM2: 4.4 %
     of verdicts at concurrency 1 changed with the batch). The table keeps the worst repeat,
     and says where the repeats disagree."""
     from modeswitch.engine.quality_sweep import _results
