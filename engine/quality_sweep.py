@@ -23,12 +23,16 @@ the worst repeat: a request is safe only where every batch judged it safe (accur
 lossy mode's worst repeat against the reference's best). A family's mean, which the
 family rule judges, is then a mean of worst passes: stricter than one pass's, and the
 more so the more passes. A family that fits in one batch meets no other companions,
-only another order. Its
-``rouge_l_spread`` (best minus worst) and ``flipped`` (the repeats disagree on ROUGE-L
->= 0.8, :data:`FLIP_AT`) say how often one pass would have decided otherwise.
+only another order. ``rouge_l_spread`` (best minus worst) and ``flipped`` (the repeats
+disagree on ROUGE-L >= 0.8, :data:`FLIP_AT`) say how often one pass would have decided
+otherwise.
 
 Resumable: every finished (mode, repeat, batch) is journalled (the profiler's
 :class:`~engine.profiler.journal.Journal`), and a rerun with the same settings continues.
+The number of passes is not part of the journal's identity: pass r plans the same
+batches whatever the count, so a sweep with more passes continues one with fewer (a
+finished 3-hour sweep gains a second pass without running the first again), and one
+with fewer reads the first passes of a longer journal.
 """
 
 from __future__ import annotations
@@ -106,8 +110,9 @@ class SweepSpec:
         d = {**asdict(self), "requests": [r.to_dict() for r in self.requests]}
         if not self.arrival_groups:  # added later: sweeps journalled before it keep their identity
             d.pop("arrival_groups")
-        if self.repeats == 1:  # the same
-            d.pop("repeats")
+        # every journal row says its pass, and pass r's batches do not depend on the count:
+        # more passes continue a journal of fewer (and sweeps before repeats keep their identity)
+        d.pop("repeats")
         blob = json.dumps(d, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -169,9 +174,10 @@ def run_sweep(spec: SweepSpec, output: Path, progress=None, log=print) -> tuple[
         log(f"skipped {m}: {why}")
     journal = Journal(output.with_name(output.name + ".journal.jsonl"), spec)
     try:
-        done = {(r["mode"], r.get("repeat", 0), r["batch"]) for r in journal.rows}
+        rows = _planned_rows(journal.rows, spec)
+        done = {(r["mode"], r.get("repeat", 0), r["batch"]) for r in rows}
         passes = [(rep, k, b) for rep in range(spec.repeats) for k, b in enumerate(spec.batches(rep))]
-        _check_batches(journal, passes)
+        _check_batches(journal.path, journal.rows, passes)
         be = registry.get_backend(spec.backend)
         settings = _settings(spec)
         task = progress.add_task("quality sweep", total=len(modes) * len(passes)) if progress else None
@@ -194,33 +200,43 @@ def run_sweep(spec: SweepSpec, output: Path, progress=None, log=print) -> tuple[
                     t0 = time.perf_counter()
                     gens = engine.run(group, ignore_eos=ignore_eos)
                     seconds = time.perf_counter() - t0
-                    journal.add({"mode": mode, **({"repeat": rep} if rep else {}), "batch": k,
+                    rows.append({"mode": mode, **({"repeat": rep} if rep else {}), "batch": k,
                                  "seconds": seconds, "requests": len(batch),
                                  "outputs": [{"request_id": lead, "member": i, "text": g.text,
                                               "output_tokens": g.output_tokens, "reference": r.reference,
                                               "evaluation_mode": r.evaluation_mode}
                                              for (lead, i, _), (r, _), g in zip(members, group, gens)]})
+                    journal.add(rows[-1])
                     if progress:
                         progress.update(task, advance=1, description=f"quality sweep: {mode}")
             finally:
                 engine.close()
-        frame, throughput = _results(spec, journal.rows, modes[0])
+        frame, throughput = _results(spec, rows, modes[0])
         write_parquet(frame, output)
         return frame, throughput
     finally:
         journal.close()
 
 
-def _check_batches(journal: Journal, passes: list) -> None:
+def _planned_rows(rows: list[dict], spec: SweepSpec) -> list[dict]:
+    """The journal's rows of this sweep's passes: a sweep with fewer passes than its
+    journal holds reads the first ones (the table of a one-pass sweep stays one pass's)."""
+    return [r for r in rows if r.get("repeat", 0) < spec.repeats]
+
+
+def _check_batches(path: Path, rows: list[dict], passes: list) -> None:
     """Every journalled batch holds the requests this sweep plans for it. A pass's batches
     come from a seeded shuffle; another numpy could draw them otherwise, and a resumed
     sweep would then run some requests twice and others never."""
     planned = {(rep, k): {r.id for r in b} for rep, k, b in passes}
-    for i, row in enumerate(journal.rows):
+    reps = {rep for rep, _, _ in passes}
+    for i, row in enumerate(rows):
         key = (row.get("repeat", 0), row["batch"])
+        if key[0] not in reps:  # a later pass than this sweep runs: not read
+            continue
         got = {o["request_id"] for o in row["outputs"]}
         if planned.get(key) != got:
-            raise InputFileError(journal.path, i, "outputs",
+            raise InputFileError(path, i, "outputs",
                                  f"pass {key[0]}, batch {key[1]} ({row['mode']}) holds other requests than this "
                                  "sweep plans for it (its batches were drawn otherwise); start a new sweep")
 
@@ -272,6 +288,20 @@ def _results(spec: SweepSpec, rows: list[dict], reference: str) -> tuple[pd.Data
                          "seconds": r["seconds"]} for r in rows]).groupby("mode")[["requests", "seconds"]].sum()
     per["requests_per_s"] = per["requests"] / per["seconds"]
     return frame, per.reset_index()
+
+
+def flipped_share(frame: pd.DataFrame) -> float:
+    """The share of (request, lossy mode) pairs whose passes disagree on ROUGE-L >=
+    :data:`FLIP_AT` (NaN for a sweep without lossy rows): how often one pass would have
+    judged otherwise."""
+    lossy = frame[frame["mode"] != frame["reference_mode"]]
+    return float(lossy["flipped"].mean()) if len(lossy) else float("nan")
+
+
+def sweep_passes(frame: pd.DataFrame) -> int:
+    """How many passes a sweep's table judged (its ``repeats``; 1 for a table written
+    before repeats)."""
+    return int(frame["repeats"].max()) if "repeats" in frame.columns and frame["repeats"].notna().any() else 1
 
 
 def read_sweep(path) -> pd.DataFrame:

@@ -171,11 +171,11 @@ def test_with_repeats_a_request_is_safe_only_where_every_batch_judged_it_safe():
     assert (throughput["requests"] == [3, 4]).all()  # every pass counts in the throughput
 
 
-def test_each_repeat_meets_other_companions_and_one_repeat_keeps_the_old_identity(tiny_models, tmp_path):
+def test_each_repeat_meets_other_companions_and_more_repeats_continue_the_journal(tiny_models, tmp_path):
     reqs = drawn_requests(FAMILIES, 4, seed=1, length_scale=0.25)
     once = sweep_spec(tiny_models, requests=tuple(reqs))
     twice = dataclasses.replace(once, repeats=2)
-    assert once.identity() != twice.identity()
+    assert once.identity() == twice.identity()  # the count of passes is not the journal's identity
     old = json.dumps({**{k: v for k, v in dataclasses.asdict(once).items() if k not in ("arrival_groups", "repeats")},
                       "requests": [r.to_dict() for r in once.requests]}, sort_keys=True, default=str)
     import hashlib
@@ -189,12 +189,24 @@ def test_each_repeat_meets_other_companions_and_one_repeat_keeps_the_old_identit
     assert {frozenset(b) for b in first} != {frozenset(b) for b in second}
     for batch in second:  # a pass's batches still hold one family each
         assert len({r.split("-")[1] for r in batch}) == 1
+    # one pass, then a second continuing its journal: the first pass's rows are kept, not run again
+    first_frame, _ = run_sweep(once, tmp_path / "r.parquet", log=lambda *a: None)
+    journal = tmp_path / "r.parquet.journal.jsonl"
+    one_pass = journal.read_text().splitlines()
+    assert (first_frame["repeats"] == 1).all()
+    (tmp_path / "r.parquet").rename(tmp_path / "one.parquet")
     frame, throughput = run_sweep(twice, tmp_path / "r.parquet", log=lambda *a: None)
+    assert journal.read_text().splitlines()[:len(one_pass)] == one_pass
     assert len(frame) == len(reqs) * 2 and (frame["repeats"] == 2).all()
     assert (throughput["requests"] == 2 * len(reqs)).all()
-    journal = tmp_path / "r.parquet.journal.jsonl"
     rows = [json.loads(line) for line in journal.read_text().splitlines()[1:]]
     assert {r.get("repeat", 0) for r in rows} == {0, 1}
+    assert len(rows) == 2 * (len(one_pass) - 1)  # each pass: every (mode, batch) once
+    # and a one-pass sweep reads the first pass of the two-pass journal: the same table as before
+    (tmp_path / "r.parquet").rename(tmp_path / "two.parquet")
+    again_once, _ = run_sweep(once, tmp_path / "r.parquet", log=lambda *a: None)
+    pd.testing.assert_frame_equal(again_once.drop(columns="hardware"), first_frame.drop(columns="hardware"))
+    assert len(journal.read_text().splitlines()) == 1 + len(rows)  # nothing ran
     # resuming after a lost repeat-1 batch runs that batch alone
     (tmp_path / "r.parquet").unlink()
     lines = journal.read_text().splitlines()

@@ -1,6 +1,7 @@
 """The study end to end on a tiny config (two families, two modes, one trial), through
 the CLI as `make study` runs it; then resumed, and refused with other settings."""
 
+import dataclasses
 import json
 import time
 
@@ -287,6 +288,17 @@ def test_the_quality_step_sweeps_drawn_requests_for_the_dataset(tiny_models, tmp
     assert set(sweep["request_id"]) == {r.id for r in swept} and set(sweep["mode"]) == {"fp16_baseline", "int8_quant"}
     assert set(got["requests_per_s"]) == {"fp16_baseline", "int8_quant"}
     assert (tmp_path / "q" / "quality_sweep_throughput.csv").exists()
+    assert study._step_quality()["requests"] == len(swept)  # finished: taken as it is
+    # a second pass (sweep_repeats raised, --redo quality): the journal continues, the
+    # one-pass table is kept aside
+    journal = tmp_path / "q" / "quality_sweep.parquet.journal.jsonl"
+    one_pass = journal.read_text().splitlines()
+    twice = Study(dataclasses.replace(cfg, sweep_repeats=2), log=lambda m: None)
+    got = twice._step_quality()
+    assert journal.read_text().splitlines()[:len(one_pass)] == one_pass
+    assert len(journal.read_text().splitlines()) == 2 * len(one_pass) - 1
+    assert (read_sweep(got["sweep"])["repeats"] == 2).all() and "flipped" in got
+    assert len(list((tmp_path / "q").glob("quality_sweep.parquet.previous-*"))) == 1
 
 
 def test_other_train_settings_are_taken_in_the_same_folder_only_with_a_redo(tmp_path):
@@ -325,6 +337,34 @@ def test_other_train_settings_are_taken_in_the_same_folder_only_with_a_redo(tmp_
     scored = Study(StudyConfig(output=out, certificate="family-cross-fit", decisions=10), log=lambda m: None,
                    redo=["score"])
     assert scored.state["settings_history"][-1]["changed"]["decisions"][1] == 10
+
+
+def test_more_sweep_passes_are_taken_in_the_same_folder_with_a_redo_of_the_quality_step(tmp_path):
+    """A researcher who wants labels that hold in any batch raises sweep_repeats after the
+    sweep: --redo quality takes it in the study's folder (the sweep's journal continues),
+    anything less is refused; a study without a sweep ignores the setting."""
+    from modeswitch.study import Study
+
+    out = str(tmp_path / "s")
+    swept = StudyConfig(output=out, swept_per_family=2)
+    study = Study(swept, log=lambda m: None)
+    for step in study.steps():
+        study.state["steps"][step] = {"seconds": 1.0, "outputs": {}, "finished": "t"}
+    study._save_state()
+    twice = dataclasses.replace(swept, sweep_repeats=2)
+    with pytest.raises(Exception, match=r"sweep_repeats: 1 -> 2\); run again with --redo quality to sweep the new"):
+        Study(twice, log=lambda m: None)
+    with pytest.raises(Exception, match="--redo quality"):
+        Study(twice, log=lambda m: None, redo=["train"])
+    taken = Study(twice, log=lambda m: None, redo=["quality"])
+    taken.forget("quality")
+    assert list(taken.state["steps"]) == ["model", "profile", "memory", "costmodel", "labels"]
+    assert taken.state["settings_history"][-1]["changed"]["sweep_repeats"] == (1, 2)
+    # no sweep: the passes change nothing
+    bare = Study(StudyConfig(output=str(tmp_path / "b")), log=lambda m: None)
+    bare._save_state()
+    assert Study(StudyConfig(output=str(tmp_path / "b"), sweep_repeats=2), log=lambda m: None).state["identity"] \
+        == StudyConfig(output=str(tmp_path / "b"), sweep_repeats=2).identity()
 
 
 def test_the_live_target_line_names_labels_measured_on_another_kind_of_machine():

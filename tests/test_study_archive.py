@@ -59,6 +59,11 @@ def test_measurements_taken_with_other_settings_are_refused_and_nothing_is_writt
         resampled.seed_from(tmp_path / "archive")
     unswept = Study(cfg.replace(output=str(tmp_path / "e"), swept_per_family=0), log=lambda *_: None)
     assert unswept.seed_from(tmp_path / "archive") == ["profile", "costmodel", "memory"]
+    # more passes than the archive's one: its measurements are taken, the sweep is the study's own
+    said = []
+    twice = Study(cfg.replace(output=str(tmp_path / "g"), sweep_repeats=2), log=said.append)
+    assert twice.seed_from(tmp_path / "archive") == ["profile", "costmodel", "memory"]
+    assert not (twice.out / "quality_sweep.parquet").exists() and any("sweeps its own" in m for m in said)
     (tmp_path / "f").mkdir()
     (tmp_path / "f" / "profile.parquet").write_text("mine")
     with pytest.raises(InputError, match="exists already"):

@@ -35,6 +35,17 @@ def recorded_plan(path) -> dict:
     return header["spec"]
 
 
+def journal_identity(path) -> str | None:
+    """The identity a run's journal records in its first line, or None where there is no
+    readable journal: whether a rerun with some settings would continue it."""
+    try:
+        with open(path) as fh:
+            header = json.loads(fh.readline())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return header.get("identity") if isinstance(header, dict) else None
+
+
 def plan_beside(profile) -> dict | None:
     """The plan recorded in the journal beside ``profile`` (``<profile>.journal.jsonl``),
     or None where there is none: what a measured request's prompt is rebuilt from by default."""

@@ -25,7 +25,7 @@ from modeswitch.dataset.workloads.conditions import drawn_requests
 from modeswitch.display import console, frame_table
 from modeswitch.engine.models.resolve import MODEL_HELP
 from modeswitch.engine.profiler import DEFAULT_WORKLOADS
-from modeswitch.engine.quality_sweep import FLIP_AT, SweepSpec, run_sweep
+from modeswitch.engine.quality_sweep import FLIP_AT, SweepSpec, flipped_share, run_sweep
 
 #: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
 app = typer.Typer(add_completion=False)
@@ -76,7 +76,7 @@ def quality_sweep_cmd(
         view = lossy.groupby(["family", "mode"])["rouge_l_vs_baseline"].mean().unstack("mode").round(3)
         console.print(frame_table(view, title="mean ROUGE-L against the reference's output, per family and mode"))
         if repeats > 1:
-            console.print(f"the {repeats} repeats disagree on ROUGE-L >= {FLIP_AT} for {lossy['flipped'].mean():.1%} "
+            console.print(f"the {repeats} repeats disagree on ROUGE-L >= {FLIP_AT} for {flipped_share(frame):.1%} "
                           "of (request, lossy mode) pairs; the table keeps each pair's worst")
     console.print(f"wrote {len(frame)} rows ({frame['request_id'].nunique()} requests x "
                   f"{frame['mode'].nunique()} modes) to {output}")

@@ -12,8 +12,11 @@ each step measured with, not on the whole study's identity:
 
 * ``profile``, ``memory`` and ``costmodel``: the seed, the model and backend, the profile's
   settings and the drawn conditions;
-* ``quality`` (the sweep): those, the drawn and swept request counts, and whether it swept
-  arrival groups (where it did: an archive swept before the option matches without it).
+* ``quality`` (the sweep): those, the drawn and swept request counts, whether it swept
+  arrival groups (where it did: an archive swept before the option matches without it)
+  and its passes (``sweep_repeats``). A study asking more passes of a one-pass archive
+  takes the archive's other steps and sweeps its own: the archive keeps the sweep's
+  table, not the journal a further pass would continue.
 
 Nothing is overwritten: an archive folder must not hold the files it would write, and
 seeding refuses a file the study folder holds already.
@@ -121,11 +124,16 @@ def seed(state: dict, cfg: StudyConfig, out: Path, src, save=lambda: None) -> li
     wanted = [(step, rec) for step, rec in manifest["steps"].items()
               if step in FILES and step not in have and (step != "quality" or cfg.swept_per_family)
               and (step not in ("costmodel", "memory") or profile_from_here)]
+    if cfg.sweep_repeats != 1 and any(step == "quality" and rec["measured_with"] == measured_with(
+            cfg.replace(sweep_repeats=1), step) for step, rec in wanted):
+        # one pass where the study asks more: the archive holds its table, not the journal a
+        # second pass would continue, so the study sweeps its own (its other steps are taken)
+        wanted = [(step, rec) for step, rec in wanted if step != "quality"]
     for step, rec in wanted:  # every check before the first copy: a refusal leaves the folder as it was
         if rec["measured_with"] != measured_with(cfg, step):
             raise InputError(f"{path}: its {step} step was measured with other settings than this study's "
                              f"({rec['measured_with']} vs {measured_with(cfg, step)}: the seed, [model], "
-                             f"[profile], [conditions]{', drawn and swept counts' if step == 'quality' else ''})")
+                             f"[profile], [conditions]{', drawn and swept counts, arrival groups, passes' if step == 'quality' else ''})")
         held = [out / n for n in FILES[step] if (out / n).exists()]
         held += [j for n in FILES[step] for j in (out / f"{n}.journal.jsonl", out / f"{n}.journal.jsonl.lock")
                  if j.exists()]

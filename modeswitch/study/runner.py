@@ -53,8 +53,16 @@ from modeswitch.engine.backends import registry as backend_registry
 from modeswitch.engine.distributed import make_profiler
 from modeswitch.engine.hardware import hardware_string, other_kinds, recorded_hardware
 from modeswitch.engine.profiler import ProfileSpec
+from modeswitch.engine.profiler.journal import journal_identity
 from modeswitch.engine.profiler.plan import profiled_leads
-from modeswitch.engine.quality_sweep import FLIP_AT, SweepSpec, read_sweep, run_sweep
+from modeswitch.engine.quality_sweep import (
+    FLIP_AT,
+    SweepSpec,
+    flipped_share,
+    read_sweep,
+    run_sweep,
+    sweep_passes,
+)
 from modeswitch.oracle import label_profile
 from modeswitch.oracle.costmodel import CostModel, enough_requests, fit_validated
 from modeswitch.oracle.training_table import build_training_table, profiled_requests
@@ -119,12 +127,16 @@ class Study:
         another certificate or target retrains in the same folder, with ``--redo train``
         (``--redo score`` for score settings alone); the earlier settings are kept in the
         state's ``settings_history`` and the earlier score reports moved aside, never
-        overwritten. Anything else changed needs a new folder."""
+        overwritten. More (or fewer) quality-sweep passes are taken with ``--redo quality``:
+        the sweep's journal continues, so only the new passes run. Anything else changed
+        needs a new folder."""
         new = self.cfg.to_dict()
         old = {k: state.get("config", {}).get(k, LATER_FIELDS.get(k)) for k in new}
         changed = {k: (old[k], new[k]) for k in new if k != "output" and old[k] != new[k]}
         train, score = set(TABLES["train"]) - {"splits"}, set(TABLES["score"])
-        step = "train" if set(changed) & train else "score"
+        if not self.cfg.swept_per_family:  # no sweep: its passes change nothing this study reads
+            changed.pop("sweep_repeats", None)
+        step = "quality" if "sweep_repeats" in changed else "train" if set(changed) & train else "score"
         if "feature_set" in changed and not new["confidence"] and \
                 reads_content(old["feature_set"]) != reads_content(new["feature_set"]):
             step = "dataset"  # the table carries content columns only for a content feature set
@@ -132,19 +144,20 @@ class Study:
             state["identity"], state["config"] = self.cfg.identity(), new
             return
         said = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in ((k, *v) for k, v in changed.items()))
-        if not set(changed) <= train | score:
+        if not set(changed) <= train | score | {"sweep_repeats"}:
             raise InputError(f"{self.out} holds a study with other settings ({path}: {said}); give a new "
                              "[study] output folder to start another (results are never overwritten)")
         order = list(dict.fromkeys(s.split(":")[0] for s in self.steps()))  # step kinds, in order
         # whole steps only: --redo train:group would leave the other splits on the old settings
         redone = [order.index(x) for x in self.redo if x in order]
         if not redone or min(redone) > order.index(step):  # redoing a step redoes all after it
-            raise InputError(f"{self.out} was run with other {'train' if step == 'dataset' else step} settings "
-                             f"({said}); run again with --redo {step} (every split) to "
-                             f"{'rebuild the table, ' if step == 'dataset' else ''}"
-                             f"{'retrain and ' if step != 'score' else ''}rescore in this folder (the "
-                             "measurements are kept, earlier reports moved aside), or give a new [study] "
-                             "output folder")
+            kind = {"dataset": "train", "quality": "quality-sweep"}.get(step, step)
+            what = {"quality": "sweep the new passes (the sweep's journal continues), rebuild the table, retrain "
+                               "and ", "dataset": "rebuild the table, retrain and ", "train": "retrain and "}
+            raise InputError(f"{self.out} was run with other {kind} settings ({said}); run again with --redo "
+                             f"{step}{' (every split)' if step in ('train', 'score') else ''} to "
+                             f"{what.get(step, '')}rescore in this folder (the measurements are kept, earlier "
+                             "reports moved aside), or give a new [study] output folder")
         state.setdefault("settings_history", []).append(
             {"identity": state.get("identity"), "config": state.get("config"), "changed": changed,
              "until": datetime.now(UTC).isoformat(timespec="seconds")})
@@ -162,6 +175,9 @@ class Study:
         taken = archive.seed(self.state, self.cfg, self.out, src, save=self._save_state)
         if taken:
             self.log(f"from the archive {src}: {', '.join(taken)} (copied, not measured again)")
+        if "profile" in taken and self.cfg.swept_per_family and not self.done("quality"):
+            self.log(f"the archive's quality sweep was not taken ({self.cfg.sweep_repeats} passes asked, the "
+                     "archive's table judged another number, or it has none): this study sweeps its own")
         if "profile" in taken:
             self._warn_other_kind()
         return taken
@@ -414,20 +430,27 @@ class Study:
         c = self.cfg
         path = self.out / "quality_sweep.parquet"
         swept = self.swept_requests()
-        if path.exists():
-            have = set(read_sweep(path)["request_id"].astype(str))
-            if have == {r.id for r in swept}:  # finished before the state was saved: reuse it
-                return {"sweep": str(path), "requests": len(have)}
-            # another draw (a redo with other settings): keep the old sweep aside, never overwrite it
-            stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-            for old in (path, path.with_name(path.name + ".journal.jsonl")):
-                if old.exists():
-                    old.rename(old.with_name(f"{old.name}.previous-{stamp}"))
-            self.log(f"quality sweep: {path.name} swept other requests; kept as .previous-{stamp}")
         spec = SweepSpec(model=str(target), requests=tuple(swept),
                          draft_model=str(draft) if draft else None, backend=c.backend, device=c.device,
                          modes=tuple(c.modes) if c.modes else None, threads=c.threads,
                          arrival_groups=c.sweep_arrival_groups, repeats=c.sweep_repeats)
+        if path.exists():
+            old_frame = read_sweep(path)
+            same = set(old_frame["request_id"].astype(str)) == {r.id for r in swept}
+            if same and sweep_passes(old_frame) == c.sweep_repeats:  # finished before the state was saved
+                return {"sweep": str(path), "requests": int(old_frame["request_id"].nunique())}
+            # a redo with other settings: keep the old sweep aside, never overwrite it. Its
+            # journal stays where only the passes changed (more passes continue it)
+            stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+            journal = path.with_name(path.name + ".journal.jsonl")
+            kept = journal_identity(journal) == spec.identity()
+            for old in (path, journal) if not kept else (path,):
+                if old.exists():
+                    old.rename(old.with_name(f"{old.name}.previous-{stamp}"))
+            n = sweep_passes(old_frame)
+            self.log(f"quality sweep: {path.name} " + (f"judged {n} pass{'es' * (n != 1)}, {c.sweep_repeats} "
+                     "asked; its journal continues" if kept else "swept other requests")
+                     + f"; kept as .previous-{stamp}")
         t0 = time.perf_counter()
         frame, throughput = run_sweep(spec, path, log=self.log)
         seconds = time.perf_counter() - t0
@@ -436,12 +459,12 @@ class Study:
         self.log(f"quality sweep: {frame['request_id'].nunique()} requests x {frame['mode'].nunique()} modes "
                  f"in {seconds / 60:.1f} min; requests/s per mode "
                  + ", ".join(f"{r.mode} {r.requests_per_s:.2f}" for r in throughput.itertuples()))
-        lossy = frame[frame["mode"] != frame["reference_mode"]]
-        if c.sweep_repeats > 1 and not lossy.empty:
+        flipped = flipped_share(frame) if c.sweep_repeats > 1 else float("nan")
+        if not math.isnan(flipped):  # repeats, and lossy rows
             self.log(f"quality sweep: the {c.sweep_repeats} repeats disagree on ROUGE-L >= {FLIP_AT} for "
-                     f"{lossy['flipped'].mean():.1%} of (request, lossy mode) pairs")
+                     f"{flipped:.1%} of (request, lossy mode) pairs")
         return {"sweep": str(path), "requests": int(frame["request_id"].nunique()),
-                **({"flipped": float(lossy["flipped"].mean())} if c.sweep_repeats > 1 and not lossy.empty else {}),
+                **({"flipped": flipped} if not math.isnan(flipped) else {}),
                 "requests_per_s": {r.mode: float(r.requests_per_s) for r in throughput.itertuples()}}
 
     def _step_dataset(self) -> dict:
