@@ -102,7 +102,8 @@ def test_the_price_sets_the_certified_point_beside_hindsight_and_the_ceiling(tmp
     per = score_requests(test, np.asarray(r.predict(test), dtype=object), router="cost")
     ceiling = envelope(pd.DataFrame({"violations": [0.0, 0.02, 0.2], "capture": [0.5, 0.9, 1.2],
                                      "safe_capture": [0.5, 0.7, 0.1]}))
-    price = certificate_price(curves, router_points(per), {"cost": TARGET}, ceiling).iloc[0]
+    own = envelope(pd.DataFrame({"violations": [0.0, 0.01, 0.2], "capture": [0.0, 0.3, 1.0]}))
+    price = certificate_price(curves, router_points(per), {"cost": TARGET}, ceiling, own).iloc[0]
     under = curves[curves["violations"] <= TARGET]
     assert price["hindsight_capture"] == pytest.approx(under["capture"].max())
     assert price["hindsight_violations"] <= TARGET and price["hindsight_capture"] >= price["certified_capture"]
@@ -112,6 +113,9 @@ def test_the_price_sets_the_certified_point_beside_hindsight_and_the_ceiling(tmp
     md = "\n".join(report._price_md(pd.DataFrame([price])))
     assert "## What the certificate costs" in md and f"hindsight {price['hindsight_capture']:.1%}" in md
     assert "counting safe picks' saving alone: 70.0%" in md
+    # the routers' own rule's ceiling beside the best rule's
+    assert price["ceiling_rule_capture"] == pytest.approx(0.3)
+    assert "by these routers' own rule, the fastest mode under a risk threshold: 30.0%" in md
 
 
 def test_the_report_writes_what_each_certificate_refused(tmp_path):

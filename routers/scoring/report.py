@@ -419,11 +419,13 @@ def _price_md(price: pd.DataFrame) -> list[str]:
           "on training families only, each decided by a model fitted without it).", ""]
     for r in price.itertuples():
         ceiling, safe = getattr(r, "ceiling_capture", np.nan), getattr(r, "ceiling_safe_capture", np.nan)
+        own = getattr(r, "ceiling_rule_capture", np.nan)
+        said = ([f"by these routers' own rule, the fastest mode under a risk threshold: {own:.1%}"]
+                if np.isfinite(own) else []) + ([f"counting safe picks' saving alone: {safe:.1%}"]
+                                                if np.isfinite(safe) else [])
         md.append(f"- {r.router}: certified {r.certified_capture:.1%} at {r.certified_violations:.1%} violations; "
                   f"hindsight {r.hindsight_capture:.1%} at {r.hindsight_violations:.1%}; ceiling "
-                  f"{ceiling:.1%} at <= {r.target:.0%}"
-                  + (f" (counting safe picks' saving alone: {safe:.1%})"
-                     if np.isfinite(safe) else "") + ".")
+                  f"{ceiling:.1%} at <= {r.target:.0%}" + (f" ({'; '.join(said)})" if said else "") + ".")
     return md + ["", _md_table(price.set_index("router")), ""]
 
 

@@ -414,7 +414,9 @@ def certificate_price_step(s: Scoring, say) -> None:
     s.router_curves = router_curves({k: s.scored[k] for k in targets}, s.test, s.marks)
     ceiling = s.content_frontier if s.content_frontier is not None else s.frontier
     env = envelope(ceiling.curve) if ceiling is not None and len(ceiling.curve) else None
-    s.certificate_price = certificate_price(s.router_curves, router_points(s.per_request), targets, env)
+    own = ceiling.curve[ceiling.curve["rule"] == "threshold"] if env is not None else None  # the routers' rule
+    s.certificate_price = certificate_price(s.router_curves, router_points(s.per_request), targets, env,
+                                            envelope(own) if own is not None and len(own) else None)
     s.certificate_refusals = certificate_refusals({k: certified_parts(s.scored[k]) for k in targets}, s.table.frame)
 
 

@@ -113,10 +113,16 @@ def router_curves(scored: dict, test: pd.DataFrame, marks: pd.DataFrame | None =
 
 
 def certificate_price(curves: pd.DataFrame, points: pd.DataFrame, targets: dict,
-                      ceiling: pd.DataFrame | None = None) -> pd.DataFrame:
+                      ceiling: pd.DataFrame | None = None, rule_ceiling: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per certified router: its certified point, its curve's best capture at or below
     its target (hindsight), and the ceiling's there (``ceiling``: an envelope with
-    violations and capture columns, :func:`~routers.scoring.capture.envelope`)."""
+    violations and capture columns, :func:`~routers.scoring.capture.envelope`).
+
+    ``rule_ceiling``: the envelope of the certified routers' own kind of decision alone
+    (the fastest mode under a risk threshold), as ``ceiling_rule_capture``. Why beside the
+    ceiling: the ceiling is the best of several rules, and where the oracle saves little
+    an absolute-saving rule can pass it by spending the violation budget on the longest
+    requests, a saving no router promising safe picks would take."""
     rows = []
     pts = points.set_index("router") if len(points) else points
     for name, c in curves.groupby("router", sort=False):
@@ -135,6 +141,9 @@ def certificate_price(curves: pd.DataFrame, points: pd.DataFrame, targets: dict,
             row["ceiling_capture"] = under["capture"].max() if len(under) else np.nan
             if "safe_capture" in ceiling:  # the safe picks' saving alone (routers.scoring.frontier)
                 row["ceiling_safe_capture"] = under["safe_capture"].max() if len(under) else np.nan
+        if rule_ceiling is not None and len(rule_ceiling):
+            under = rule_ceiling[rule_ceiling["violations"] <= target + 1e-12]
+            row["ceiling_rule_capture"] = under["capture"].max() if len(under) else np.nan
         rows.append(row)
     return pd.DataFrame(rows)
 
