@@ -14,18 +14,25 @@ are left out by default: their divergence is the reference's own floor, which th
 profile reports. The sweep's time and throughput (requests per second per mode) are
 part of its result.
 
-Repeats (``repeats``): a request's verdict depends on its batch. On a CPU a batch of
-other shapes sums the same request's matrix products in another order, a greedy answer
-near a tie turns, the reference's or the mode's, and ROUGE-L jumps (1.0 to 0.3, not
-0.81 to 0.79). With ``repeats = k`` every mode runs every request k times, each repeat
-in batches of other companions (the family's requests shuffled), and the table keeps
-the worst repeat: a request is safe only where every batch judged it safe (accuracy: a
-lossy mode's worst repeat against the reference's best). A family's mean, which the
-family rule judges, is then a mean of worst passes: stricter than one pass's, and the
-more so the more passes. A family that fits in one batch meets no other companions,
-only another order. ``rouge_l_spread`` (best minus worst) and ``flipped`` (the repeats
-disagree on ROUGE-L >= 0.8, :data:`FLIP_AT`) say how often one pass would have decided
-otherwise.
+Repeats (``repeats``): in some modes a request's verdict depends on the other requests
+the engine served. The transformers backend generates each request alone, so on one
+machine the reference and the modes without shared state give the same output in any
+batch (two passes of the Intel study: the reference's 350 outputs identical, INT8's
+verdict unchanged on 185 of 185). Prefix caching reuses KV that an earlier request
+computed, so the prefill splits where the store's contents say; continuous batching
+runs the batch's sequences in one forward. With INT8's activations quantized per
+forward call, both turn the numbers, and a greedy answer near a tie turns (ROUGE-L 1.0
+to 0.3, not 0.81 to 0.79): two passes disagreed on ROUGE-L >= 0.8 for 13.7 % of int8 +
+prefix caching's pairs and 8.3 % of int8 + continuous batching's (2026-12-06). On a GPU
+every mode batches. With ``repeats = k`` every mode runs every request k times, each
+repeat in batches of other companions (the family's requests shuffled), and the table
+keeps the worst repeat: a request is safe only where every batch judged it safe
+(accuracy: a lossy mode's worst repeat against the reference's best). A family's mean,
+which the family rule judges, is then a mean of worst passes: stricter than one pass's,
+and the more so the more passes. A family that fits in one batch meets no other
+companions, only another order. ``rouge_l_spread`` (best minus worst) and ``flipped``
+(the repeats disagree on ROUGE-L >= 0.8, :data:`FLIP_AT`) say how often one pass would
+have decided otherwise.
 
 Resumable: every finished (mode, repeat, batch) is journalled (the profiler's
 :class:`~engine.profiler.journal.Journal`), and a rerun with the same settings continues.
@@ -53,7 +60,7 @@ from modeswitch.dataset.workloads.conditions import arrival_group
 from modeswitch.engine import prompts
 from modeswitch.engine.backends import registry
 from modeswitch.engine.backends.base import EngineSettings, context_for
-from modeswitch.engine.hardware import hardware_string
+from modeswitch.engine.hardware import hardware_string, other_kinds
 from modeswitch.engine.modes import get_mode
 from modeswitch.engine.profiler.journal import Journal
 from modeswitch.engine.quality import rouge_l
@@ -175,6 +182,11 @@ def run_sweep(spec: SweepSpec, output: Path, progress=None, log=print) -> tuple[
     journal = Journal(output.with_name(output.name + ".journal.jsonl"), spec)
     try:
         rows = _planned_rows(journal.rows, spec)
+        here = hardware_string(spec.device)
+        elsewhere = other_kinds(here, sorted({r["hardware"] for r in rows if "hardware" in r}))
+        if elsewhere:  # a lossy mode's output depends on the kernels (docs/oracle.md)
+            log(f"{journal.path}: rows measured on another kind of machine ({'; '.join(elsewhere)}) than this "
+                f"one ({here}); their verdicts need not hold here, and the table names both")
         done = {(r["mode"], r.get("repeat", 0), r["batch"]) for r in rows}
         passes = [(rep, k, b) for rep in range(spec.repeats) for k, b in enumerate(spec.batches(rep))]
         _check_batches(journal.path, journal.rows, passes)
@@ -201,7 +213,7 @@ def run_sweep(spec: SweepSpec, output: Path, progress=None, log=print) -> tuple[
                     gens = engine.run(group, ignore_eos=ignore_eos)
                     seconds = time.perf_counter() - t0
                     rows.append({"mode": mode, **({"repeat": rep} if rep else {}), "batch": k,
-                                 "seconds": seconds, "requests": len(batch),
+                                 "seconds": seconds, "requests": len(batch), "hardware": here,
                                  "outputs": [{"request_id": lead, "member": i, "text": g.text,
                                               "output_tokens": g.output_tokens, "reference": r.reference,
                                               "evaluation_mode": r.evaluation_mode}
@@ -246,10 +258,13 @@ def _results(spec: SweepSpec, rows: list[dict], reference: str) -> tuple[pd.Data
     by_id = {r.id: r for r in spec.requests}
     batch_of = {r.id: k for k, b in enumerate(spec.batches()) for r in b}
     outputs: dict[tuple[str, str, int], list[dict]] = {}
+    hardware = hardware_string(spec.device)
+    # where each (request, mode) ran: rows journalled before the field ran here
+    ran_on: dict[tuple[str, str], set[str]] = {}
     for row in rows:
         for o in row["outputs"]:
             outputs.setdefault((o["request_id"], row["mode"], row.get("repeat", 0)), []).append(o)
-    hardware = hardware_string(spec.device)
+            ran_on.setdefault((o["request_id"], row["mode"]), set()).add(row.get("hardware", hardware))
 
     def joined(group: list[dict]) -> str:
         # a group's output is its members' joined, as the profiler and the live check judge it
@@ -282,7 +297,8 @@ def _results(spec: SweepSpec, rows: list[dict], reference: str) -> tuple[pd.Data
                     "repeats": len(known),  # passes judged (a pass without the reference is not)
                     "rouge_l_spread": float(known.max() - known.min()) if len(known) else float("nan"),
                     "flipped": bool(len(known) and (known >= FLIP_AT).any() and (known < FLIP_AT).any()),
-                    "model": spec.model, "backend": spec.backend, "hardware": hardware})
+                    "model": spec.model, "backend": spec.backend,
+                    "hardware": " | ".join(sorted(ran_on.get((rid, mode), {hardware})))})
     frame = pd.DataFrame(out, columns=list(COLUMNS)).sort_values(["request_id", "mode"]).reset_index(drop=True)
     per = pd.DataFrame([{"mode": r["mode"], "requests": r.get("requests", len(r["outputs"])),
                          "seconds": r["seconds"]} for r in rows]).groupby("mode")[["requests", "seconds"]].sum()

@@ -214,6 +214,18 @@ def test_each_repeat_meets_other_companions_and_more_repeats_continue_the_journa
     again, _ = run_sweep(twice, tmp_path / "r.parquet", log=lambda *a: None)
     assert len(journal.read_text().splitlines()) == len(lines)
     pd.testing.assert_frame_equal(again.drop(columns="hardware"), frame.drop(columns="hardware"))
+    # a journal continued on another kind of machine: said, and the table names both machines
+    (tmp_path / "r.parquet").unlink()
+    moved = json.loads(lines[-1])
+    moved["hardware"] = "Some CPU (64 cores; L2 2048K)"
+    journal.write_text("\n".join([*lines[:-1], json.dumps(moved)]) + "\n")
+    said = []
+    mixed, _ = run_sweep(twice, tmp_path / "r.parquet", log=said.append)
+    assert any("another kind of machine" in m and "Some CPU" in m for m in said)
+    ids = {o["request_id"] for o in moved["outputs"]}
+    both = mixed[mixed["request_id"].isin(ids) & (mixed["mode"] == moved["mode"])]
+    assert len(both) and both["hardware"].str.contains("Some CPU").all() and both["hardware"].str.contains(" | ").all()
+    assert not mixed.loc[~mixed.index.isin(both.index), "hardware"].str.contains("Some CPU").any()
     # a journal whose batch holds other requests than planned (batches drawn otherwise) is refused
     (tmp_path / "r.parquet").unlink()
     row = json.loads(lines[-1])

@@ -299,6 +299,15 @@ def test_the_quality_step_sweeps_drawn_requests_for_the_dataset(tiny_models, tmp
     assert len(journal.read_text().splitlines()) == 2 * len(one_pass) - 1
     assert (read_sweep(got["sweep"])["repeats"] == 2).all() and "flipped" in got
     assert len(list((tmp_path / "q").glob("quality_sweep.parquet.previous-*"))) == 1
+    assert len(list((tmp_path / "q").glob("quality_sweep_throughput.csv.previous-*"))) == 1
+    # back to one pass: the first pass read from the journal, nothing run, nothing written over
+    lines = len(journal.read_text().splitlines())
+    back = Study(cfg, log=lambda m: None)._step_quality()
+    assert len(journal.read_text().splitlines()) == lines
+    assert (read_sweep(back["sweep"])["repeats"] == 1).all()
+    pd.testing.assert_frame_equal(read_sweep(back["sweep"]).drop(columns="hardware"),
+                                  sweep.drop(columns="hardware"))
+    assert len(list((tmp_path / "q").glob("quality_sweep.parquet.previous-*"))) == 2
 
 
 def test_other_train_settings_are_taken_in_the_same_folder_only_with_a_redo(tmp_path):
@@ -352,10 +361,14 @@ def test_more_sweep_passes_are_taken_in_the_same_folder_with_a_redo_of_the_quali
         study.state["steps"][step] = {"seconds": 1.0, "outputs": {}, "finished": "t"}
     study._save_state()
     twice = dataclasses.replace(swept, sweep_repeats=2)
-    with pytest.raises(Exception, match=r"sweep_repeats: 1 -> 2\); run again with --redo quality to sweep the new"):
+    with pytest.raises(Exception, match=r"sweep_repeats: 1 -> 2\); run again with --redo quality to sweep with the new count"):
         Study(twice, log=lambda m: None)
     with pytest.raises(Exception, match="--redo quality"):
         Study(twice, log=lambda m: None, redo=["train"])
+    with pytest.raises(Exception, match="--redo quality"):  # redoing the labels leaves the sweep as it was
+        Study(twice, log=lambda m: None, redo=["labels"])
+    with pytest.raises(Exception, match="--redo quality"):  # a content feature set beside it does not hide it
+        Study(dataclasses.replace(twice, feature_set="C"), log=lambda m: None, redo=["dataset"])
     taken = Study(twice, log=lambda m: None, redo=["quality"])
     taken.forget("quality")
     assert list(taken.state["steps"]) == ["model", "profile", "memory", "costmodel", "labels"]

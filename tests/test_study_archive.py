@@ -73,6 +73,23 @@ def test_measurements_taken_with_other_settings_are_refused_and_nothing_is_writt
         study.seed_from(tmp_path)
 
 
+def test_an_archive_swept_with_other_passes_gives_its_other_steps(tmp_path):
+    """Two passes archived, three (or one) asked: the table cannot be continued or cut
+    without the sweep's journal, so the study sweeps its own and takes the rest."""
+    cfg, study = _measured_study(tmp_path)
+    two = Study(cfg.replace(sweep_repeats=2), log=lambda *_: None)
+    two.state["steps"] = study.state["steps"]
+    two.archive_to(tmp_path / "two")
+    for k, out in ((3, "c"), (1, "d")):
+        other = Study(cfg.replace(output=str(tmp_path / out), sweep_repeats=k), log=lambda *_: None)
+        assert other.seed_from(tmp_path / "two") == ["profile", "costmodel", "memory"]
+    same = Study(cfg.replace(output=str(tmp_path / "e"), sweep_repeats=2), log=lambda *_: None)
+    assert "quality" in same.seed_from(tmp_path / "two")
+    with pytest.raises(InputError, match="quality step was measured with other settings.*passes"):
+        Study(cfg.replace(output=str(tmp_path / "f"), sweep_repeats=3, swept_per_family=3),
+              log=lambda *_: None).seed_from(tmp_path / "two")
+
+
 def test_a_study_that_measured_its_own_profile_takes_the_sweep_but_not_the_cost_model(tmp_path):
     """The archive's cost model was fitted on the archive's profile, and its memory pass
     measured that profile's requests again: neither goes beside another profile."""
@@ -103,9 +120,10 @@ def test_a_profile_that_needed_no_memory_pass_archives_without_one(tmp_path):
 
 
 def test_a_profile_seeded_from_another_kind_of_machine_is_named(tmp_path):
-    """Labels from a profile measured on another kind of CPU need not hold here (the
-    fastest mode depends on the kernels): seeding such a profile says so and how to
-    measure it here; one measured on this kind says nothing."""
+    """Labels from a profile or sweep measured on another kind of CPU need not hold here
+    (the fastest mode, and a lossy mode's output, depend on the kernels): seeding such a
+    profile or sweep says so and how to measure it here; one measured on this kind says
+    nothing."""
     import pandas as pd
     from modeswitch.engine.hardware import hardware_string
 
@@ -113,12 +131,15 @@ def test_a_profile_seeded_from_another_kind_of_machine_is_named(tmp_path):
     said = []
     for name, line in (("elsewhere", "Some CPU (64 cores; L2 2048K; isa avx512f)"), ("here", hardware_string("cpu"))):
         pd.DataFrame({"hardware": [line]}).to_parquet(study.out / "profile.parquet")
+        pd.DataFrame({"hardware": [line]}).to_parquet(study.out / "quality_sweep.parquet")
         study.archive_to(tmp_path / f"archive-{name}")
         said.clear()
         Study(cfg.replace(output=str(tmp_path / name)), log=said.append).seed_from(tmp_path / f"archive-{name}")
         warned = [s for s in said if "another kind of machine" in s]
-        if name == "elsewhere":
-            assert len(warned) == 1 and "Some CPU" in warned[0] and "--redo profile" in warned[0]
+        if name == "elsewhere":  # a lossy mode's output depends on the kernels too: the sweep is named
+            assert len(warned) == 2 and all("Some CPU" in w for w in warned)
+            assert "the profile" in warned[0] and "--redo profile" in warned[0]
+            assert "the quality sweep" in warned[1] and "--redo quality" in warned[1]
         else:
             assert not warned
 

@@ -14,9 +14,9 @@ each step measured with, not on the whole study's identity:
   settings and the drawn conditions;
 * ``quality`` (the sweep): those, the drawn and swept request counts, whether it swept
   arrival groups (where it did: an archive swept before the option matches without it)
-  and its passes (``sweep_repeats``). A study asking more passes of a one-pass archive
-  takes the archive's other steps and sweeps its own: the archive keeps the sweep's
-  table, not the journal a further pass would continue.
+  and its passes (``sweep_repeats``). A study asking another count of passes takes the
+  archive's other steps and sweeps its own: the archive keeps the sweep's table, not
+  the journal a further pass would continue.
 
 Nothing is overwritten: an archive folder must not hold the files it would write, and
 seeding refuses a file the study folder holds already.
@@ -124,10 +124,12 @@ def seed(state: dict, cfg: StudyConfig, out: Path, src, save=lambda: None) -> li
     wanted = [(step, rec) for step, rec in manifest["steps"].items()
               if step in FILES and step not in have and (step != "quality" or cfg.swept_per_family)
               and (step not in ("costmodel", "memory") or profile_from_here)]
-    if cfg.sweep_repeats != 1 and any(step == "quality" and rec["measured_with"] == measured_with(
-            cfg.replace(sweep_repeats=1), step) for step, rec in wanted):
-        # one pass where the study asks more: the archive holds its table, not the journal a
-        # second pass would continue, so the study sweeps its own (its other steps are taken)
+    passes = int(manifest.get("config", {}).get("sweep_repeats", 1))
+    if passes != cfg.sweep_repeats and any(step == "quality" and rec["measured_with"] == measured_with(
+            cfg.replace(sweep_repeats=passes), step) for step, rec in wanted):
+        # the same sweep but another count of passes: the archive holds its table, not the
+        # journal a study would continue (or read fewer passes from), so the study sweeps
+        # its own; the other steps are taken
         wanted = [(step, rec) for step, rec in wanted if step != "quality"]
     for step, rec in wanted:  # every check before the first copy: a refusal leaves the folder as it was
         if rec["measured_with"] != measured_with(cfg, step):

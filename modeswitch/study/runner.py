@@ -16,7 +16,8 @@ is moved aside (``.incomplete-<time>``), never overwritten; the other files a st
 writes are replaced only while that step is unfinished (they can only be a
 same-settings attempt's leftovers). A rerun with other settings into the same
 folder is refused, except for train and score settings taken with ``--redo train``
-(``--redo score``): the measurements are kept, the earlier settings recorded
+(``--redo score``), and the quality sweep's passes with ``--redo quality`` (its journal
+continues): the measurements are kept, the earlier settings recorded
 (:meth:`Study._take_later_settings`). Every step prints the time it took, and
 the report lists them.
 """
@@ -76,6 +77,16 @@ from modeswitch.study.config import LATER_FIELDS, TABLES, StudyConfig
 from modeswitch.study.report import write_study_report
 
 STATE = "study_state.json"
+
+
+def _aside(path: Path, tag: str) -> Path:
+    """Rename ``path`` to ``<name>.<tag>`` (``-2``, ``-3``... where that is taken: two
+    moves within a second must not replace each other's) and return the new path."""
+    dest, k = path.with_name(f"{path.name}.{tag}"), 2
+    while dest.exists():
+        dest, k = path.with_name(f"{path.name}.{tag}-{k}"), k + 1
+    path.rename(dest)
+    return dest
 #: the memory pass of a profile measured with the old CPU memory method (``_step_memory``)
 MEMORY_PASS = "memory_pass.parquet"
 
@@ -137,7 +148,7 @@ class Study:
         if not self.cfg.swept_per_family:  # no sweep: its passes change nothing this study reads
             changed.pop("sweep_repeats", None)
         step = "quality" if "sweep_repeats" in changed else "train" if set(changed) & train else "score"
-        if "feature_set" in changed and not new["confidence"] and \
+        if step != "quality" and "feature_set" in changed and not new["confidence"] and \
                 reads_content(old["feature_set"]) != reads_content(new["feature_set"]):
             step = "dataset"  # the table carries content columns only for a content feature set
         if not changed:  # settings that no longer exist: nothing this study reads changed
@@ -150,10 +161,15 @@ class Study:
         order = list(dict.fromkeys(s.split(":")[0] for s in self.steps()))  # step kinds, in order
         # whole steps only: --redo train:group would leave the other splits on the old settings
         redone = [order.index(x) for x in self.redo if x in order]
-        if not redone or min(redone) > order.index(step):  # redoing a step redoes all after it
+        if step == "quality":  # the sweep reads the model alone: only a redo of either sweeps again
+            covered = bool({"quality", "model"} & set(self.redo))
+        else:  # redoing a measuring step redoes every step after it
+            covered = bool(redone) and min(redone) <= order.index(step)
+        if not covered:
             kind = {"dataset": "train", "quality": "quality-sweep"}.get(step, step)
-            what = {"quality": "sweep the new passes (the sweep's journal continues), rebuild the table, retrain "
-                               "and ", "dataset": "rebuild the table, retrain and ", "train": "retrain and "}
+            what = {"quality": "sweep with the new count of passes (the sweep's journal continues: a pass it "
+                               "holds is not run again), rebuild the table, retrain and ",
+                    "dataset": "rebuild the table, retrain and ", "train": "retrain and "}
             raise InputError(f"{self.out} was run with other {kind} settings ({said}); run again with --redo "
                              f"{step}{' (every split)' if step in ('train', 'score') else ''} to "
                              f"{what.get(step, '')}rescore in this folder (the measurements are kept, earlier "
@@ -175,27 +191,36 @@ class Study:
         taken = archive.seed(self.state, self.cfg, self.out, src, save=self._save_state)
         if taken:
             self.log(f"from the archive {src}: {', '.join(taken)} (copied, not measured again)")
-        if "profile" in taken and self.cfg.swept_per_family and not self.done("quality"):
-            self.log(f"the archive's quality sweep was not taken ({self.cfg.sweep_repeats} passes asked, the "
-                     "archive's table judged another number, or it has none): this study sweeps its own")
+        if taken and self.cfg.swept_per_family and not self.done("quality"):
+            self.log(f"the archive's quality sweep was not taken (it judged another number of passes than the "
+                     f"{self.cfg.sweep_repeats} asked, or it has none): this study sweeps its own")
         if "profile" in taken:
             self._warn_other_kind()
+        if "quality" in taken:
+            self._warn_other_kind("quality")
         return taken
 
-    def _warn_other_kind(self):
-        """Say so when the profile was measured on another kind of machine than this
-        one. Why: which mode is fastest depends on the CPU's kernels (INT8 weight-only,
-        median over 28 requests: 1.10x the reference's speed on a 1 MiB-L2 EPYC, 0.77x on
-        a 512 KiB-L2 AVX2 one), so labels from there need not hold here, and the live
-        check counts such violations as ``other_hardware``; ``--redo profile`` measures
-        the profile here."""
-        path = self.outputs("profile").get("profile") or self.out / "profile.parquet"
+    def _warn_other_kind(self, step: str = "profile"):
+        """Say so when the profile (or the quality sweep) was measured on another kind of
+        machine than this one. Why: which mode is fastest depends on the CPU's kernels
+        (INT8 weight-only, median over 28 requests: 1.10x the reference's speed on a 1
+        MiB-L2 EPYC, 0.77x on a 512 KiB-L2 AVX2 one), and so does a lossy mode's output
+        (the same 169 requests at concurrency 1 swept on an AVX2 EPYC and on an AVX-512
+        Xeon: the verdict ROUGE-L >= 0.8 differed on 4.1 % of INT8's, 6.5 % of INT8
+        weight-only's, while two passes on the Xeon agreed). Labels from there need not hold
+        here, and the live check counts such violations as ``other_hardware``; ``--redo
+        profile`` (``--redo quality``) measures it here."""
+        if step == "profile":
+            path = self.outputs("profile").get("profile") or self.out / "profile.parquet"
+        else:
+            path = self.outputs("quality").get("sweep") or self.out / "quality_sweep.parquet"
         here = hardware_string(self.cfg.device)
         other = other_kinds(here, recorded_hardware(path))
         if other:
-            self.log(f"the profile was measured on another kind of machine ({'; '.join(other)}) than this "
+            what = "profile" if step == "profile" else "quality sweep"
+            self.log(f"the {what} was measured on another kind of machine ({'; '.join(other)}) than this "
                      f"one ({here}): its labels need not hold here (the live check counts such "
-                     "violations as other_hardware); --redo profile measures it on this machine")
+                     f"violations as other_hardware); --redo {step} measures it on this machine")
 
     def archive_to(self, dest) -> dict:
         """Keep this study's finished measuring steps in ``dest`` (:mod:`study.archive`)."""
@@ -441,23 +466,25 @@ class Study:
                 return {"sweep": str(path), "requests": int(old_frame["request_id"].nunique())}
             # a redo with other settings: keep the old sweep aside, never overwrite it. Its
             # journal stays where only the passes changed (more passes continue it)
-            stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
             journal = path.with_name(path.name + ".journal.jsonl")
             kept = journal_identity(journal) == spec.identity()
-            for old in (path, journal) if not kept else (path,):
+            throughput_csv = self.out / "quality_sweep_throughput.csv"
+            stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+            for old in (path, throughput_csv) + (() if kept else (journal,)):
                 if old.exists():
-                    old.rename(old.with_name(f"{old.name}.previous-{stamp}"))
+                    _aside(old, f"previous-{stamp}")
             n = sweep_passes(old_frame)
-            self.log(f"quality sweep: {path.name} " + (f"judged {n} pass{'es' * (n != 1)}, {c.sweep_repeats} "
-                     "asked; its journal continues" if kept else "swept other requests")
-                     + f"; kept as .previous-{stamp}")
+            why = (f"judged {n} pass{'es' * (n != 1)}, {c.sweep_repeats} asked" if same else "swept other requests")
+            self.log(f"quality sweep: {path.name} {why}; kept aside as .previous-{stamp}; "
+                     + ("its journal continues" if kept else "sweeping anew (no journal of these settings here)"))
         t0 = time.perf_counter()
         frame, throughput = run_sweep(spec, path, log=self.log)
         seconds = time.perf_counter() - t0
         with atomic_path(self.out / "quality_sweep_throughput.csv", overwrite=True) as tmp:
             throughput.to_csv(tmp, index=False)
         self.log(f"quality sweep: {frame['request_id'].nunique()} requests x {frame['mode'].nunique()} modes "
-                 f"in {seconds / 60:.1f} min; requests/s per mode "
+                 f"({sweep_passes(frame)} pass{'es' * (sweep_passes(frame) != 1)}), {seconds / 60:.1f} min this "
+                 "run; requests/s per mode over every pass "
                  + ", ".join(f"{r.mode} {r.requests_per_s:.2f}" for r in throughput.itertuples()))
         flipped = flipped_share(frame) if c.sweep_repeats > 1 else float("nan")
         if not math.isnan(flipped):  # repeats, and lossy rows
@@ -516,8 +543,7 @@ class Study:
         out = self.out / f"score-{split}"
         if out.exists() and any(out.iterdir()):  # an interrupted earlier attempt, or a redo
             kind = "previous" if f"score:{split}" in self.state.get("redone", []) else "incomplete"
-            aside = out.with_name(f"{out.name}.{kind}-{datetime.now():%Y%m%d-%H%M%S}")
-            out.rename(aside)
+            aside = _aside(out, f"{kind}-{datetime.now():%Y%m%d-%H%M%S}")
             self.log(f"moved the unfinished report {out} aside to {aside}")
         runs = list(self.outputs(f"train:{split}")["runs"].values())
         table = self._table()
