@@ -17,13 +17,14 @@ part of its result.
 Repeats (``repeats``): in some modes a request's verdict depends on the other requests
 the engine served. The transformers backend generates each request alone, so on one
 machine the reference and the modes without shared state give the same output in any
-batch (two passes of the Intel study: the reference's 350 outputs identical, INT8's
-verdict unchanged on 185 of 185). Prefix caching reuses KV that an earlier request
-computed, so the prefill splits where the store's contents say; continuous batching
-runs the batch's sequences in one forward. With INT8's activations quantized per
+batch (two passes of the Intel study in other batches: the outputs of the reference,
+INT8 and INT8 weight-only identical on all 350 requests). Prefix caching reuses KV that
+an earlier request computed, so the prefill splits where the store's contents say;
+continuous batching runs the batch's sequences in one forward. With INT8's activations quantized per
 forward call, both turn the numbers, and a greedy answer near a tie turns (ROUGE-L 1.0
-to 0.3, not 0.81 to 0.79): two passes disagreed on ROUGE-L >= 0.8 for 13.7 % of int8 +
-prefix caching's pairs and 8.3 % of int8 + continuous batching's (2026-12-06). On a GPU
+to 0.3, not 0.81 to 0.79): their outputs differed on 87-89 % of requests, and two passes
+disagreed on ROUGE-L >= 0.8 for 13.7 % of int8 + prefix caching's pairs and 8.3 % of
+int8 + continuous batching's (2026-12-06). On a GPU
 every mode batches. With ``repeats = k`` every mode runs every request k times, each
 repeat in batches of other companions (the family's requests shuffled), and the table
 keeps the worst repeat: a request is safe only where every batch judged it safe
