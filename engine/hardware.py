@@ -95,14 +95,15 @@ def same_kind(a: str, b: str) -> bool:
 
 
 def recorded_hardware(profile) -> list[str]:
-    """The hardware lines a profile file records (its ``hardware`` column); [] where the
-    file cannot be read or predates the column (the profile's reader names such faults
-    where a step reads it)."""
+    """The hardware lines a profile file records (its ``hardware`` column; a quality
+    sweep's names every machine a pair ran on, joined by `` | ``); [] where the file
+    cannot be read or predates the column (the profile's reader names such faults where
+    a step reads it)."""
     try:
         col = pd.read_parquet(profile, columns=["hardware"])["hardware"]
     except (ValueError, KeyError, OSError):
         return []
-    return sorted(col.dropna().astype(str).unique().tolist())
+    return sorted({line for value in col.dropna().astype(str).unique() for line in value.split(" | ")})
 
 
 def other_kinds(here: str, lines) -> list[str]:

@@ -15,17 +15,21 @@ profile reports. The sweep's time and throughput (requests per second per mode) 
 part of its result.
 
 Repeats (``repeats``): in some modes a request's verdict depends on the other requests
-the engine served. The transformers backend generates each request alone, so on one
-machine the reference and the modes without shared state give the same output in any
-batch (two passes of the Intel study in other batches: the outputs of the reference,
-INT8 and INT8 weight-only identical on all 350 requests). Prefix caching reuses KV that
-an earlier request computed, so the prefill splits where the store's contents say;
-continuous batching runs the batch's sequences in one forward. With INT8's activations quantized per
-forward call, both turn the numbers, and a greedy answer near a tie turns (ROUGE-L 1.0
-to 0.3, not 0.81 to 0.79): their outputs differed on 87-89 % of requests, and two passes
-disagreed on ROUGE-L >= 0.8 for 13.7 % of int8 + prefix caching's pairs and 8.3 % of
-int8 + continuous batching's (2026-12-06). On a GPU
-every mode batches. With ``repeats = k`` every mode runs every request k times, each
+the engine served. The transformers backend generates each request alone, and only
+prefix caching and continuous batching keep state across requests, so on one machine
+the other modes give the same output in any batch (two passes of the Intel study in
+other batches: the outputs of the reference, INT8 and INT8 weight-only identical on all
+350 requests). Prefix caching reuses KV that an earlier request computed, so the
+prefill splits where the store's contents say; continuous batching runs the batch's
+sequences in one forward. Both change the sums, INT8's per-call activation scales the
+more, and a greedy answer near a tie turns (ROUGE-L 1.0 to 0.3, not 0.81 to 0.79):
+int8 + prefix caching's outputs differed on 87 % of requests, GPTQ + prefix caching's
+on 21 %, and two passes disagreed on ROUGE-L >= 0.8 for 13.7 % of int8 + prefix
+caching's pairs and 8.3 % of int8 + continuous batching's (2026-12-06). The prefix
+store carries over between a batch's requests and between passes run in one engine (a
+resumed pass starts empty): unlike the profiler and the live check, which start each
+request from a store primed with its own prefix (``start_unit``). vLLM batches every
+mode. With ``repeats = k`` every mode runs every request k times, each
 repeat in batches of other companions (the family's requests shuffled), and the table
 keeps the worst repeat: a request is safe only where every batch judged it safe
 (accuracy: a lossy mode's worst repeat against the reference's best). A family's mean,
@@ -299,7 +303,9 @@ def _results(spec: SweepSpec, rows: list[dict], reference: str) -> tuple[pd.Data
                     "rouge_l_spread": float(known.max() - known.min()) if len(known) else float("nan"),
                     "flipped": bool(len(known) and (known >= FLIP_AT).any() and (known < FLIP_AT).any()),
                     "model": spec.model, "backend": spec.backend,
-                    "hardware": " | ".join(sorted(ran_on.get((rid, mode), {hardware})))})
+                    # the verdict compares two outputs: every machine either ran on
+                    "hardware": " | ".join(sorted(ran_on.get((rid, mode), {hardware})
+                                                  | ran_on.get((rid, reference), set())))})
     frame = pd.DataFrame(out, columns=list(COLUMNS)).sort_values(["request_id", "mode"]).reset_index(drop=True)
     per = pd.DataFrame([{"mode": r["mode"], "requests": r.get("requests", len(r["outputs"])),
                          "seconds": r["seconds"]} for r in rows]).groupby("mode")[["requests", "seconds"]].sum()

@@ -47,7 +47,7 @@ def quality_sweep_cmd(
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     batch_size: Annotated[int, typer.Option(min=1, help="Requests generated together in one call (sequences, with --arrival-groups).")] = 16,
     arrival_groups: Annotated[bool, typer.Option(help="Run each request with the companions that arrive with it and judge the group's joined output, as the profiler and the live check do (a request with concurrency c costs c sequences).")] = False,
-    repeats: Annotated[int, typer.Option(min=1, help="Passes over every request, each in batches of other companions; the table keeps each (request, mode)'s worst, and says where the passes disagree (prefix caching and continuous batching turn with the requests served before or beside, and a greedy answer near a tie).")] = 1,
+    repeats: Annotated[int, typer.Option(min=1, help="Passes over every request, each in batches of other companions; the table keeps each (request, mode)'s worst, and says where the passes disagree (prefix caching and continuous batching turn with the requests served before or beside, a greedy answer near a tie; the other modes on the transformers backend give the same output in any batch).")] = 1,
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's choice; nothing here is timed).")] = None,
     cache_dir: Annotated[Path | None, typer.Option(help="Model cache folder.")] = None,
 ):
