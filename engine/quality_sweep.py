@@ -228,7 +228,7 @@ def run_sweep(spec: SweepSpec, output: Path, progress=None, log=print) -> tuple[
                         progress.update(task, advance=1, description=f"quality sweep: {mode}")
             finally:
                 engine.close()
-        frame, throughput = _results(spec, rows, modes[0])
+        frame, throughput = _results(spec, rows, modes[0], here)
         write_parquet(frame, output)
         return frame, throughput
     finally:
@@ -258,12 +258,13 @@ def _check_batches(path: Path, rows: list[dict], passes: list) -> None:
                                  "sweep plans for it (its batches were drawn otherwise); start a new sweep")
 
 
-def _results(spec: SweepSpec, rows: list[dict], reference: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _results(spec: SweepSpec, rows: list[dict], reference: str,
+             hardware: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The per-(request, mode) table and the per-mode throughput, from the journal."""
     by_id = {r.id: r for r in spec.requests}
     batch_of = {r.id: k for k, b in enumerate(spec.batches()) for r in b}
     outputs: dict[tuple[str, str, int], list[dict]] = {}
-    hardware = hardware_string(spec.device)
+    hardware = hardware or hardware_string(spec.device)  # this machine's
     # where each (request, mode) ran: rows journalled before the field ran here
     ran_on: dict[tuple[str, str], set[str]] = {}
     for row in rows:

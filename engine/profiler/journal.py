@@ -19,13 +19,18 @@ if TYPE_CHECKING:
     from modeswitch.engine.profiler.plan import ProfileSpec
 
 
+def _header(path: Path):
+    """A journal's first line, parsed (raises OSError or JSONDecodeError)."""
+    with open(path) as fh:
+        return json.loads(fh.readline())
+
+
 def recorded_plan(path) -> dict:
     """The plan (:class:`ProfileSpec` as a dict) a profile run recorded in its journal's
     first line: what live scoring replays to run a measured request as it was profiled."""
     path = Path(path)
     try:
-        with open(path) as fh:
-            header = json.loads(fh.readline())
+        header = _header(path)
     except OSError as exc:
         raise InputFileError(path, None, None, f"cannot be read ({exc.strerror})") from None
     except json.JSONDecodeError:
@@ -39,8 +44,7 @@ def journal_identity(path) -> str | None:
     """The identity a run's journal records in its first line, or None where there is no
     readable journal: whether a rerun with some settings would continue it."""
     try:
-        with open(path) as fh:
-            header = json.loads(fh.readline())
+        header = _header(path)
     except (OSError, json.JSONDecodeError):
         return None
     return header.get("identity") if isinstance(header, dict) else None

@@ -78,6 +78,9 @@ from modeswitch.study.report import write_study_report
 
 STATE = "study_state.json"
 
+#: the memory pass of a profile measured with the old CPU memory method (``_step_memory``)
+MEMORY_PASS = "memory_pass.parquet"
+
 
 def _aside(path: Path, tag: str) -> Path:
     """Rename ``path`` to ``<name>.<tag>`` (``-2``, ``-3``... where that is taken: two
@@ -87,8 +90,6 @@ def _aside(path: Path, tag: str) -> Path:
         dest, k = path.with_name(f"{path.name}.{tag}-{k}"), k + 1
     path.rename(dest)
     return dest
-#: the memory pass of a profile measured with the old CPU memory method (``_step_memory``)
-MEMORY_PASS = "memory_pass.parquet"
 
 
 @dataclass
@@ -158,14 +159,11 @@ class Study:
         if not set(changed) <= train | score | {"sweep_repeats"}:
             raise InputError(f"{self.out} holds a study with other settings ({path}: {said}); give a new "
                              "[study] output folder to start another (results are never overwritten)")
-        order = list(dict.fromkeys(s.split(":")[0] for s in self.steps()))  # step kinds, in order
-        # whole steps only: --redo train:group would leave the other splits on the old settings
-        redone = [order.index(x) for x in self.redo if x in order]
-        if step == "quality":  # the sweep reads the model alone: only a redo of either sweeps again
-            covered = bool({"quality", "model"} & set(self.redo))
-        else:  # redoing a measuring step redoes every step after it
-            covered = bool(redone) and min(redone) <= order.index(step)
-        if not covered:
+        # whole steps only: --redo train:group would leave the other splits on the old settings;
+        # a redo covers the change where it redoes the step (it, or a step the step reads)
+        kinds = {s.split(":")[0] for s in self.steps()}
+        redone = {x.split(":")[0] for r in self.redo if r in kinds for x in self._downstream(r)}
+        if step not in redone:
             kind = {"dataset": "train", "quality": "quality-sweep"}.get(step, step)
             what = {"quality": "sweep with the new count of passes (the sweep's journal continues: a pass it "
                                "holds is not run again), rebuild the table, retrain and ",
@@ -248,20 +246,26 @@ class Study:
         """Mark a step (or every ``kind:*`` step for ``kind``) and every step that reads
         its outputs as not done, so the next run does them again (redoing the dataset
         retrains and rescores; a finished score report is moved aside as ``.previous``)."""
-        order = self.steps()
-        names = {x for x in order if x == step or x.split(":")[0] == step}
+        names = self._downstream(step)
         if not names:
-            raise InputError(f"--redo {step!r}: no such step; steps: {', '.join(order)}")
-        grew = True
-        while grew:  # and everything downstream of them
-            more = {x for x in order if set(self.needs(x)) & names} - names
-            names |= more
-            grew = bool(more)
+            raise InputError(f"--redo {step!r}: no such step; steps: {', '.join(self.steps())}")
         for x in names:
             if x in self.state["steps"] and x.startswith("score:"):
                 self.state.setdefault("redone", []).append(x)
             self.state["steps"].pop(x, None)
         self._save_state()
+
+    def _downstream(self, step: str) -> set[str]:
+        """``step`` (or every ``kind:*`` step for ``kind``) and every step that reads its
+        outputs, directly or not: what redoing it redoes (empty for no such step)."""
+        order = self.steps()
+        names = {x for x in order if x == step or x.split(":")[0] == step}
+        grew = bool(names)
+        while grew:
+            more = {x for x in order if set(self.needs(x)) & names} - names
+            names |= more
+            grew = bool(more)
+        return names
 
     def outputs(self, step: str) -> dict:
         return self.state["steps"][step]["outputs"]
@@ -482,8 +486,9 @@ class Study:
         seconds = time.perf_counter() - t0
         with atomic_path(self.out / "quality_sweep_throughput.csv", overwrite=True) as tmp:
             throughput.to_csv(tmp, index=False)
+        n = sweep_passes(frame)
         self.log(f"quality sweep: {frame['request_id'].nunique()} requests x {frame['mode'].nunique()} modes "
-                 f"({sweep_passes(frame)} pass{'es' * (sweep_passes(frame) != 1)}), {seconds / 60:.1f} min this "
+                 f"({n} pass{'es' * (n != 1)}), {seconds / 60:.1f} min this "
                  "run; requests/s per mode over every pass "
                  + ", ".join(f"{r.mode} {r.requests_per_s:.2f}" for r in throughput.itertuples()))
         flipped = flipped_share(frame) if c.sweep_repeats > 1 else float("nan")
