@@ -63,6 +63,12 @@ ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_b
              "asimd", "sve", "sve2")
 
 
+def native_bf16(isa: list[str] | None = None) -> bool:
+    """Whether the CPU computes bf16 natively (AVX512-BF16 or AMX); elsewhere PyTorch
+    emulates it, slower than fp32. ``isa``: :func:`cpu_isa`'s list, read when None."""
+    return bool({"avx512_bf16", "amx_bf16"} & set(cpu_isa() if isa is None else isa))
+
+
 def cpu_isa(cpuinfo: str | None = None) -> list[str]:
     """The :data:`ISA_FLAGS` this CPU has, in that order (``cpuinfo``: the text of
     ``/proc/cpuinfo``, read when None); [] where unknown."""

@@ -149,3 +149,15 @@ def test_the_cache_key_follows_what_made_the_target_not_how_long_it_took(tmp_pat
     assert folder({"source": "a", "build_seconds": 31.0}) == first  # re-converted: same draft
     assert folder({"source": "b", "build_seconds": 20.1}) != first
     assert draft_folder(tmp_path / "m", DraftRecipe(lr=1e-3), "prompts") != first
+
+
+def test_the_draft_trains_in_bf16_only_where_the_cpu_has_it_natively():
+    from modeswitch.engine.hardware import native_bf16
+    from modeswitch.engine.models.draft import FP32_RECIPE, DraftRecipe, default_recipe
+
+    assert default_recipe(["avx2", "avx512f", "avx512_bf16"]) == DraftRecipe()
+    assert default_recipe(["avx2", "amx_tile", "amx_bf16"]) == DraftRecipe()
+    avx2 = default_recipe(["avx2"])
+    assert avx2 == FP32_RECIPE and avx2.teacher_dtype == "float32" and not avx2.train_bf16
+    assert avx2.key() != DraftRecipe().key()  # another draft, cached apart
+    assert not native_bf16(["avx2", "avx512f", "avx512_vnni"]) and not native_bf16([])

