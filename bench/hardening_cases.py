@@ -296,6 +296,7 @@ def server_cases(tmp: Path, key: str, disconnects: int, budget: float, mlruns: P
         case("role 'hacker'", chat, {"model": "modeswitch", "messages": [{"role": "hacker", "content": "x"}]}, 400)
         case("an undecodable body", chat, None, 400, raw=b"\xff\xfe{not json")
         case("a JSON array body", chat, None, 400, raw=b"[1, 2, 3]")
+        case("JSON arrays nested 100,000 deep", chat, None, 400, raw=b"[" * 100_000, says="nested too deeply")
         status, body, _ = srv.request("GET", "/v1/nothing-here", headers=auth)
         row("server", "GET an unknown path", f"{status}", status == 404 and openai_shaped(body), five=status >= 500)
         status, body, _ = srv.request("DELETE", chat, headers=auth)

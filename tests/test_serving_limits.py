@@ -153,15 +153,36 @@ def test_bad_requests_get_openai_shaped_errors_and_no_5xx(srv, method, path, bod
     assert _health(srv["port"])["in_flight"] == 0
 
 
-def test_an_undecodable_body_is_a_400_in_openai_shape(srv):
+def _post_raw(port: int, path: str, raw: bytes) -> tuple[int, dict]:
+    """(status, JSON body) of a POST of exactly these bytes."""
     import urllib.error
     import urllib.request
 
-    req = urllib.request.Request(f"http://127.0.0.1:{srv['port']}/v1/completions", data=b"\xff\xfe{not json",
-                                 method="POST", headers={"Content-Type": "application/json"})
-    with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(req, timeout=30)
-    assert e.value.code == 400 and "error" in json.loads(e.value.read())
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=raw, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.parametrize("path, raw, says", [
+    ("/v1/completions", b"{not json", "not valid JSON"),
+    ("/v1/completions", b"\xff\xfe{not json", "not utf-16-le text"),  # a UTF-16 byte-order mark, then bytes
+    ("/v1/completions", b'{"prompt": "\xff", "max_tokens": 2}', "not utf-8 text (invalid start byte at byte 12)"),
+    # parsed on the loop (under 8 KiB) and in the pool (over it)
+    ("/v1/completions", b"[" * 5_000, "nested too deeply"),
+    ("/v1/chat/completions", b"[" * 60_000, "nested too deeply"),
+    ("/v1/chat/completions", b'{"messages": [], "x": ' + b'{"a": ' * 10_000, "nested too deeply"),
+    ("/v1/completions", b'{"prompt": "x", "max_tokens": ' + b"9" * 5_000 + b"}", "a number of 5,000 digits"),
+])
+def test_a_body_that_cannot_be_parsed_is_a_400_saying_why(srv, path, raw, says, caplog):
+    status, body = _post_raw(srv["port"], path, raw)
+    assert status == 400 and says in body["error"]["message"], (status, body)
+    assert body["error"]["type"] == "invalid_request_error"
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+    assert _health(srv["port"])["in_flight"] == 0
 
 
 def test_a_huge_prompt_is_refused_before_it_is_tokenised():

@@ -13,6 +13,7 @@ Text must be valid Unicode (a lone surrogate such as ``"\\ud800"`` is refused).
 from __future__ import annotations
 
 import json
+import sys
 from typing import Literal
 
 from fastapi import HTTPException
@@ -89,16 +90,36 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
                         status_code=status, headers=headers)
 
 
+def _int(text: str) -> int:
+    """A JSON integer, refused by its length before Python converts it (a number longer
+    than Python's limit on integer digits would otherwise fail with advice to raise it)."""
+    limit = sys.get_int_max_str_digits()
+    if limit and len(text.lstrip("-")) > limit:
+        raise ValueError(f"a number of {len(text.lstrip('-')):,} digits, more than the {limit:,} accepted")
+    return int(text)
+
+
+def parse_json(raw: bytes):
+    """A request body's JSON, or the 400 saying why it is none: not text in a JSON
+    encoding, not JSON, a number too long to convert, or arrays and objects nested deeper
+    than the parser can follow (``json`` raises RecursionError there, not ValueError)."""
+    try:
+        return json.loads(raw, parse_int=_int)
+    except UnicodeDecodeError as exc:
+        why = f"not {exc.encoding} text ({exc.reason} at byte {exc.start:,})"
+    except RecursionError:
+        why = "arrays or objects nested too deeply to parse"
+    except ValueError as exc:  # not JSON, or an integer too long (_int)
+        why = f"not valid JSON ({exc})"
+    raise RequestValidationError([{"loc": ("body",), "msg": why, "type": "json_invalid"}])
+
+
 def parse_body(raw: bytes, model: type[BaseModel], context: int | None = None) -> BaseModel:
     """A request body as ``model``, or the 400 naming what is wrong. A conversation with
     more messages than the context has tokens is refused before its messages are
     validated (validating 270,000 took 1 s): every message costs its role's markup, at
     least one token, so it could never fit. Runs off the event loop for large bodies."""
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:  # not UTF-8, or not JSON
-        raise RequestValidationError([{"loc": ("body",), "msg": f"not valid JSON ({exc})",
-                                       "type": "json_invalid"}]) from None
+    data = parse_json(raw)
     messages = data.get("messages") if isinstance(data, dict) else None
     if context is not None and isinstance(messages, list) and len(messages) > context:
         raise HTTPException(400, f"{len(messages):,} messages cannot fit the model's context of {context} "
