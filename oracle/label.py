@@ -70,6 +70,7 @@ def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constrai
     cand["is_reference"] = cand["mode"] == cand["reference_mode"]
     ref = cand[cand["is_reference"]].set_index("unit")
     skipped = _units_without_reference(cand, ref, reference_of, c)
+    _check_some_left(skipped, cand["unit"].nunique())
     cand = cand[~cand["unit"].isin(skipped)].copy()
 
     r = ref.reindex(cand["unit"])  # each candidate's reference row, positionally aligned
@@ -138,6 +139,19 @@ def _units_without_reference(cand, ref, reference_of, c: Constraints) -> dict:
                 )
             skipped[unit] = problem
     return skipped
+
+
+def _check_some_left(skipped: dict, units: int) -> None:
+    """With every unit skipped there is nothing to label: one error saying why (the
+    first few units' reasons), not an empty table that breaks whatever reads it next
+    (an import of a file without its reference mode's rows, as the published A100
+    hybrid stress file is, skips every unit)."""
+    if not skipped or len(skipped) < units:
+        return
+    shown = "; ".join(f"{u}: {why}" for u, why in list(skipped.items())[:3])
+    more = f"; and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+    raise OracleError(f"nothing to label: every one of the {len(skipped)} units was skipped ({shown}{more}); "
+                      "label them together with a profile of their reference mode")
 
 
 def _add_ratios(cand, r):

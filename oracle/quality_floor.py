@@ -25,6 +25,14 @@ def _lossless(mode: str) -> bool:
         return False
 
 
+def _lossless_rows(modes: pd.Series) -> pd.Series:
+    """Boolean per row: is its mode lossless. Decided once per distinct mode and always
+    boolean, also for no rows (``map`` keeps an empty column's string dtype, which a
+    boolean ``&`` then refuses: a profile of aggregate rows alone leaves none)."""
+    lossless = [m for m in modes.dropna().unique() if _lossless(m)]
+    return modes.isin(lossless).astype(bool)
+
+
 def self_consistency_floor(profile: pd.DataFrame) -> pd.DataFrame:
     """Per lossless mode and family: requests scored, the share whose output differs from
     the reference's (ROUGE-L below 1), and their mean and lowest ROUGE-L against it.
@@ -42,7 +50,7 @@ def self_consistency_floor(profile: pd.DataFrame) -> pd.DataFrame:
         df = df[df["trial"] == 0]
     if "attempt" in df:
         df = df.sort_values("attempt").drop_duplicates(["mode", "request_id"], keep="last")
-    df = df[df["mode"].map(_lossless) & df["rouge_l_vs_baseline"].notna()]
+    df = df[_lossless_rows(df["mode"]) & df["rouge_l_vs_baseline"].notna()]
     if df.empty:
         return pd.DataFrame(columns=cols)
     g = df.assign(diverged=df["rouge_l_vs_baseline"] < 1.0).groupby(["mode", "family"])
