@@ -255,6 +255,22 @@ def openai_shaped(body: bytes) -> bool:
         return False
 
 
+def usage_case(post, path: str, messages: list):
+    """A stream with ``stream_options.include_usage``: its last event before ``[DONE]`` has
+    no choices and the token counts, as OpenAI's and vLLM's servers send it."""
+    status, body, _ = post(path, {"model": "modeswitch", "messages": messages, "max_tokens": 4, "stream": True,
+                                  "stream_options": {"include_usage": True}})
+    events = [e[6:] for e in body.decode(errors="replace").split("\n\n") if e.startswith("data: ")]
+    try:
+        last = json.loads(events[-2]) if events[-1:] == ["[DONE]"] and len(events) >= 2 else {}
+    except ValueError:
+        last = {}
+    usage = last.get("usage") or {}
+    ok = status == 200 and last.get("choices") == [] and usage.get("completion_tokens", 0) > 0
+    row("server", "a stream with stream_options.include_usage", f"{status}, last event's usage {usage}", ok,
+        five=status >= 500)
+
+
 def server_cases(tmp: Path, key: str, disconnects: int, budget: float, mlruns: Path, uri: str):
     print("server")
     keyfile = tmp / "key"
@@ -294,6 +310,11 @@ def server_cases(tmp: Path, key: str, disconnects: int, budget: float, mlruns: P
                                   ("unknown model", {"model": "gpt-5"}, 404)):
             case(name, chat, {"model": "modeswitch", "messages": msg, "max_tokens": 4, **extra}, want)
         case("role 'hacker'", chat, {"model": "modeswitch", "messages": [{"role": "hacker", "content": "x"}]}, 400)
+        case("logprobs: true (no engine returns them)", chat,
+             {"model": "modeswitch", "messages": msg, "max_tokens": 4, "logprobs": True}, 400, says="logprobs")
+        case("a stop list of 10,000 strings", chat,
+             {"model": "modeswitch", "messages": msg, "max_tokens": 4, "stop": ["x"] * 10_000}, 400, says="stop")
+        usage_case(post, chat, msg)
         case("an undecodable body", chat, None, 400, raw=b"\xff\xfe{not json")
         case("a JSON array body", chat, None, 400, raw=b"[1, 2, 3]")
         case("JSON arrays nested 100,000 deep", chat, None, 400, raw=b"[" * 100_000, says="nested too deeply")

@@ -147,6 +147,48 @@ def test_concurrent_requests_share_the_continuous_batching_engine(server, router
     assert engine.info["max_requests_in_batch"] >= 2
 
 
+def test_a_stream_asked_for_its_usage_ends_with_it(server, router):
+    """``stream_options={"include_usage": True}`` through the openai client: a last chunk
+    with no choices and the request's token counts (those of the whole response), every
+    chunk before it ``usage: None``."""
+    c = server["client"]
+    msgs = [{"role": "user", "content": "def parse(self, text):"}]
+    whole = c.chat.completions.create(model="modeswitch", messages=msgs, max_tokens=8)
+    chunks = list(c.chat.completions.create(model="modeswitch", messages=msgs, max_tokens=8, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert all(ch.usage is None for ch in chunks[:-1]) and chunks[-2].choices[0].finish_reason
+    whole = c.completions.create(model="modeswitch", prompt="import os", max_tokens=6)
+    chunks = list(c.completions.create(model="modeswitch", prompt="import os", max_tokens=6, stream=True,
+                                       stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        c.chat.completions.create(model="modeswitch", messages=msgs, max_tokens=2, logprobs=True, top_logprobs=2)
+
+
+@pytest.mark.parametrize("mode", ["fp16_baseline", "continuous_batching"])
+def test_a_stop_sequence_cuts_the_text_whole_and_streamed(server, router, mode):
+    """A sequence from the middle of the text the model writes unstopped: the response
+    is the text before it, generation ends there (fewer tokens), and streamed the same;
+    on an engine of its own and in a running batch."""
+    c = server["client"]
+    router.mode = mode
+    msgs = [{"role": "user", "content": "import os\nimport sys"}]
+    full = c.chat.completions.create(model="modeswitch", messages=msgs, max_tokens=24)
+    text = full.choices[0].message.content
+    assert len(text) >= 9
+    stop = text[len(text) // 3:len(text) // 3 + 2]
+    want = text[:text.find(stop)]
+    cut = c.chat.completions.create(model="modeswitch", messages=msgs, max_tokens=24, stop=["\x00never", stop])
+    assert cut.choices[0].message.content == want and cut.choices[0].finish_reason == "stop"
+    assert cut.usage.completion_tokens < full.usage.completion_tokens
+    chunks = list(c.chat.completions.create(model="modeswitch", messages=msgs, max_tokens=24, stop=stop,
+                                            stream=True))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == want
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
 def test_bad_requests_get_400_with_a_clear_message(server):
     c = server["client"]
     before = counter(server["port"], "modeswitch_errors_total", kind="bad_request")

@@ -294,3 +294,68 @@ def test_metrics_break_a_request_down_by_stage(srv):
         line = next(x for x in text.splitlines()
                     if x.startswith(f'modeswitch_stage_seconds_count{{stage="{stage}"}}'))
         assert float(line.split()[-1]) >= 1, stage
+
+
+_CHAT = [{"role": "user", "content": "x"}]
+
+
+@pytest.mark.parametrize("path, body, field, says", [
+    ("/v1/chat/completions", {"messages": _CHAT, "logprobs": True}, "logprobs", "log-probabilities are not available"),
+    ("/v1/chat/completions", {"messages": _CHAT, "top_logprobs": 2}, "top_logprobs", "not available"),
+    ("/v1/chat/completions", {"messages": _CHAT, "top_logprobs": 21}, "top_logprobs", "less than or equal to 20"),
+    ("/v1/chat/completions", {"messages": _CHAT, "top_logprobs": -1}, "top_logprobs", "greater than or equal to 0"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 0}, "logprobs", "log-probabilities are not available"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 6}, "logprobs", "less than or equal to 5"),
+    ("/v1/completions", {"prompt": "x", "stop": ["a"] * 10_000}, "stop", "at most 16 stop sequences"),
+    ("/v1/chat/completions", {"messages": _CHAT, "stop": "x" * 300}, "stop", "at most 256 characters"),
+    ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options",
+     "only allowed when stream is true"),
+    ("/v1/completions", {"prompt": "x", "stream": True, "stream_options": {"continuous_usage_stats": True}},
+     "stream_options.continuous_usage_stats", "not permitted"),
+])
+def test_fields_the_server_cannot_honour_are_refused_naming_them(srv, path, body, field, says):
+    status, _, text = http("POST", f"http://127.0.0.1:{srv['port']}{path}", {"max_tokens": 2, **body})
+    message = json.loads(text)["error"]["message"]
+    assert status == 400 and f"{field}: " in message and says in message, (status, message)
+
+
+def test_fields_that_ask_nothing_of_the_output_are_accepted(srv):
+    url = f"http://127.0.0.1:{srv['port']}"
+    for path, body in (("/v1/chat/completions", {"messages": _CHAT, "logprobs": False, "top_logprobs": None}),
+                       ("/v1/completions", {"prompt": "x", "logprobs": None, "stop": [""] * 16}),
+                       ("/v1/completions", {"prompt": "x", "stream": True, "stream_options": {"include_usage": False}})):
+        assert http("POST", url + path, {"max_tokens": 2, **body})[0] == 200, body
+
+
+def _sse(port: int, path: str, body: dict) -> list:
+    """A stream's events as parsed bodies, ``[DONE]`` as the string."""
+    status, _, text = http("POST", f"http://127.0.0.1:{port}{path}", {**body, "stream": True})
+    assert status == 200, text
+    events = [line[6:] for line in text.split("\n\n") if line.startswith("data: ")]
+    return [e if e == "[DONE]" else json.loads(e) for e in events]
+
+
+def test_a_stop_sequence_ends_the_text_and_the_generation(srv):
+    """The test engine writes B, C, D, ... one token each: "EF" spans two tokens, so
+    the text is "BCD", the finish "stop", and generation ends at the fifth token, not
+    at max_tokens; streamed the same, the usage last when asked for."""
+    port = srv["port"]
+    SlowEngine.produced.clear()
+    body = {"prompt": "x", "max_tokens": 500, "stop": ["zz", "EF"]}
+    status, _, text = http("POST", f"http://127.0.0.1:{port}/v1/completions", body)
+    whole = json.loads(text)
+    assert status == 200 and whole["choices"][0]["text"] == "BCD"
+    assert whole["choices"][0]["finish_reason"] == "stop" and whole["usage"]["completion_tokens"] == 5
+    assert SlowEngine.produced == [5]
+    events = _sse(port, "/v1/completions", {**body, "stream_options": {"include_usage": True}})
+    assert events[-1] == "[DONE]" and events[-2]["choices"] == []
+    assert events[-2]["usage"] == {"prompt_tokens": 1, "completion_tokens": 5, "total_tokens": 6}
+    assert "".join(e["choices"][0]["text"] for e in events[:-2]) == "BCD"
+    assert events[-3]["choices"][0]["finish_reason"] == "stop"
+    # by the stream's end generation has stopped and the request is counted out
+    assert _health(port)["in_flight"] == 0 and len(SlowEngine.produced) == 2 and SlowEngine.produced[1] < 50
+    # a stop sequence never written: the whole text, to max_tokens
+    status, _, text = http("POST", f"http://127.0.0.1:{port}/v1/completions",
+                           {"prompt": "x", "max_tokens": 6, "stop": "BD"})
+    assert json.loads(text)["choices"][0] == {"index": 0, "text": "AAAAAA", "finish_reason": "length",
+                                              "logprobs": None}

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 from modeswitch.engine.serving.generate import _events
+from modeswitch.engine.serving.output import PLAIN, OutputOptions, StopText, cut_at_stop
 
 #: id -> bytes, as a byte-level BPE: 0 is EOS (special: decodes to nothing), 1-26 letters,
 #: 100 and 101 the two bytes of "é" (one alone decodes to U+FFFD)
@@ -29,18 +30,20 @@ class _Feed:
         return self._items.pop(0)
 
 
-def _stream(items, max_tokens, chat=False):
+def _stream(items, max_tokens, chat=False, output=PLAIN, feed=None):
     """The events of one stream as parsed bodies (``[DONE]`` as the string)."""
     closed = []
 
-    async def close():
-        closed.append(True)
+    async def close():  # as _Life.close: once, however often it is called
+        if not closed:
+            closed.append(True)
 
     state = SimpleNamespace(config=SimpleNamespace(served_name="m"), tokenizer=_Tokenizer())
-    job = SimpleNamespace(id="cmpl-1", chat=chat, max_tokens=max_tokens, mode="fp16", info={"mode": "fp16"})
+    job = SimpleNamespace(id="cmpl-1", chat=chat, max_tokens=max_tokens, mode="fp16", info={"mode": "fp16"},
+                          ids=[7, 8, 9])
 
     async def run():
-        return [e async for e in _events(state, job, _Feed(items), SimpleNamespace(close=close))]
+        return [e async for e in _events(state, job, feed or _Feed(items), SimpleNamespace(close=close), output)]
 
     raw = asyncio.run(run())
     assert closed == [True]  # the request ends however the stream does
@@ -98,6 +101,85 @@ def test_a_chat_stream_sends_the_role_first_and_no_empty_event_after():
     assert _routed(ev) == [True, False, False, False]
     assert [_text(e, chat=True) for e in ev[1:-1]] == ["a", "b"]
     assert [e["choices"][0]["finish_reason"] for e in ev[1:-1]] == [None, "length"]
+
+
+def _finishes(ev):
+    return [e["choices"][0]["finish_reason"] for e in ev if isinstance(e, dict) and e["choices"]]
+
+
+def test_a_stop_sequence_across_tokens_ends_the_stream_before_it():
+    """"cd" arrives as two tokens: "c" is held back (it may begin the sequence), "d"
+    completes it, and the stream ends there with no more tokens read."""
+    feed = _Feed([[1], [2], [3], [4], [5], [6]])
+    ev = _stream(None, max_tokens=10, output=OutputOptions(stop=("cd",)), feed=feed)
+    assert [_text(e) for e in ev[:-1]] == ["a", "b", ""] and _finishes(ev) == [None, None, "stop"]
+    assert feed._items == [[5], [6], None]  # generation is not read past the stop
+
+
+def test_text_held_back_for_a_stop_sequence_is_sent_when_it_is_not_one():
+    ev = _stream([[1], [3], [4], [5]], max_tokens=4, output=OutputOptions(stop=("cx",)))
+    assert [_text(e) for e in ev[:-1]] == ["a", "cd", "e"] and _finishes(ev) == [None, None, "length"]
+    # at max_tokens while holding: the held text goes with the finish
+    ev = _stream([[1], [2], [3]], max_tokens=3, output=OutputOptions(stop=("cd",)))
+    assert [_text(e) for e in ev[:-1]] == ["a", "b", "c"] and _finishes(ev) == [None, None, "length"]
+
+
+def test_a_stop_sequence_completed_by_a_character_s_last_byte():
+    ev = _stream([[1], [100], [101], [2]], max_tokens=5, output=OutputOptions(stop=("\u00e9",)))
+    assert "".join(_text(e) for e in ev[:-1]) == "a" and _finishes(ev)[-1] == "stop"
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_include_usage_ends_the_stream_with_the_token_counts(chat):
+    """As OpenAI sends it: every event carries ``usage: null``, then one with no choices
+    and the counts, then ``[DONE]``; without the option, no event carries ``usage``."""
+    ev = _stream([[1], [2]], max_tokens=2, chat=chat, output=OutputOptions(include_usage=True))
+    assert ev[-1] == "[DONE]"
+    assert ev[-2]["choices"] == [] and ev[-2]["usage"] == {"prompt_tokens": 3, "completion_tokens": 2,
+                                                           "total_tokens": 5}
+    assert ev[-2]["id"] == "cmpl-1" and ev[-2]["object"] == ("chat.completion.chunk" if chat else "text_completion")
+    assert all("usage" in e and e["usage"] is None for e in ev[:-2])
+    assert all("usage" not in e for e in _stream([[1], [2]], max_tokens=2, chat=chat)[:-1])
+    # cut at a stop sequence: the tokens generated up to it are counted
+    ev = _stream([[1], [2], [3]], max_tokens=5, output=OutputOptions(stop=("b",), include_usage=True))
+    assert ev[-2]["usage"]["completion_tokens"] == 2
+
+
+def _first_completed(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
+    """The text before the stop sequence that is completed first (the longest of those
+    completed by the same character), as a stream read a character at a time finds it."""
+    for end in range(1, len(text) + 1):
+        done = [s for s in stop if text[:end].endswith(s)]
+        if done:
+            return text[:end - max(map(len, done))], True
+    return text, False
+
+
+def test_stop_text_in_any_pieces_gives_the_text_before_a_stop_sequence():
+    """However the text is split, StopText hands out (with what it held at the end) a
+    prefix of the text containing no stop sequence, followed in the text by one when it
+    stopped, the whole text when not; a character at a time, exactly the text before the
+    first sequence completed; in one piece, the text before the earliest one."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        text = "".join(rng.choice("abc\n") for _ in range(rng.randrange(0, 30)))
+        stop = tuple("".join(rng.choice("abc\n") for _ in range(rng.randrange(1, 4)))
+                     for _ in range(rng.randrange(1, 4)))
+        cuts = sorted(rng.sample(range(len(text) + 1), k=min(len(text) + 1, rng.randrange(1, 6))))
+        splits = {"random": [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)])],
+                  "characters": list(text), "whole": [text]}
+        for how, pieces in splits.items():
+            st = StopText(stop)
+            out = "".join(st.add(p) for p in pieces)
+            out += "" if st.stopped else st.rest()
+            assert text.startswith(out) and not any(s in out for s in stop), (text, stop, how)
+            assert st.stopped == any(text[len(out):].startswith(s) for s in stop), (text, stop, how)
+            assert st.stopped or out == text
+            if how != "random":
+                want = _first_completed(text, stop) if how == "characters" else cut_at_stop(text, stop)
+                assert (out, st.stopped) == want, (text, stop, how)
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["DecodeStream", "window"])

@@ -331,7 +331,8 @@ async def completions(state: State, http: HttpRequest, body: Annotated[Completio
     chars = sum(map(len, body.prompt)) if isinstance(body.prompt, list) else len(body.prompt)
     ids = await _tokenized(state, chars, completion_ids, state.tokenizer, body, state.context_tokens,
                            state.config.raw_completions)
-    return await serve(state, "completions", ids, body.max_tokens, stream=body.stream, chat=False, http=http)
+    return await serve(state, "completions", ids, body.max_tokens, stream=body.stream, chat=False, http=http,
+                       output=body.output)
 
 
 @keyed.post("/v1/chat/completions", openapi_extra=body_schema(ChatBody))
@@ -341,7 +342,8 @@ async def chat(state: State, http: HttpRequest, body: Annotated[ChatBody, Depend
     check_capacity(state)
     ids = await _tokenized(state, chat_chars(body.messages), chat_ids, state.tokenizer, body.messages,
                            state.context_tokens)
-    return await serve(state, "chat", ids, body.output_tokens, stream=body.stream, chat=True, http=http)
+    return await serve(state, "chat", ids, body.output_tokens, stream=body.stream, chat=True, http=http,
+                       output=body.output)
 
 
 @keyed.get("/openapi.json", include_in_schema=False)

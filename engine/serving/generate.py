@@ -16,6 +16,7 @@ import anyio
 from fastapi import HTTPException
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from modeswitch.engine.results import Generation
 from modeswitch.engine.serving.jobs import (
     Job,
     acquire_engine,
@@ -24,11 +25,11 @@ from modeswitch.engine.serving.jobs import (
     finish,
     run_gate,
 )
+from modeswitch.engine.serving.output import PLAIN, OutputOptions, StopText, cut_at_stop
 from modeswitch.engine.serving.state import ServerState
 
 if TYPE_CHECKING:
     from modeswitch.engine.backends.base import Engine
-    from modeswitch.engine.results import Generation
 
 log = logging.getLogger("modeswitch.serve")
 
@@ -36,6 +37,11 @@ log = logging.getLogger("modeswitch.serve")
 class Cancelled(Exception):
     """The client went away: raised from the engine's token callback, so generation stops
     at its next token instead of running to ``max_tokens`` for nobody."""
+
+
+class Stopped(Exception):
+    """The text reached a stop sequence: raised from the engine's token callback of a
+    whole response, so generation ends there as it would at the end of text."""
 
 
 class _Life:
@@ -106,9 +112,10 @@ async def _gated(engine: Engine, job: Job, gate: AbstractAsyncContextManager, li
 
 
 async def serve(state: ServerState, endpoint: str, ids: list[int], max_tokens: int, *,
-                stream: bool, chat: bool, http=None):
+                stream: bool, chat: bool, http=None, output: OutputOptions = PLAIN):
     """The response to one completion or chat request (``chat`` picks the body's shape).
-    ``http``: the client's connection, watched so an abandoned request stops generating."""
+    ``http``: the client's connection, watched so an abandoned request stops generating;
+    ``output``: its stop sequences and whether a stream ends with the usage."""
     check_limits(state.config, ids, max_tokens, state.context_tokens)
     job = admit(state, endpoint, ids, max_tokens, chat)
     engine = await acquire_engine(state, job)  # a failed load counts the job out itself
@@ -116,11 +123,11 @@ async def serve(state: ServerState, endpoint: str, ids: list[int], max_tokens: i
     try:
         gate = run_gate(state, job, engine)
         if stream:
-            return stream_response(state, job, engine, gate, life)
+            return stream_response(state, job, engine, gate, life, output)
     except BaseException:
         await life.close()
         raise
-    return await whole_response(state, job, engine, gate, life, http)
+    return await whole_response(state, job, engine, gate, life, http, output.stop)
 
 
 async def _watch(http, life: _Life, every_s: float = 0.2) -> None:
@@ -134,12 +141,43 @@ async def _watch(http, life: _Life, every_s: float = 0.2) -> None:
 
 
 # ------------------------------------------------------------------ whole
+class _StopWatch:
+    """A whole response's text decoded as the engine generates it, so generation ends at
+    the first stop sequence (:class:`Stopped` from the token callback) rather than at
+    ``max_tokens``; then the text before it and the tokens generated make the response."""
+
+    def __init__(self, life: _Life, tokenizer, stop: tuple[str, ...]):
+        self.life = life
+        self.text = _Detokenizer(tokenizer)
+        self.cut = StopText(stop)
+        self.ids: list[int] = []
+        self._pieces: list[str] = []
+        self._t0 = time.perf_counter()
+
+    def on_token(self, rid=None, new_ids=None) -> None:
+        self.life.on_token(rid, new_ids)
+        self.ids.extend(new_ids)
+        self._pieces.append(self.cut.add(self.text.add(list(new_ids))))
+        if self.cut.stopped:
+            raise Stopped(self.life.job.id)
+
+    def generation(self) -> Generation:
+        """What was generated up to the stop sequence, as the engine would have answered it
+        (its latency counted from the request's hand-over to its engine)."""
+        return Generation(self.life.job.id, self.ids, "".join(self._pieces),
+                          (time.perf_counter() - self._t0) * 1000)
+
+
 async def whole_response(state: ServerState, job: Job, engine: Engine,
-                         gate: AbstractAsyncContextManager, life: _Life, http=None):
-    life.producer = asyncio.create_task(_gated(engine, job, gate, life, life.on_token))
+                         gate: AbstractAsyncContextManager, life: _Life, http=None, stop: tuple[str, ...] = ()):
+    watch = _StopWatch(life, state.tokenizer, stop) if stop else None
+    life.producer = asyncio.create_task(_gated(engine, job, gate, life, (watch or life).on_token))
     watcher = asyncio.create_task(_watch(http, life)) if http is not None else None
+    stopped = False
     try:
-        gens = await asyncio.shield(life.producer)  # our own cancellation is the watcher's
+        gen = (await asyncio.shield(life.producer))[0]  # our own cancellation is the watcher's
+    except Stopped:
+        gen, stopped = watch.generation(), True
     except (Cancelled, asyncio.CancelledError):
         if not life.cancelled:
             raise  # the handler itself was cancelled (shutdown): not a client gone
@@ -152,16 +190,22 @@ async def whole_response(state: ServerState, job: Job, engine: Engine,
         if watcher is not None:
             watcher.cancel()
         await life.close()
-    return JSONResponse(completion_body(job, state.config.served_name, gens[0]), headers=job.headers)
+    # not stopped while generating: a sequence the last token completed (its text held in
+    # the decode until the end) is cut from the engine's text here
+    text, stopped = (gen.text, True) if stopped else cut_at_stop(gen.text, stop)
+    return JSONResponse(completion_body(job, state.config.served_name, gen, text, stopped), headers=job.headers)
 
 
-def completion_body(job: Job, model: str, gen: Generation) -> dict:
-    finish_reason = "length" if gen.output_tokens >= job.max_tokens else "stop"
+def completion_body(job: Job, model: str, gen: Generation, text: str | None = None, stopped: bool = False) -> dict:
+    """The whole response: ``text`` (the engine's when None), which ``stopped`` at a stop
+    sequence or not."""
+    text = gen.text if text is None else text
+    finish_reason = "length" if gen.output_tokens >= job.max_tokens and not stopped else "stop"
     if job.chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": gen.text},
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
                   "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": gen.text, "finish_reason": finish_reason, "logprobs": None}
+        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
     prompt = len(job.ids)
     return {"id": job.id, "object": "chat.completion" if job.chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": [choice],
@@ -188,7 +232,7 @@ class _Stream(StreamingResponse):
 
 
 def stream_response(state: ServerState, job: Job, engine: Engine,
-                    gate: AbstractAsyncContextManager, life: _Life) -> StreamingResponse:
+                    gate: AbstractAsyncContextManager, life: _Life, output: OutputOptions = PLAIN) -> StreamingResponse:
     """Events as the engine generates, each token sent as soon as it exists. A batching
     engine that streams on this loop (``astream``: vLLM) is read by the response's own
     task, as vLLM's server reads it; otherwise generation runs in a task feeding a queue
@@ -199,11 +243,11 @@ def stream_response(state: ServerState, job: Job, engine: Engine,
         life.running = True
         life.feed = feed = _EngineFeed(tokens, state)
         state.metrics.stages["wait"].observe(0.0)  # no gate to wait for
-        return _Stream(life, _events(state, job, feed, life), media_type="text/event-stream", headers=job.headers)
+        return _Stream(life, _events(state, job, feed, life, output), media_type="text/event-stream", headers=job.headers)
     feed = _TokenFeed(life)
     life.producer = asyncio.create_task(_generate(state, job, engine, gate, feed, life))
     # _generate's own work is the gated generation; cancel() may cancel it while it waits
-    return _Stream(life, _events(state, job, feed, life), media_type="text/event-stream", headers=job.headers)
+    return _Stream(life, _events(state, job, feed, life, output), media_type="text/event-stream", headers=job.headers)
 
 
 class _TokenFeed:
@@ -281,26 +325,41 @@ async def _generate(state: ServerState, job: Job, engine: Engine,
         feed.end(exc)
 
 
-async def _events(state: ServerState, job: Job, feed: _TokenFeed | _EngineFeed, life: _Life):
+async def _events(state: ServerState, job: Job, feed: _TokenFeed | _EngineFeed, life: _Life,
+                  output: OutputOptions = PLAIN):
     """The events of one stream; the request ends (:class:`_Life`) when the stream does:
-    completed, failed, or closed by a client gone (generation told to stop first)."""
-    chunks = _Chunks(job, state.config.served_name)
+    completed, at a stop sequence, failed, or closed by a client gone (generation told to
+    stop first). Text that may begin a stop sequence is held back until a later token
+    shows it does not (:class:`~engine.serving.output.StopText`)."""
+    chunks = _Chunks(job, state.config.served_name, output.include_usage)
     text = _Detokenizer(state.tokenizer)
+    cut = StopText(output.stop)
     try:
         if job.chat:  # the role first, as OpenAI and vLLM send it
             yield chunks.first()
         finished = False
-        while (item := await feed.next()) is not None:
+        while not cut.stopped and (item := await feed.next()) is not None:
             if isinstance(item, Exception):
                 yield chunks.error(item)
                 return
-            if delta := text.add(item):
+            delta = cut.add(text.add(item))
+            if cut.stopped:
+                finished = True
+                yield chunks.last("stop", delta)
+                # generation stopped and the request counted out before the stream's end,
+                # as a whole response is: a client that read [DONE] has no request running
+                await life.close()
+            elif delta:
                 # at max_tokens the engine stops: the finish rides on this chunk, as vLLM's
                 # does, rather than an event of its own for every client to parse
-                finished = text.tokens >= job.max_tokens
+                finished = text.tokens >= job.max_tokens and not cut.holding
                 yield chunks.delta(delta, "length" if finished else None)
         if not finished:  # the text held back at the end (if any) goes with the finish
-            yield chunks.last("length" if text.tokens >= job.max_tokens else "stop", text.rest())
+            rest = cut.add(text.rest())
+            rest += cut.rest()
+            yield chunks.last("length" if text.tokens >= job.max_tokens and not cut.stopped else "stop", rest)
+        if output.include_usage:
+            yield chunks.usage(len(job.ids), text.tokens)
         yield "data: [DONE]\n\n"
     finally:
         await life.close()
@@ -424,9 +483,11 @@ class _Chunks:
     a completion the first text. No event is sent that carries nothing: each costs every
     client a parse, and on a machine the client shares that is throughput."""
 
-    def __init__(self, job: Job, model: str):
+    def __init__(self, job: Job, model: str, include_usage: bool = False):
         self.job, self.model, self.created = job, model, int(time.time())
         self._routed = False  # the routing field sent
+        #: every event carries ``usage`` (null until the last), as OpenAI sends it when asked
+        self.include_usage = include_usage
 
     def first(self) -> str:
         return self._event(self._choice("", None, first=True))
@@ -436,6 +497,13 @@ class _Chunks:
 
     def last(self, finish_reason: str, text: str = "") -> str:
         return self._event(self._choice(text or None, finish_reason))
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> str:
+        """The last event before ``[DONE]`` when the client asked for it
+        (``stream_options.include_usage``): no choices, the request's token counts."""
+        return _sse({**self._head(), "choices": [],
+                     "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                               "total_tokens": prompt_tokens + completion_tokens}})
 
     def error(self, exc: Exception) -> str:
         body = {"error": {"message": f"generation failed on mode {self.job.mode}: {exc}", "type": "server_error"}}
@@ -452,9 +520,14 @@ class _Chunks:
             d["content"] = delta
         return {"index": 0, "delta": d, "finish_reason": finish_reason}
 
+    def _head(self) -> dict:
+        return {"id": self.job.id, "object": "chat.completion.chunk" if self.job.chat else "text_completion",
+                "created": self.created, "model": self.model}
+
     def _event(self, choice: dict) -> str:
-        body = {"id": self.job.id, "object": "chat.completion.chunk" if self.job.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": [choice]}
+        body = {**self._head(), "choices": [choice]}
+        if self.include_usage:
+            body["usage"] = None
         if not self._routed:
             body["modeswitch"] = self.job.info
             self._routed = True

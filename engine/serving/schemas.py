@@ -4,9 +4,13 @@ Validation happens here (pydantic), so a bad request is answered 400 with the
 field at fault before it is routed or counted as served. Parameters are checked
 as OpenAI checks them (``max_tokens`` an integer >= 1, ``temperature`` in [0, 2],
 ``top_p`` in (0, 1], ``n`` must be 1 here, roles OpenAI knows); ``temperature``,
-``top_p``, ``seed``, ``stop``, ``user`` and the penalties are accepted and ignored:
-every mode decodes greedily, as the profiler measured it (docs/serving.md). Any
-other field is ignored, as OpenAI's own server ignores fields it does not know.
+``top_p``, ``seed``, ``user`` and the penalties are accepted and ignored: every
+mode decodes greedily, as the profiler measured it (docs/serving.md). Fields that
+change what a client reads are honoured or refused, never ignored: ``stop`` (at
+most :data:`MAX_STOP_SEQUENCES`, each at most :data:`MAX_STOP_CHARS` characters)
+and ``stream_options.include_usage`` are honoured (:mod:`~engine.serving.output`);
+``logprobs`` and ``top_logprobs`` are refused, as no engine returns log-probabilities.
+Any other field is ignored, as OpenAI's own server ignores fields it does not know.
 Text must be valid Unicode (a lone surrogate such as ``"\\ud800"`` is refused).
 """
 
@@ -19,7 +23,17 @@ from typing import Literal
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field, StrictBool, StrictInt, ValidationError, field_validator
+from modeswitch.engine.serving.output import OutputOptions
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -34,11 +48,50 @@ def _unicode(v):
     return v
 
 
+#: stop sequences one request may give: OpenAI's API takes 4; more than a few cost every
+#: token a search each (:class:`~engine.serving.output.StopText`), for no use a client has
+MAX_STOP_SEQUENCES = 16
+#: characters in one stop sequence: a stream holds back the text that may begin one, and
+#: finding where that begins costs up to the square of this length per token
+MAX_STOP_CHARS = 256
+#: why log-probabilities are refused (``logprobs``, ``top_logprobs``)
+NO_LOGPROBS = ("log-probabilities are not available from this server: its engines return the generated "
+               "tokens, not their probabilities")
+
+
+def _stop(v):
+    """At most :data:`MAX_STOP_SEQUENCES` sequences of at most :data:`MAX_STOP_CHARS` characters."""
+    seqs = [v] if isinstance(v, str) else v or []
+    if len(seqs) > MAX_STOP_SEQUENCES:
+        raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences are accepted, not {len(seqs):,}")
+    long = next((s for s in seqs if len(s) > MAX_STOP_CHARS), None)
+    if long is not None:
+        raise ValueError(f"a stop sequence may have at most {MAX_STOP_CHARS} characters, not {len(long):,}")
+    return v
+
+
+def _refused(v, refuse):
+    """``v`` unless ``refuse(v)``: then the field is refused (:data:`NO_LOGPROBS`)."""
+    if refuse(v):
+        raise ValueError(NO_LOGPROBS)
+    return v
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: ``include_usage`` ends the stream with an event of the token
+    counts. Other options are refused by name rather than ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: StrictBool | None = None
+
+
 class _Sampling(BaseModel):
     """The fields both endpoints share."""
 
     model: str | None = None
     stream: StrictBool = False
+    stream_options: StreamOptions | None = None
     n: StrictInt = Field(1, ge=1, le=1, description="one choice per request (n > 1 is refused)")
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
@@ -48,12 +101,33 @@ class _Sampling(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     user: str | None = None
 
+    _check_stop = field_validator("stop")(classmethod(lambda cls, v: _stop(v)))
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_streamed(cls, v, info: ValidationInfo):
+        """As OpenAI and vLLM answer it: options of a stream need a stream."""
+        if v is not None and not info.data.get("stream"):
+            raise ValueError("only allowed when stream is true")
+        return v
+
+    @property
+    def output(self) -> OutputOptions:
+        """What the request asks of its output: its stop sequences (empty ones dropped:
+        they would end every text before it began) and whether a stream ends with usage."""
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        usage = bool(self.stream_options and self.stream_options.include_usage)
+        return OutputOptions(stop=tuple(s for s in stop if s), include_usage=usage)
+
 
 class CompletionBody(_Sampling):
     prompt: str | list[str]
     max_tokens: StrictInt = Field(16, ge=1)
+    #: OpenAI's completions take 0-5: the log-probabilities of that many likeliest tokens
+    logprobs: StrictInt | None = Field(None, ge=0, le=5)
 
     _check_prompt = field_validator("prompt")(classmethod(lambda cls, v: _unicode(v)))
+    _check_logprobs = field_validator("logprobs")(classmethod(lambda cls, v: _refused(v, lambda x: x is not None)))
 
 
 class FeedbackBody(BaseModel):
@@ -75,6 +149,12 @@ class ChatBody(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_tokens: StrictInt | None = Field(None, ge=1)
     max_completion_tokens: StrictInt | None = Field(None, ge=1)
+    logprobs: StrictBool | None = None
+    #: OpenAI's chat takes 0-20, with logprobs true
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
+
+    _check_logprobs = field_validator("logprobs")(classmethod(lambda cls, v: _refused(v, bool)))
+    _check_top = field_validator("top_logprobs")(classmethod(lambda cls, v: _refused(v, lambda x: x is not None)))
 
     @property
     def output_tokens(self) -> int:
