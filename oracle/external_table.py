@@ -47,6 +47,7 @@ from modeswitch.dataset.requests import Request
 from modeswitch.engine.modes import list_modes, reference_mode
 from modeswitch.oracle.constraints import Constraints
 from modeswitch.oracle.family_rule import lossless
+from modeswitch.oracle.table_values import check_table_values
 from modeswitch.oracle.training_table import PER_MODE, frame_hash
 
 REQUIRED = ("request_id", "prompt_tokens", "expected_output_tokens")
@@ -69,19 +70,24 @@ def read_training_table(path, constraints: Constraints | None = None) -> pd.Data
     """A training table from ``dataset build`` (parquet with its metadata), or a cost
     table (CSV, or parquet without that metadata) labelled here; read once. What
     ``train --data`` / ``score --data`` and the examples take. The file's path is kept
-    in ``attrs["source_path"]`` (the runs' dataset source)."""
+    in ``attrs["source_path"]`` (the runs' dataset source). Every number is checked
+    before a router sees it (:mod:`oracle.table_values`): the first bad one is an error
+    naming the file, the row and the column."""
     path = Path(path)
     raw = _read(path)
     if raw.attrs.get("modeswitch"):
         raw.attrs["source_path"] = str(path.resolve())
-        return raw
-    try:
-        return cost_table(raw, path, constraints)
-    except InputError as exc:
-        if path.suffix.lower() in (".csv", ".txt"):
-            raise
-        raise InputError(f"not a training table from `dataset build` (no metadata), nor a cost table: "
-                         f"{exc}") from None
+        table = raw
+    else:
+        try:
+            table = cost_table(raw, path, constraints)
+        except InputError as exc:
+            if path.suffix.lower() in (".csv", ".txt"):
+                raise
+            raise InputError(f"not a training table from `dataset build` (no metadata), nor a cost table: "
+                             f"{exc}") from None
+    check_table_values(table, path)
+    return table
 
 
 def _numbers(df: pd.DataFrame, col: str, path: Path, *, minimum: float | None = None,
