@@ -54,6 +54,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from tests.helpers import CODE_RUNNERS, crafted_skops, free_port, synthetic_profile, synthetic_table  # noqa: E402
 
+#: the published A100 measurements (absent from a user's clone: their cases are skipped)
+A100 = REPO.parent / "shared" / "reference" / "a100"
 #: the workload families of the training tables the CLI cases and the exported router use
 FAMILIES = ("short_prompt_short_output", "batch_pressure")
 
@@ -118,7 +120,7 @@ def tables(tmp: Path) -> dict[str, Path]:
     out["empty"].write_bytes(b"")
     out["binary"] = tmp / "binary.csv"
     out["binary"].write_bytes(os.urandom(4096))
-    trials = REPO.parent / "shared" / "reference" / "a100" / "profiles_a100_curated_sweep_trials.csv"
+    trials = A100 / "profiles_a100_curated_sweep_trials.csv"
     if trials.exists():
         t = pd.read_csv(trials)
         idx = next(c for c in t.columns if "trial" in c.lower())
@@ -173,6 +175,10 @@ def cli_cases(tmp: Path, mlruns: Path, uri: str):
     if "trials" in t:
         cli_case("files", "import-profiles of one file twice",
                  ["import-profiles", str(t["trials"]), str(t["trials"]), "-o", str(tmp / "dup.parquet")], tmp)
+        aggregates = tmp / "aggregates.parquet"
+        cli(["import-profiles", str(A100 / "profiles_a100_curated_sweep.csv"), "-o", str(aggregates)], tmp)
+        cli_case("files", "label an import of aggregate rows alone", ["label", "-p", str(aggregates)], tmp,
+                 want_exit=0)
     journal = tmp / "torn.parquet.journal.jsonl"
     journal.write_text("")
     code, out = cli(["profile", "--quick", "--modes", "fp16_baseline", "--workloads", "short_prompt_short_output",
@@ -648,6 +654,13 @@ def second_pass_cases(tmp: Path, mlruns: Path, uri: str):
     reqs.to_parquet(huge)
     cli_case("data", "route a request with prompt_tokens 1e300", ["route", "--requests", str(huge)], tmp,
              must_say="prompt_tokens")
+    huge_table = tmp / "sp-huge-table.parquet"
+    bad = table.copy()
+    bad.loc[0, "prompt_tokens"] = 1e300
+    bad.to_parquet(huge_table)
+    cli_case("data", "train on a table with prompt_tokens 1e300", ["train", "--data", str(huge_table), "--routers",
+                                                                  "lr", "--trials", "1", "--mlruns",
+                                                                  str(tmp / "sp-m-huge")], tmp, must_say="prompt_tokens")
     [meta] = [p for p in mlruns.rglob("meta.json")][:1]
     garbage = tmp / "sp-garbage-meta"
     shutil.copytree(meta.parent.parent, garbage)
