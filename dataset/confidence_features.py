@@ -2,13 +2,10 @@
 
 Why: the answers a quantised copy flips are the ones where the full model was unsure,
 a small gap between its two likeliest next tokens (arXiv 2407.09141, 2405.00632).
-On SmolLM2-135M's quality sweep here (runs/study-c, 350 requests), the top-1 probability
-alone ranked int8 weight-only's diverging outputs above the rest at a ROC AUC of 0.69,
-where the shape and content features' models reached 0.48-0.66 with a family held out.
 
-They cost the reference model's prefill of the prompt (0.50 s p50 per prompt for
-SmolLM2 on this 2-core CPU, against the rule's 0.59 us: ``bench/confidence_prefill.py``), so they are no router feature set here: the
-oracle's per-request quality-risk model (``oracle.quality_risk``) reads them to judge
+They cost the reference model's prefill of the prompt, about a million times a rule's
+decision (``bench/confidence_prefill.py``; docs/results.md), so they are no router
+feature set here: the oracle's per-request quality-risk model (``oracle.quality_risk``) reads them to judge
 requests a quality sweep did not run, where one prefill is cheap beside running every
 lossy mode. ``bench/confidence_prefill.py`` measures that prefill beside the rule's
 decision.

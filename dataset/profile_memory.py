@@ -1,13 +1,13 @@
 """Which profile rows measured memory as the request's own, and re-measured memory taken in.
 
-Why: until 2026-12-05 a CPU profile's ``peak_memory_mb`` was the model's weights
-plus the process's RSS growth during the request, and both parts were wrong for a
-comparison between modes (``engine.memory`` says what was measured): the growth
+Why: with the earlier method a CPU profile's ``peak_memory_mb`` was the model's
+weights plus the process's RSS growth during the request, and both parts were wrong
+for a comparison between modes (``engine.memory`` says what was measured): the growth
 depended on what ran before the request (freed memory stays resident and is reused),
 and what an engine holds besides its weights (continuous batching's paged KV cache)
-was not counted. The memory limit judged those numbers: 28 of the 30 continuous-batching
-memory violations in the CPU study's long_prompt_short_output family copied one
-request's 1.027x, a window that happened to touch new pages.
+was not counted. The memory limit judged those numbers, so a window that happened to
+touch new pages could become a violation copied into many estimated rows
+(docs/results.md).
 
 Rows measured since carry :data:`MEMORY_NOTE` in their ``source``. An older profile
 keeps its timings, which were measured with care and cost hours; its memory is

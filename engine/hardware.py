@@ -10,11 +10,10 @@ same numbers ``lscpu`` prints); elsewhere the line has the model and core count 
 The instruction sets (:data:`ISA_FLAGS`, from ``/proc/cpuinfo``) because the outputs
 depend on them, not only the times: PyTorch's CPU kernels pick their code by what
 the CPU offers, and two kernels sum in different orders, so a greedy answer near a
-tie between two tokens changes. Two machines of this project's kind, both "AMD
-EPYC", one with 1 MiB L2 caches (its flags not recorded then) and one with 512 KiB and
-AVX2 only, gave the same SmolLM2 request different
-reference answers (8 tokens and 9) and an INT8 mode ROUGE-L 1.0 on one and 0.15 on
-the other (2026-12-05, ``shared_prefix_chat-4-00001``). So a quality label measured
+tie between two tokens changes. Two machines both named "AMD EPYC", with other L2
+caches and instruction sets, gave the same SmolLM2 request different reference
+answers and an INT8 mode a ROUGE-L of 1.0 on one and far below the limit on the other
+(docs/results.md). So a quality label measured
 on one holds on the other only as far as :func:`same_kind` says.
 """
 

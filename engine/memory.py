@@ -9,15 +9,13 @@ activations), sampled every few milliseconds, after the memory freed before it h
 been handed back to the system (:func:`release_freed_memory`). Process RSS alone
 would mostly measure the PyTorch runtime, the same for every mode.
 
-Why both parts, measured (2026-12-05, SmolLM2-135M, this machine): profiles up to
-then reported weights + RSS growth, without either. glibc keeps freed chunks
-resident and reuses them, so a request's growth depended on what ran before it: in
-the interleaved profile the reference read 513.14 MB on every request, 21 or 836
-prompt tokens alike, while alone, released first, a 400-token prompt grows the
-process by 32-36 MB and a 40-token one by 5. And continuous batching's paged cache
-(1,372 MB for 16 sequences of the profile's longest context) was held outside the
-weights and was never counted: the profile put that mode at 1.00-1.03x the
-reference's memory.
+Why both parts: the earlier method reported weights + RSS growth, without either.
+glibc keeps freed chunks resident and reuses them, so a request's growth depended on
+what ran before it: in an interleaved profile the reference read the same figure on
+every request whatever its prompt's length, while alone, released first, the process
+grows with the prompt. And continuous batching's paged cache (sized for 16 sequences
+of the profile's longest context) is held outside the weights and was never counted,
+so that mode looked no bigger than the reference (the figures: docs/results.md).
 """
 
 from __future__ import annotations

@@ -154,10 +154,9 @@ def _expected_shares(timed: pd.DataFrame, expected_share: float | None) -> dict:
 
     Why: one thread keeps one core busy in every mode, but several threads keep busy
     only as many cores as a mode's parallel parts allow, and that differs by mode: at
-    2 threads on the Intel Xeon (2026-12-05), the modes' median shares ran 1.31-1.61
-    against the calibration request's 1.99, so the calibration's share flagged 626 of
-    896 trials as contended, nearly all with no other load, and re-measuring could not
-    clear them. The median is the mode's own clean share as long as most of its trials
+    2 threads the modes' median shares can sit well below the calibration request's,
+    so the calibration's share alone flags most trials as contended, with no other
+    load, and re-measuring cannot clear them (docs/results.md). The median is the mode's own clean share as long as most of its trials
     are clean (a neighbour is still caught by ``other_load``, and a slow trial by the
     wall-time rule)."""
     if not expected_share or expected_share <= 1.0 or "mode" not in timed:

@@ -17,15 +17,12 @@ part of its result.
 Repeats (``repeats``): in some modes a request's verdict depends on the other requests
 the engine served. The transformers backend generates each request alone, and only
 prefix caching and continuous batching keep state across requests, so on one machine
-the other modes give the same output in any batch (two passes of the Intel study in
-other batches: the outputs of the reference, INT8 and INT8 weight-only identical on all
-350 requests). Prefix caching reuses KV that an earlier request computed, so the
+the other modes give the same output in any batch. Prefix caching reuses KV that an earlier request computed, so the
 prefill splits where the store's contents say; continuous batching runs the batch's
 sequences in one forward. Both change the sums, INT8's per-call activation scales the
-more, and a greedy answer near a tie turns (ROUGE-L 1.0 to 0.3, not 0.81 to 0.79):
-int8 + prefix caching's outputs differed on 87 % of requests, GPTQ + prefix caching's
-on 21 %, and two passes disagreed on ROUGE-L >= 0.8 for 13.7 % of int8 + prefix
-caching's pairs and 8.3 % of int8 + continuous batching's (2026-12-06). The prefix
+more, and a greedy answer near a tie turns (a jump in ROUGE-L, not a drift), so those
+modes' verdicts can differ from one pass to another (two passes compared:
+docs/results.md). The prefix
 store carries over between a batch's requests and between passes run in one engine (a
 resumed pass starts empty): unlike the profiler and the live check, which start each
 request from a store primed with its own prefix (``start_unit``). vLLM batches every

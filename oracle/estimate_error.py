@@ -2,13 +2,12 @@
 cross-validated error, as an interval around each mode's estimated ratios.
 
 Why: the noise rule (:mod:`oracle.noise_aware`) holds a measured request's label to
-its paired trials, but a request the profile did not measure had no interval at
-all, so a lossless mode estimated 3 % faster than the reference became its label.
-Live, on the Intel Xeon's group split (stop 55), 14 of the oracle's 17 violations
-beyond noise were such estimated requests: prefix caching and n-gram speculative
-decoding ran at 0.93-1.01x the reference's speed, and their energy per token came
-to 1.01-1.09x against a limit of 1.00. An estimate is a measurement of *other*
-requests; its error is what the labels must clear.
+its paired trials, but a request the profile did not measure would have no interval
+at all, so a lossless mode estimated a few percent faster than the reference would
+become its label. Live, such a mode runs near parity and breaks the energy limit, and
+estimated requests given such picks made most of the oracle's live violations beyond
+noise (docs/results.md). An estimate is a measurement of *other* requests; its error
+is what the labels must clear.
 
 Method:
 

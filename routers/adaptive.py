@@ -4,9 +4,8 @@
 Why: a certificate (:mod:`routers.certified`) answers for new requests that look like
 its calibration rows; a family it never saw can break it (the held-out families of the
 study), and one that is easier than the calibration rows leaves saving on the table
-(on the AVX2 profile's group split the certified cost_linear kept 0.4 % of the oracle's
-saving at 0 % violations, where its own threshold chosen in hindsight kept 26.7 % at
-1.9 %). Where the server
+(a threshold chosen in hindsight can keep far more at the target than the certified
+one; docs/results.md). Where the server
 learns, after the fact, whether a served pick broke a limit (a shadow run of the
 reference on a sample of requests: its output for ROUGE-L, its energy), the threshold
 can follow the stream instead: adaptive conformal inference (Gibbs and Candès,
@@ -44,16 +43,15 @@ infinite and answers its fallback.
 
 Served compiled (:meth:`AdaptiveThresholdRouter.compile`): a compiled router has its
 threshold built in (the margin's logit shifts its biases), and the risk router's own
-pipeline decides in milliseconds, not microseconds (``bench/routing_overhead.py``,
-2026-12-05: 5.5 ms cost_linear and 156 ms cost LightGBM through the pipeline, against
-0.38 and 0.33 us compiled). So the compiled form keeps one compiled router at
+pipeline decides in milliseconds, not microseconds (``bench/routing_overhead.py`` times
+both). So the compiled form keeps one compiled router at
 the threshold it was built for and, when the tracker has moved more than
 ``recompile_step`` of the range away from it, builds the next one on a background
 thread and swaps it in; decisions never wait for a build. Once the tracker reaches the
 strict end any lag at all starts a build. What that costs the bound: a violation
 served while the tracker already sits at the strict end is one tightening step beyond
-the bound's, and such decisions are those made while a build runs (0.5 ms for
-cost_linear, 3.7 s for cost LightGBM's 100 trees and region tree, in the same bench run); between builds the served threshold trails the
+the bound's, and such decisions are those made while a build runs (milliseconds for
+cost_linear, seconds for cost LightGBM's trees and region tree); between builds the served threshold trails the
 tracker's by at most ``recompile_step`` of the range, on the loose side only while
 the tracker tightens. The tracker lives in memory: a reload or a restart starts again
 from the certified threshold. A certified router's distilled tree answers one

@@ -66,13 +66,12 @@ it never saw. Tuning judges trials by these picks, not by the certificate's own
 (:mod:`routers.training.transfer`). Why: the certified threshold is the loosest that
 passes on the calibration rows, so among many tuned trials the one whose certificate
 came out loosest on those very rows wins, and its certificate no longer holds (the
-winner's curse of selecting on the test's own data; stop 50's nested lofo: 65.6 %
-capture at 2.9 % violations, two held-out families over target + slack). Each
-family's transfer picks are decided by a clone that never saw the family, at a
-threshold certified without it. It costs no refit: the same deciders, more tests.
-It did not end the per-family breaks leaving one family out (stop 51: 52.1 % at 2.6 %,
-one family over per cost router): those come from a limit only that family crosses,
-copied into many of its rows from a few measurements (docs/training.md).
+winner's curse of selecting on the test's own data: held-out families then break the
+target). Each family's transfer picks are decided by a clone that never saw the family,
+at a threshold certified without it. It costs no refit: the same deciders, more tests.
+What it cannot end: a break that comes from a limit only one family crosses, copied
+into many of its rows from a few measurements, is seen by no certificate fitted without
+that family (docs/training.md; the study's figures in docs/results.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A study's measurements kept apart from its folder, and a new folder seeded from them.
 
-Why: the profile and the quality sweep are a study's expensive part (the real model's
-profile took 116 min on this machine, its quality sweep 64 min) and the only part that cannot be recomputed from
-the rest: the cost model, labels, training table, routers, scores and report follow
+Why: the profile and the quality sweep are a study's expensive part (hours each for
+the real model on a 2-core CPU) and the only part that cannot be recomputed from the
+rest: the cost model, labels, training table, routers, scores and report follow
 from them in minutes to half an hour. An archive (``modeswitch study archive``) holds
 the measuring steps' files and their state entries; ``modeswitch study run
 --from-archive DIR`` copies them into a study folder that has not run them, each entry

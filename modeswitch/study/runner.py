@@ -201,12 +201,10 @@ class Study:
     def _warn_other_kind(self, step: str = "profile"):
         """Say so when the profile (or the quality sweep) was measured on another kind of
         machine than this one. Why: which mode is fastest depends on the CPU's kernels
-        (INT8 weight-only, median over 28 requests: 1.10x the reference's speed on a 1
-        MiB-L2 EPYC, 0.77x on a 512 KiB-L2 AVX2 one), and so does a lossy mode's output
-        (the same 169 requests at concurrency 1 swept on an AVX2 EPYC and on an AVX-512
-        Xeon: the verdict ROUGE-L >= 0.8 differed on 4.1 % of INT8's, 6.5 % of INT8
-        weight-only's, while two passes on the Xeon agreed). Labels from there need not hold
-        here, and the live check counts such violations as ``other_hardware``; ``--redo
+        (INT8 weight-only can be faster than the reference on one EPYC and slower on
+        another), and so does a lossy mode's output (the same requests swept on two
+        kinds of machine got other verdicts, while two passes on one machine agreed;
+        docs/results.md). Labels from there need not hold here, and the live check counts such violations as ``other_hardware``; ``--redo
         profile`` (``--redo quality``) measures it here."""
         if step == "profile":
             path = self.outputs("profile").get("profile") or self.out / "profile.parquet"
@@ -357,8 +355,8 @@ class Study:
                 if noise is not None and "median_cv" in noise else {}}
 
     def _step_memory(self) -> dict:
-        """Memory measured again where the profile measured it the old way (on CPU
-        before 2026-12-05: ``dataset.profile_memory``): the profile's requests once more
+        """Memory measured again where the profile measured it the old way (on CPU,
+        rows without the memory note: ``dataset.profile_memory``): the profile's requests once more
         in every mode, one trial each, no re-measurement (memory needs no timing
         hygiene; this pass's timings are not used). Its own journal resumes it. A
         profile measured with the current method needs nothing."""

@@ -116,10 +116,10 @@ class CompiledRouter:
     def _set_content(self, table) -> bool:
         """Hand the kernel the content table (copied) for a layout with content columns:
         its single decisions then read a raw request's token ids in the same C call, as
-        :meth:`dataset.content_features.ContentTable.features` does (in Python the
-        features alone cost 26.1-26.7 us p50, the whole decision 44-45 us; in C the
-        decision 3.6-3.7 us: bench/routing_overhead.py --content-model, 2026-12-05).
-        True where the kernel took it."""
+        :meth:`dataset.content_features.ContentTable.features` does, several times
+        faster than computing the features in Python first
+        (``bench/routing_overhead.py --content-model`` times both). True where the
+        kernel took it."""
         pick = np.array([CONTENT_FEATURES.index(c) for c in self.numeric_[len(FEATURE_SET_A):]], dtype=np.int32)
         rows = np.ascontiguousarray(table.rows, dtype=np.float64)
         return self._lib.set_content(self.handle, pointer(rows, F64), len(rows), rows.shape[1], len(SHARE_FEATURES),

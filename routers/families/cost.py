@@ -235,14 +235,10 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         """The family's own parameters, ``max_risk``, and ``limit_gate``. Why the gate:
         under ``risk_score="margin"`` it and the certified margin share one budget (a
         stricter energy and memory gate lets a looser margin certify), and which split
-        of it keeps most depends on the families. Certified at 2 % per family on
-        cross-fitted calibration (per-request CPU study, cost LightGBM at its defaults
-        otherwise, ``scripts/certificates_per_family.py``, 2026-12-05), pooled capture on
-        the group / leave-one-family-out splits was 72.0 / 34.6 % at the default 0.5,
-        72.5 / 32.2 at 0.4, 71.5 / 34.8 at 0.35, 69.7 / 54.2 at 0.3, 67.5 / 58.7 at 0.25
-        and 26.1 / 56.1 at 0.2 (at 0.25 and 0.2 one held-out family above target +
-        slack); what moves it is the energy heads' gate (the memory heads' alone at 0.3
-        changed nothing). So each split's tuning chooses; unused under
+        of it keeps most depends on the families: on the per-request CPU study a
+        stricter gate kept more leaving one family out and less on the group split
+        (``scripts/certificates_per_family.py``; docs/results.md). What moves it is
+        the energy heads' gate. So each split's tuning chooses; unused under
         ``risk_score="probability"``."""
         return {**cls._search_space(trial),
                 "max_risk": trial.suggest_float("max_risk", 0.02, 0.6, log=True),
@@ -665,15 +661,14 @@ class LightGBMCostRouter(LightGBMParameters, CostPredictingRouter):
     apart. Why: the batching modes gain nothing alone, whatever the request's size, but
     a tree that splits on size first learns "short prompts batch well" from families
     whose short prompts all came in company, and promises a new family's lone short
-    prompts continuous batching at least 1.8x faster (the calibration picks that broke a
-    limit at a margin of 0.55x were such), where it is 1.07-1.19x slower. Leaving one family out, a certificate's
-    calibration rows are decided by models that lack two families, where that error
-    is common. What it gave (per-request CPU study, default parameters otherwise,
-    per-family-cross-fit at 2 %, ``scripts/certificates_per_family.py``, 2026-12-04):
-    leaving one family out, certified pooled capture 34.6 % without, 42.5 % with; on
-    group 72.0 % without, 68.2 % with. Neither wins both, so it is in the search space
-    (``search_space_version`` 2) and each split's tuning chooses. A second forced split,
-    on a shared prefix, did worse in a cruder diagnostic."""
+    prompts continuous batching far faster than the reference, where alone it is
+    slower. Leaving one family out, a certificate's calibration rows are decided by
+    models that lack two families, where that error is common. At default parameters
+    it kept more certified capture leaving one family out and less on the group split
+    (``scripts/certificates_per_family.py``; docs/results.md). Neither wins both, so it
+    is in the search space (``search_space_version`` 2) and each split's tuning
+    chooses. A second forced split, on a shared prefix, did worse in a cruder
+    diagnostic."""
 
     cost_regimes = "none"  # routers saved before the parameter
     #: 2: ``cost_regimes`` joined the search space; 3: ``limit_gate`` (every cost router's)

@@ -69,9 +69,8 @@ def threads_per_worker(workers: int) -> int:
     """The BLAS and OpenMP threads each of ``workers`` local tuning processes may use:
     this machine's cores shared out, at least one. Why: every process's numpy, SciPy
     and scikit-learn start a pool as wide as the machine, so N workers run N times as
-    many threads as cores, and OpenBLAS's threads spin while they wait. Seen here on 2
-    cores (2026-12-05): two workers tuning the certified linear cost router held four
-    busy threads, 23-36 s a trial; with one of them limited, 11.5 s (docs/scaling-out.md)."""
+    many threads as cores, and OpenBLAS's threads spin while they wait, so a trial
+    takes several times as long (docs/scaling-out.md)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
