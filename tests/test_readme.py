@@ -22,6 +22,16 @@ def test_the_readme_is_short():
     assert n <= MAX_LINES, f"README.md has {n} lines; reference material belongs in docs/"
 
 
+def test_the_readme_shows_code_early_and_carries_no_dated_findings():
+    """A newcomer meets a command within the first screen; measured results live in the
+    dated results log (docs/results.md), not in the README."""
+    lines = README.read_text().splitlines()
+    first_code = next(i for i, line in enumerate(lines, 1) if line.startswith("```"))
+    assert first_code < 60, f"the first code block starts at line {first_code}"
+    dated = [line for line in lines if re.search(r"20[0-9]{2}-[0-9]{2}-[0-9]{2}|\(was ", line)]
+    assert not dated, f"dated findings belong in docs/results.md: {dated}"
+
+
 def test_every_docs_page_is_linked_from_the_readme():
     linked = {(ROOT / t).resolve() for t in _links(README)}
     pages = sorted((ROOT / "docs").glob("*.md"))
@@ -38,7 +48,7 @@ def test_every_relative_link_leads_somewhere():
 
 def test_the_readme_python_example_runs_as_written(tmp_path):
     text = README.read_text()
-    section = text.split("## From Python", 1)[1].split("\n## ", 1)[0]
+    section = re.split(r"^#{2,3} From Python\n", text, maxsplit=1, flags=re.M)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert len(code.splitlines()) <= 30
     _cost_csv(tmp_path / "my_costs.csv")
