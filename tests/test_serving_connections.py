@@ -229,3 +229,126 @@ def test_a_chat_template_gives_token_ids_not_the_encodings_keys():
     assert tok.chat_template
     ids = chat_ids(tok, [Message(role="user", content="hello")])
     assert ids and all(isinstance(i, int) for i in ids)
+
+
+#: the key the slow-body tests' server requires
+KEY = "k-slow-bodies"
+
+
+def _slow_bodies(port, count, addresses, path="/v1/chat/completions", key=KEY, pace=None):
+    """``count`` connections from ``addresses`` loopback addresses (127.0.0.2 on), each
+    with complete headers (and ``key``) and the first bytes of a 5,000-byte body.
+    ``pace(n)``, when given, is called after every 25 connections (n so far): a burst all
+    at once is taken in out of order, paced ones as an attacker's arrive."""
+    socks = []
+    auth = f"Authorization: Bearer {key}\r\n".encode() if key else b""
+    for i in range(count):
+        if pace is not None and i and i % 25 == 0:
+            pace(i)
+        s = _connect(port, f"127.0.0.{2 + i % addresses}")
+        s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + auth + b"Content-Length: 5000\r\n\r\n" + b'{"messages": [')
+        socks.append(s)
+    return socks
+
+
+def _trickle(socks, stop: threading.Event, rounds=20):
+    """One byte on each connection every 0.2 s, ``rounds`` times at most."""
+    for _ in range(rounds):
+        if stop.wait(0.2):
+            return
+        for s in socks:
+            try:
+                s.send(b" ")
+            except OSError:
+                pass
+
+
+def _arrived(server, count, within_s=5.0) -> int:
+    """Wait (``within_s`` at most) until the server has read ``count`` requests' headers
+    (each has a task of its own) and not answered them. Returns how many it has."""
+    deadline = time.perf_counter() + within_s
+    while len(server.server_state.tasks) < count and time.perf_counter() < deadline:
+        time.sleep(0.02)
+    return len(server.server_state.tasks)
+
+
+def test_slow_bodies_from_many_addresses_do_not_lock_anyone_out():
+    """300 connections from 200 addresses, with the key, trickling their bodies: they hold
+    no request slot until their body is in, so a normal chat request and /health answer
+    at once (each used to get a 503 until the body timeout closed them)."""
+    server, th, port, _ = _server(api_key=KEY)
+    socks = _slow_bodies(port, 300, 200, pace=lambda n: _arrived(server, n))
+    stop = threading.Event()
+    dripping = threading.Thread(target=_trickle, args=(socks, stop), daemon=True)
+    dripping.start()
+    try:
+        assert _arrived(server, 300) >= 300
+        headers = {"Authorization": f"Bearer {KEY}"}
+        t0 = time.perf_counter()
+        status, _, text = http("POST", f"http://127.0.0.1:{port}/v1/chat/completions",
+                               {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, headers)
+        took = time.perf_counter() - t0
+        assert status == 200 and took < 1.0, (status, took, text[:200])
+        status, took, _ = _timed("GET", f"http://127.0.0.1:{port}/health")
+        assert status == 200 and took < 1.0, (status, took)
+    finally:
+        stop.set()
+        dripping.join(timeout=5)
+        for s in socks:
+            s.close()
+        server.should_exit = True
+        th.join(timeout=30)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/admin/feedback", "/admin/reload"])
+def test_a_body_without_the_key_is_refused_401_before_it_is_read(path):
+    """Checked from the headers: the 401 comes while the body is still arriving, and the
+    connection is closed rather than left to wait for it."""
+    server, th, port, _ = _server(api_key=KEY)
+    try:
+        (s,) = _slow_bodies(port, 1, 1, path=path, key="wrong")
+        s.settimeout(2.0)
+        assert s.recv(4096).startswith(b"HTTP/1.1 401")
+        assert _closed_within(s, 2.0) is not None
+        s.close()
+        # a malformed body without the key is a 401 too, not a 400 from parsing it
+        status, _, text = http("POST", f"http://127.0.0.1:{port}{path}", "not an object")
+        assert status == 401 and "API key" in text, text
+    finally:
+        server.should_exit = True
+        th.join(timeout=30)
+
+
+def test_a_body_completing_when_every_slot_is_taken_gets_503(monkeypatch):
+    """A request whose body arrives after its headers is checked when the body is in."""
+    from modeswitch.engine.serving.connections import ConnectionLimits
+
+    server, th, port, _ = _server(api_key=KEY)
+    try:
+        (s,) = _slow_bodies(port, 1, 1)
+        assert _arrived(server, 1) == 1
+        monkeypatch.setattr(ConnectionLimits, "busy", lambda self, tasks: self.max_requests + 1)
+        s.sendall(b" " * (5000 - len(b'{"messages": [')))
+        s.settimeout(5.0)
+        head = s.recv(4096)
+        assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in head.lower(), head[:300]
+        s.close()
+    finally:
+        server.should_exit = True
+        th.join(timeout=30)
+
+
+def test_bodies_in_transit_are_capped_and_the_longest_sending_is_closed():
+    server, th, port, _ = _server(api_key=KEY, max_receiving_bodies=3)
+    try:
+        socks = _slow_bodies(port, 3, 3, pace=None)
+        assert _arrived(server, 3) == 3
+        (fourth,) = _slow_bodies(port, 1, 1)
+        assert _closed_within(socks[0], 3.0) is not None
+        assert _closed_within(fourth, 0.3) is None
+        for s in [*socks, fourth]:
+            s.close()
+    finally:
+        server.should_exit = True
+        th.join(timeout=30)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hmac
 import logging
 import threading
 import time
@@ -163,6 +164,8 @@ def create_app(router_loader: RouterLoader, cfg: ServerConfig, engine_factory: E
     app.include_router(keyed)
     app.include_router(public)
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
+    # outermost: the key is checked from the headers before anything reads a body
+    app.add_middleware(KeyCheck, key=cfg.api_key, public=frozenset(r.path for r in public.routes))
     return app
 
 
@@ -246,14 +249,36 @@ class _TooBig(HTTPException):
         super().__init__(413, f"the request body exceeds this server's limit of {limit:,} bytes{why}")
 
 
-async def require_api_key(request: HttpRequest, state: State):
-    key = state.config.api_key
-    if key is not None and request.headers.get("authorization", "") != f"Bearer {key}":
-        raise HTTPException(401, "missing or wrong API key (Authorization: Bearer <key>)")
+class KeyCheck:
+    """Every endpoint but the public probes behind the API key (when one is set), checked
+    from the request's headers before anything reads its body: a dependency runs only
+    after FastAPI has read and parsed a declared body, so a client without the key could
+    hold a connection with a slow body, or have a malformed one parsed and answered 400.
+    The 401 closes the connection, so a body still arriving is not waited for."""
+
+    def __init__(self, app, key: str | None, public: frozenset[str]):
+        self.app, self.public = app, public
+        self.expected = None if key is None else f"Bearer {key}".encode()
+
+    def allowed(self, scope) -> bool:
+        if self.expected is None or scope["path"] in self.public:
+            return True
+        given = next((v for k, v in scope.get("headers") or [] if k == b"authorization"), b"")
+        return hmac.compare_digest(given, self.expected)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or self.allowed(scope):
+            return await self.app(scope, receive, send)
+        state = getattr(scope["app"].state, "serving", None) if "app" in scope else None
+        if state is not None:
+            state.metrics.errors.labels("unauthorized").inc()
+        return await error_response(401, "missing or wrong API key (Authorization: Bearer <key>)",
+                                    "authentication_error", headers={"Connection": "close"})(scope, receive, send)
 
 
-#: endpoints behind the API key (when one is set); liveness and metrics stay open to probes
-keyed = APIRouter(dependencies=[Depends(require_api_key)])
+#: endpoints behind the API key when one is set (:class:`KeyCheck`); liveness and metrics
+#: stay open to probes
+keyed = APIRouter()
 public = APIRouter()
 
 

@@ -60,6 +60,9 @@ class ServerConfig:
     #: connections one address may hold; beyond it the address's oldest connection
     #: without a request in progress is closed
     max_connections_per_peer: int = 256
+    #: connections sending a request body at once (over all addresses); one more closes
+    #: the one that has been sending longest. Such a connection holds no request slot
+    max_receiving_bodies: int = 1024
     #: ``/v1/completions`` sends the prompt as written; by default an instruct model (one
     #: with a chat template) gets it as one user turn in its template, as every other
     #: path here (profiler, live scoring, chat) sends it: what the router's features
@@ -86,7 +89,8 @@ class ServerConfig:
 
 #: the fields that must be positive and finite (their option is --<field-name>)
 _POSITIVE = ("route_budget_us", "memory_budget_mb", "max_tokens_limit", "max_body_bytes", "max_in_flight",
-             "context_tokens", "header_timeout_s", "body_timeout_s", "max_connections_per_peer")
+             "context_tokens", "header_timeout_s", "body_timeout_s", "max_connections_per_peer",
+             "max_receiving_bodies")
 #: the largest count a limit may hold (a 64-bit index: larger ones cannot be allocated)
 _LARGEST = 2**63 - 1
 

@@ -16,7 +16,14 @@ passed to it as ``http=``, which adds:
   has no request in progress (a silent one first), and is itself closed only when
   every other connection of that address is busy with a request;
 * **admission by requests**: the 503 that protects the server counts requests being
-  handled, never idle sockets.
+  handled, never idle sockets, and a request only once its body is complete: a
+  connection still sending a body holds no request slot (300 of them, trickling their
+  bodies from many addresses, took every slot and got everyone else, ``/health``
+  included, a 503 until the body timeout);
+* a **global cap on bodies in transit**: at most ``max_receiving_bodies`` connections
+  may be sending a body at once; one more closes the connection that has been sending
+  its body longest (a client sending nothing wrong delivers its body in one go, so it
+  is the slow ones that go), as nginx bounds a body by ``client_body_timeout``.
 
 Why a protocol subclass rather than an ASGI middleware or a documented front: a
 middleware sees a connection only once its headers are complete, which is exactly
@@ -36,6 +43,7 @@ from dataclasses import dataclass, field
 
 import h11
 from modeswitch.engine.serving.config import ServerConfig
+from starlette.exceptions import HTTPException
 from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.utils import get_remote_addr
@@ -56,15 +64,24 @@ class ConnectionLimits:
     max_connections_per_peer: int
     #: requests handled at once (all endpoints) before uvicorn answers 503
     max_requests: int
+    #: connections sending a request body at once; one more closes the longest sending
+    max_receiving: int = 1024
     #: peer address -> its open connections, oldest first
     peers: dict[str, list[GuardedH11Protocol]] = field(default_factory=dict)
-    #: closed connections by reason ("headers", "body", "peer_cap")
+    #: connections sending a request body, longest sending first (a dict: ordered, O(1) removal)
+    receiving: dict[GuardedH11Protocol, None] = field(default_factory=dict)
+    #: closed connections by reason ("headers", "body", "peer_cap", "receiving_cap")
     closed: Counter = field(default_factory=Counter)
 
     @classmethod
     def of(cls, cfg: ServerConfig) -> ConnectionLimits:
         return cls(cfg.header_timeout_s, cfg.body_timeout_s, cfg.max_connections_per_peer,
-                   cfg.max_in_flight + PROBE_ROOM)
+                   cfg.max_in_flight + PROBE_ROOM, cfg.max_receiving_bodies)
+
+    def busy(self, tasks) -> int:
+        """Requests being handled whose body is complete: uvicorn's tasks less those whose
+        connection is still sending the body (each such connection runs one task)."""
+        return len(tasks) - sum(1 for c in self.receiving if c.handling())
 
     def protocol(self) -> type[GuardedH11Protocol]:
         """The protocol class to hand uvicorn (``http=``), bound to these limits."""
@@ -89,7 +106,7 @@ class GuardedH11Protocol(H11Protocol):
         super().__init__(*args, **kwargs)
         # uvicorn's own check counts sockets; ours counts requests (see _Admission)
         self.limit_concurrency = None
-        self.app = _Admission(self.app, self.tasks, self.limits.max_requests)
+        self.app = _Admission(self.app, self)
         self._phase: str | None = None
         self._timer = None
         self._peer: str | None = None
@@ -120,6 +137,14 @@ class GuardedH11Protocol(H11Protocol):
         super().on_response_complete()
         self._sync()
 
+    def receiving_body(self) -> bool:
+        """Whether the client is still sending its request's body."""
+        return self._phase == "body"
+
+    def handling(self) -> bool:
+        """Whether a request of this connection is being handled (its response not done)."""
+        return self.cycle is not None and not self.cycle.response_complete
+
     # ------------------------------------------------------------------ the timers
     def _sync(self) -> None:
         """(Re)arm the timer of the phase the client is in: sending headers, sending a
@@ -130,11 +155,29 @@ class GuardedH11Protocol(H11Protocol):
         phase = "headers" if state is h11.IDLE else "body" if state is h11.SEND_BODY else None
         if phase == self._phase:
             return
+        self._leave_phase()
         self._phase = phase
-        self._cancel_timer()
         if phase is not None:
             timeout = self.limits.header_timeout_s if phase == "headers" else self.limits.body_timeout_s
             self._timer = self.loop.call_later(timeout, self._expired, phase)
+        if phase == "body":
+            self._start_receiving()
+
+    def _start_receiving(self) -> None:
+        """Count this connection among those sending a body; over the cap, close the one
+        that has been sending longest (never this one: it has only begun)."""
+        receiving = self.limits.receiving
+        receiving[self] = None
+        if len(receiving) > self.limits.max_receiving:
+            victim = next(c for c in receiving if c is not self)
+            self.limits.closed["receiving_cap"] += 1
+            log.debug("over %d bodies in transit: closing %s's", self.limits.max_receiving, victim._peer)
+            victim._close()
+
+    def _leave_phase(self) -> None:
+        """Stop the current phase's timer and bookkeeping."""
+        self._cancel_timer()
+        self.limits.receiving.pop(self, None)
 
     def _expired(self, phase: str) -> None:
         self._timer = None
@@ -153,7 +196,7 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.close()
 
     def _forget(self) -> None:
-        self._cancel_timer()
+        self._leave_phase()
         self._phase = None
         mine = self.limits.peers.get(self._peer)
         if mine is not None and self in mine:
@@ -163,14 +206,41 @@ class GuardedH11Protocol(H11Protocol):
 
 
 class _Admission:
-    """uvicorn's 503 for a request over ``limit``, counting requests being handled (the
-    tasks uvicorn runs them in, this one included), not connections."""
+    """uvicorn's 503 for a request over ``limits.max_requests``, counting requests being
+    handled (the tasks uvicorn runs them in, this one included), not connections, and
+    only those whose body is complete: a request whose body is still arriving passes now
+    and is checked when its last byte is read (``receive``), so slow bodies hold no slot."""
 
-    def __init__(self, app, tasks, limit: int):
-        self.app, self.tasks, self.limit = app, tasks, limit
+    def __init__(self, app, connection: GuardedH11Protocol):
+        self.app, self.connection = app, connection
+
+    def over(self) -> bool:
+        limits = self.connection.limits
+        if limits.busy(self.connection.tasks) <= limits.max_requests:
+            return False
+        log.warning("over %d requests at once: 503", limits.max_requests)
+        return True
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and len(self.tasks) > self.limit:
-            log.warning("over %d requests at once: 503", self.limit)
-            return await service_unavailable(scope, receive, send)
-        return await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if not self.connection.receiving_body():
+            if self.over():
+                return await service_unavailable(scope, receive, send)
+            return await self.app(scope, receive, send)
+
+        async def admitted():
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False) and self.over():
+                raise _Busy(self.connection.limits.max_requests)  # FastAPI's body reader passes it on
+            return message
+
+        return await self.app(scope, admitted, send)
+
+
+class _Busy(HTTPException):
+    """Every request slot is taken when a body completes: 503 with Retry-After."""
+
+    def __init__(self, limit: int):
+        super().__init__(503, f"the server is at its limit of {limit} requests at once; retry shortly",
+                         headers={"Retry-After": "1"})

@@ -69,6 +69,7 @@ def serve_cmd(
     header_timeout_s: Annotated[float, typer.Option(help="A connection's request headers must be complete this many seconds after it opens (or after its previous response), else it is closed.")] = 10.0,
     body_timeout_s: Annotated[float, typer.Option(help="A request's whole body must arrive this many seconds after its headers, else the connection is closed.")] = 30.0,
     max_connections_per_peer: Annotated[int, typer.Option(help="Connections one client address may hold; beyond it its oldest connection without a request in progress is closed.")] = 256,
+    max_receiving_bodies: Annotated[int, typer.Option(help="Connections sending a request body at once (all addresses); one more closes the one sending longest. Such a connection holds no request slot.")] = 1024,
     raw_completions: Annotated[bool, typer.Option(help="/v1/completions sends the prompt as written, not as a user turn in an instruct model's chat template.")] = False,
     mlruns: Annotated[Path, typer.Option(help="MLflow store folder.")] = Path("mlruns"),
     tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking store holding the router's registry [$MLFLOW_TRACKING_URI, else SQLite in --mlruns].")] = None,
@@ -81,7 +82,8 @@ def serve_cmd(
                        memory_budget_mb=memory_budget_mb, batch_across_requests=batch_across_requests,
                        max_body_bytes=max_body_bytes, max_in_flight=max_in_flight, context_tokens=context_tokens,
                        header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
-                       max_connections_per_peer=max_connections_per_peer, raw_completions=raw_completions)
+                       max_connections_per_peer=max_connections_per_peer,
+                       max_receiving_bodies=max_receiving_bodies, raw_completions=raw_completions)
     if api_key_file is not None:
         if api_key is not None:
             raise InputError("give --api-key (or $MODESWITCH_API_KEY) or --api-key-file, not both")
