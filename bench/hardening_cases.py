@@ -10,8 +10,8 @@ the server or CLI documents; then the totals the issue's "done when" asks for
 the server's peak RSS under load against its memory budget).
 
     .venv/bin/python bench/hardening_cases.py [--model test-fixture|smollm2|PATH] [--disconnects 50]
-        [--memory-budget-mb 1536]
-        [--only-loading | --only-second-pass]
+        [--memory-budget-mb 1536] [--backend transformers|llamacpp]
+        [--only-loading | --only-second-pass | --only-server]
 
 The second pass (connection limits, a loop that never stalls, one writer per output,
 OS and data errors as one line, interrupted exports and runs) is ``--only-second-pass``.
@@ -202,11 +202,16 @@ def _half_written_runs(mlruns: Path) -> int:
 
 
 # --------------------------------------------------------------------- the server
+#: the engine backend every served case runs (--backend)
+BACKEND = "transformers"
+
+
 class Server:
     def __init__(self, args: list[str], tmp: Path):
         self.port = free_port()
         self.log = open(tmp / f"serve-{self.port}.log", "w")  # noqa: SIM115 - closed in stop
-        self.proc = subprocess.Popen([sys.executable, "-m", "modeswitch", "serve", "--port", str(self.port), *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "modeswitch", "serve", "--port", str(self.port),
+                                      "--backend", BACKEND, *args],
                                      cwd=tmp, stdout=self.log, stderr=subprocess.STDOUT, env=_child_env())
         deadline = time.time() + 300
         while time.time() < deadline:
@@ -746,11 +751,16 @@ def main():
                     help="the model every served and CLI case runs: 'test-fixture' (the tiny model's test "
                          "recipe, built here in seconds: the cases are about the server and the CLI, and the "
                          "memory budget is sized for it), 'smollm2', 'tiny' or a checkpoint folder")
+    ap.add_argument("--backend", default="transformers", help="the engine backend the served cases run")
+    ap.add_argument("--only-server", action="store_true",
+                    help="the served cases alone: requests, disconnects, connections and the loop")
     ap.add_argument("--skip-cli", action="store_true")
     ap.add_argument("--only-loading", action="store_true", help="the stored-router cases alone")
     ap.add_argument("--only-second-pass", action="store_true",
                     help="the second pass alone: connection limits, the loop, writers, OS and data errors")
     args = ap.parse_args()
+    global BACKEND
+    BACKEND = args.backend
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="hardening-") as d:
         tmp = Path(d)
@@ -772,6 +782,19 @@ def main():
                 finally:
                     srv.stop()
                 second_pass_cases(tmp, mlruns, uri)
+                return _summary(t0)
+            if args.only_server:
+                server_cases(tmp, "k-" + os.urandom(8).hex(), args.disconnects, args.memory_budget_mb, mlruns, uri)
+                key = "k-" + os.urandom(8).hex()
+                (tmp / "key").write_text(key + "\n")
+                srv = Server(["--router", "rule", "--api-key-file", str(tmp / "key"),
+                              "--header-timeout-s", str(HEADER_TIMEOUT_S), "--body-timeout-s", str(BODY_TIMEOUT_S)],
+                             tmp)
+                try:
+                    print("server: connections and the loop")
+                    connection_cases(srv, key)
+                finally:
+                    srv.stop()
                 return _summary(t0)
             loading_cases(tmp)
             if args.only_loading:

@@ -435,6 +435,20 @@ class LlamaCppEngine:
         if resp.status != 200:
             raise RuntimeError(f"llama-server answered {resp.status}: {resp.read()[:300]!r}")
         out, times = [], []
+        try:
+            self._read_stream(req, resp, t0, out, times, on_token)
+        except BaseException:
+            # the caller stopped listening (a client gone, a stop sequence met) or the stream
+            # broke: closing the connection makes llama-server cancel the request, and the
+            # half-read response is never reused
+            conn.close()
+            self._local.conn = None
+            raise
+        latency = (time.perf_counter() - t0) * 1000
+        return Generation(req.id, out, self.tokenizer.decode(out, skip_special_tokens=True), latency, times)
+
+    def _read_stream(self, req: Request, resp, t0: float, out: list, times: list, on_token) -> None:
+        """Read ``req``'s streamed tokens into ``out`` and their arrival times into ``times``."""
         while True:
             line = resp.readline()
             if not line:
@@ -455,8 +469,6 @@ class LlamaCppEngine:
                 self.timings[req.id] = chunk.get("timings") or {}
                 break
         resp.read()
-        latency = (time.perf_counter() - t0) * 1000
-        return Generation(req.id, out, self.tokenizer.decode(out, skip_special_tokens=True), latency, times)
 
     def _new_ids(self, chunk: dict, so_far: list[int]) -> list[int]:
         """The token ids a streamed chunk adds, with any the server held back before it

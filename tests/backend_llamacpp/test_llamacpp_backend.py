@@ -151,3 +151,25 @@ def test_the_server_routes_to_llamacpp_engines_and_answers_the_openai_client(too
     finally:
         srv.should_exit = True
         th.join(timeout=30)
+
+
+def test_a_listener_that_stops_reading_cancels_the_request_and_the_engine_goes_on(tools, ggufs, tiny_models):
+    eng = LlamaCppEngine("fp16_baseline", tiny_models.target, threads=1, max_context=256, tools=tools).load()
+    try:
+        ids = eng.tokenizer("def main():")["input_ids"]
+        req = Request(id="gone", prompt_tokens=len(ids), expected_output_tokens=64)
+
+        class Gone(Exception):
+            pass
+
+        def hang_up(rid, new, seen=[]):  # noqa: B006 - counts across calls
+            seen.extend(new)
+            if len(seen) >= 2:
+                raise Gone
+
+        with pytest.raises(Gone):
+            eng.run([(req, ids)], on_token=hang_up)
+        again = eng.run([(req, ids)])[0]
+        assert again.output_tokens == 64 and len(again.token_times_ms) == 64
+    finally:
+        eng.close()
