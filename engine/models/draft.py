@@ -21,9 +21,10 @@ The lm_head (hidden x vocabulary: 576 x 49,152 on SmolLM2, 28 M of its 135 M
 parameters) is shared by the draft and costs it as much per token as about 8 decoder
 layers, so a draft of a few layers still costs a quarter of the target per token; it
 stays frozen in training (tied to the embeddings), and only the draft's layers and norm
-learn. The answers for training are generated in ``DraftRecipe.teacher_dtype`` (bf16 by
-default: about 3x the fp32 throughput on a CPU with AVX512-BF16); the held-out answers
-that the acceptance rate is measured on are always the target's fp32 greedy output.
+learn. The answers for training are generated in ``DraftRecipe.teacher_dtype``: bf16
+where the CPU computes it natively (AVX512-BF16 or AMX), where it is faster than fp32;
+fp32 elsewhere, where bf16 is emulated and slower (:func:`default_recipe`). The held-out
+answers that the acceptance rate is measured on are always the target's fp32 greedy output.
 
 The draft is an ordinary checkpoint of the target's architecture with fewer layers
 (transformers and vLLM load it as they load the target), cached beside the target's
@@ -80,7 +81,7 @@ class DraftRecipe:
     #: tried on SmolLM2 (96 prompts, 50 steps, cross-entropy only): 2e-3 -> held-out
     #: acceptance 0.241, 5e-3 -> 0.253, 1e-2 -> 0.236
     lr: float = 5e-3
-    #: train the draft under bf16 autocast (about 3x faster on AVX512-BF16)
+    #: train the draft under bf16 autocast (faster only where the CPU has native bf16)
     train_bf16: bool = True
     seed: int = 0
     #: stop training early past this many seconds (a slow or busy machine: the card
