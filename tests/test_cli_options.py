@@ -249,7 +249,7 @@ SET_ALL = {
                "--memory-budget-mb", "2.5", "--one-at-a-time", "--max-body-bytes", "1000",
                "--max-in-flight", "3", "--context-tokens", "512", "--header-timeout-s", "2.5",
                "--body-timeout-s", "3.5", "--max-connections-per-peer", "7", "--max-receiving-bodies", "9",
-               "--raw-completions"]],
+               "--raw-completions", "--admin-key", "a", "--feedback-window-s", "5"]],
     "profile": [["profile", "--backend", "vllm", "--device", "cuda", "--modes", "fp16_baseline",
                  "--workloads", "batch_pressure", "--requests", "2", "--trials", "2", "--max-remeasure", "1", "--seed", "1",
                  "--benchmarks", "b.jsonl", "--benchmark-requests", "3", "--batch-size", "4",

@@ -56,7 +56,7 @@ def server(tiny_models):
         return holder["router"]
 
     cfg = ServerConfig(model_path=str(tiny_models.target), draft_path=str(tiny_models.draft),
-                       max_tokens_limit=64)
+                       max_tokens_limit=64, admin_key=ADMIN_KEY)
     app = create_app(loader, cfg, supported_modes=["fp16_baseline", "prefix_caching", "int8_quant",
                                                    "continuous_batching"])
     srv, th, port = start(app)
@@ -714,6 +714,10 @@ def test_the_prefix_index_agrees_with_comparing_every_recent_prompt():
         recent.append(ids)
 
 
+#: the shared server's admin key (POST /admin/feedback)
+ADMIN_KEY = "adm-key"
+
+
 class AdaptingRouter(SwitchRouter):
     """A router that adapts online (as routers.adaptive.AdaptiveThresholdRouter): it serves
     the reference once it has been told of two violations."""
@@ -733,17 +737,20 @@ class AdaptingRouter(SwitchRouter):
 
 def test_feedback_reaches_a_router_that_adapts_and_is_refused_by_one_that_does_not(server, router):
     url = f"http://127.0.0.1:{server['port']}/admin/feedback"
-    status, _, text = http("POST", url, {"violated": [True]})
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    status, _, text = http("POST", url, {"outcomes": [{"id": "cmpl-x", "violated": True}]}, admin)
     assert status == 409 and "does not adapt online" in text
-    assert http("POST", url, {"violated": []})[0] == 400 and http("POST", url, {"violated": ["yes"]})[0] == 400
+    assert http("POST", url, {"outcomes": []}, admin)[0] == 400
+    assert http("POST", url, {"outcomes": [{"id": "cmpl-x", "violated": "yes"}]}, admin)[0] == 400
     server["holder"]["router"] = adapting = AdaptingRouter()
     assert http("POST", f"http://127.0.0.1:{server['port']}/admin/reload")[0] == 200
     c = server["client"]
-    assert c.completions.create(model="modeswitch", prompt="x = 1", max_tokens=2).model_extra["modeswitch"]["mode"] \
-        == "prefix_caching"
-    status, _, text = http("POST", url, {"violated": [False, True, True]})
+    served = [c.completions.create(model="modeswitch", prompt=f"x = {i}", max_tokens=2) for i in range(3)]
+    assert all(r.model_extra["modeswitch"]["mode"] == "prefix_caching" for r in served)
+    outcomes = [{"id": r.id, "violated": v} for r, v in zip(served, [False, True, True], strict=True)]
+    status, _, text = http("POST", url, {"outcomes": outcomes}, admin)
     assert status == 200 and json.loads(text) == {"status": "observed", "outcomes": 3, "observed": 3,
                                                   "violations": 2}
     assert adapting.outcomes == [False, True, True]
-    assert c.completions.create(model="modeswitch", prompt="x = 2", max_tokens=2).model_extra["modeswitch"]["mode"] \
+    assert c.completions.create(model="modeswitch", prompt="x = 3", max_tokens=2).model_extra["modeswitch"]["mode"] \
         == "fp16_baseline"

@@ -4,7 +4,8 @@ Endpoints: ``/v1/completions`` and ``/v1/chat/completions`` (with ``stream: true
 as server-sent events), ``/v1/models``, ``/health``, Prometheus ``/metrics``, and
 ``POST /admin/reload`` (swap in a freshly loaded router; requests in flight keep
 the router they started with), and ``POST /admin/feedback`` (the outcomes of served
-picks, for a router that adapts its threshold online: ``routers.adaptive``).
+picks, each naming its request's id, for a router that adapts its threshold online:
+``routers.adaptive``; behind its own admin key, :mod:`~engine.serving.feedback`).
 
 Per request: features from the request itself (prompt token count, ``max_tokens``
 as the expected output, the prefix shared with recent prompts, requests in
@@ -45,6 +46,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import Response
 from modeswitch.engine.serving.config import EngineFactory, ServerConfig, supported_modes
+from modeswitch.engine.serving.feedback import Refused
 from modeswitch.engine.serving.generate import serve
 from modeswitch.engine.serving.jobs import check_capacity
 from modeswitch.engine.serving.metrics import Metrics
@@ -165,7 +167,8 @@ def create_app(router_loader: RouterLoader, cfg: ServerConfig, engine_factory: E
     app.include_router(public)
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
     # outermost: the key is checked from the headers before anything reads a body
-    app.add_middleware(KeyCheck, key=cfg.api_key, public=frozenset(r.path for r in public.routes))
+    app.add_middleware(KeyCheck, key=cfg.api_key, admin_key=cfg.admin_key,
+                       public=frozenset(r.path for r in public.routes))
     return app
 
 
@@ -254,26 +257,48 @@ class KeyCheck:
     from the request's headers before anything reads its body: a dependency runs only
     after FastAPI has read and parsed a declared body, so a client without the key could
     hold a connection with a slow body, or have a malformed one parsed and answered 400.
-    The 401 closes the connection, so a body still arriving is not waited for."""
+    The 401 closes the connection, so a body still arriving is not waited for.
 
-    def __init__(self, app, key: str | None, public: frozenset[str]):
+    Feedback (:data:`ADMIN_PATHS`) steers an adapting router, so it takes the admin key
+    alone, never the API key; without an admin key it is off (403)."""
+
+    def __init__(self, app, key: str | None, admin_key: str | None, public: frozenset[str]):
         self.app, self.public = app, public
         self.expected = None if key is None else f"Bearer {key}".encode()
+        self.admin = None if admin_key is None else f"Bearer {admin_key}".encode()
 
-    def allowed(self, scope) -> bool:
-        if self.expected is None or scope["path"] in self.public:
-            return True
-        given = next((v for k, v in scope.get("headers") or [] if k == b"authorization"), b"")
-        return hmac.compare_digest(given, self.expected)
+    def refusal(self, scope) -> tuple[int, str] | None:
+        """(status, message) for a request its headers do not entitle, else None."""
+        path = scope["path"]
+        if path in ADMIN_PATHS:
+            if self.admin is None:
+                return 403, "feedback is off: the server was started without an admin key (--admin-key)"
+            return None if _bearer_is(scope, self.admin) else (401, "missing or wrong admin key "
+                                                                     "(Authorization: Bearer <admin key>)")
+        if self.expected is None or path in self.public or _bearer_is(scope, self.expected):
+            return None
+        return 401, "missing or wrong API key (Authorization: Bearer <key>)"
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or self.allowed(scope):
+        refused = self.refusal(scope) if scope["type"] == "http" else None
+        if refused is None:
             return await self.app(scope, receive, send)
         state = getattr(scope["app"].state, "serving", None) if "app" in scope else None
         if state is not None:
             state.metrics.errors.labels("unauthorized").inc()
-        return await error_response(401, "missing or wrong API key (Authorization: Bearer <key>)",
-                                    "authentication_error", headers={"Connection": "close"})(scope, receive, send)
+        status, message = refused
+        kind = "authentication_error" if status == 401 else "permission_error"
+        return await error_response(status, message, kind, headers={"Connection": "close"})(scope, receive, send)
+
+
+#: endpoints that take the admin key instead of the API key
+ADMIN_PATHS = frozenset({"/admin/feedback"})
+
+
+def _bearer_is(scope, expected: bytes) -> bool:
+    """Whether the request's Authorization header is ``expected`` (in constant time)."""
+    given = next((v for k, v in scope.get("headers") or [] if k == b"authorization"), b"")
+    return hmac.compare_digest(given, expected)
 
 
 #: endpoints behind the API key when one is set (:class:`KeyCheck`); liveness and metrics
@@ -401,20 +426,31 @@ async def reload(state: State):
     return {"status": "reloaded", "router": type(state.router).__name__}
 
 
-@keyed.post("/admin/feedback")
-async def feedback(state: State, body: FeedbackBody):
-    """Outcomes of served picks (did each break a limit), in the order served: a router that
-    adapts online (``observe(outcomes)``, as ``routers.adaptive.AdaptiveThresholdRouter``)
-    moves its threshold and answers where it stands (``state()``); any other is answered
-    409. Called on the event loop, so outcomes posted at once are applied one post after
-    another (a post is at most 1,000 outcomes: microseconds each)."""
+async def feedback_body(http: HttpRequest, state: State) -> FeedbackBody:
+    return await _body(http, state, FeedbackBody)
+
+
+@keyed.post("/admin/feedback", openapi_extra=body_schema(FeedbackBody))
+async def feedback(state: State, body: Annotated[FeedbackBody, Depends(feedback_body)]):
+    """Outcomes of served picks (did each break a limit), each naming the request it is
+    about: a router that adapts online (``observe(outcomes)``, as
+    ``routers.adaptive.AdaptiveThresholdRouter``) moves its threshold and answers where it
+    stands (``state()``); any other is answered 409. The ledger takes one outcome per
+    request it routed, within the feedback window (:mod:`engine.serving.feedback`), or
+    none of a post's. Called on the event loop, so posts are applied one after another (a
+    post is at most 1,000 outcomes: microseconds each)."""
     router = state.router
     observe = getattr(router, "observe", None)
     if not callable(observe):
         raise HTTPException(409, f"the router {type(router).__name__} does not adapt online (it has no observe)")
-    observe(body.violated)
+    try:
+        state.ledger.take([o.id for o in body.outcomes], router)
+    except Refused as exc:
+        state.metrics.errors.labels("feedback_refused").inc()
+        raise HTTPException(exc.status, exc.reason) from None
+    observe([o.violated for o in body.outcomes])
     where = getattr(router, "state", None)
-    return {"status": "observed", "outcomes": len(body.violated), **(where() if callable(where) else {})}
+    return {"status": "observed", "outcomes": len(body.outcomes), **(where() if callable(where) else {})}
 
 
 @public.get("/health")

@@ -32,6 +32,10 @@ class ServerConfig:
     backend: str = "transformers"
     device: str = "cpu"
     api_key: str | None = None
+    #: ``POST /admin/feedback`` needs this key (not the API key); None: feedback is off
+    admin_key: str | None = None
+    #: an outcome is taken for a request at most this long after it was routed
+    feedback_window_s: float = 600.0
     #: a slower routing decision sends the request to the reference mode
     route_budget_us: float = 5_000.0
     #: the server's memory: on CPU its own resident set before any engine plus the
@@ -90,7 +94,7 @@ class ServerConfig:
 #: the fields that must be positive and finite (their option is --<field-name>)
 _POSITIVE = ("route_budget_us", "memory_budget_mb", "max_tokens_limit", "max_body_bytes", "max_in_flight",
              "context_tokens", "header_timeout_s", "body_timeout_s", "max_connections_per_peer",
-             "max_receiving_bodies")
+             "max_receiving_bodies", "feedback_window_s")
 #: the largest count a limit may hold (a 64-bit index: larger ones cannot be allocated)
 _LARGEST = 2**63 - 1
 

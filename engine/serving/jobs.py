@@ -46,7 +46,8 @@ class Job:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"x-modeswitch-mode": self.mode, "x-modeswitch-route-us": f"{self.decision.route_us:.2f}"}
+        return {"x-modeswitch-mode": self.mode, "x-modeswitch-route-us": f"{self.decision.route_us:.2f}",
+                "x-modeswitch-request-id": self.id}
 
     @property
     def info(self) -> dict:
@@ -93,6 +94,8 @@ def admit(state: ServerState, endpoint: str, ids: list[int], max_tokens: int, ch
     except BaseException:
         state.leave()
         raise
+    if state.ledger is not None and callable(getattr(router, "observe", None)):
+        state.ledger.issue(rid, router)  # its pick may be fed back, once (engine.serving.feedback)
     state.metrics.stages["prefix"].observe((t1 - t0) / 1e9)
     return Job(rid, endpoint, chat, ids, max_tokens, request, decision)
 

@@ -130,12 +130,23 @@ class CompletionBody(_Sampling):
     _check_logprobs = field_validator("logprobs")(classmethod(lambda cls, v: _refused(v, lambda x: x is not None)))
 
 
-class FeedbackBody(BaseModel):
-    """``POST /admin/feedback``: the outcomes of served picks, in the order they were
-    served (did each break a limit: a shadow run of the reference says), for a router that
-    adapts its threshold online."""
+class Outcome(BaseModel):
+    """One served pick's outcome: the request's id (the response's ``id``) and whether it
+    broke a limit (a shadow run of the reference says)."""
 
-    violated: list[StrictBool] = Field(min_length=1, max_length=1000)
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, max_length=64)
+    violated: StrictBool
+
+
+class FeedbackBody(BaseModel):
+    """``POST /admin/feedback``: the outcomes of served picks, for a router that adapts its
+    threshold online; one per request, each naming the request it is about."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    outcomes: list[Outcome] = Field(min_length=1, max_length=1000)
 
 
 class Message(BaseModel):

@@ -24,6 +24,7 @@ from modeswitch.engine.serving.config import (
     backend_engine_factory,
     supported_modes,
 )
+from modeswitch.engine.serving.feedback import FeedbackLedger
 from modeswitch.engine.serving.metrics import Metrics
 from modeswitch.engine.serving.pool import EnginePool, PrefixTracker
 
@@ -70,6 +71,8 @@ class ServerState:
     prefix: PrefixTracker = field(default_factory=PrefixTracker)
     #: requests admitted and not finished (a routing feature, and ``/health``)
     in_flight: int = 0
+    #: ids issued to requests an adapting router routed (``POST /admin/feedback``)
+    ledger: FeedbackLedger | None = None
     #: the served model's context in tokens (prompt + max_tokens must fit in it)
     context_tokens: int = 4096
     #: the router's ``memory_pressure`` feature: 0 on CPU; on CUDA kept current by
@@ -108,7 +111,8 @@ async def start_state(cfg: ServerConfig, metrics: Metrics, router_loader: Router
                       on_unload=on_unload)
     return ServerState(config=cfg, tokenizer=tokenizer, modes=modes, router=loaded.router,
                        router_path=loaded.path, load_router=router_loader, pool=pool, metrics=metrics,
-                       context_tokens=cfg.context_tokens or _context_of(cfg.model_path))
+                       context_tokens=cfg.context_tokens or _context_of(cfg.model_path),
+                       ledger=FeedbackLedger(cfg.feedback_window_s))
 
 
 def _context_of(model_path: str) -> int:

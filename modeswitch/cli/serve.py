@@ -57,6 +57,8 @@ def serve_cmd(
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free one).")] = 8000,
     api_key: Annotated[str | None, typer.Option(envvar="MODESWITCH_API_KEY", help="Require 'Authorization: Bearer KEY' (better: $MODESWITCH_API_KEY or --api-key-file; argv is visible to every user).")] = None,
     api_key_file: Annotated[Path | None, typer.Option(help="Read the API key from this file (first line).")] = None,
+    admin_key: Annotated[str | None, typer.Option(envvar="MODESWITCH_ADMIN_KEY", help="Key POST /admin/feedback requires (not the API key; better: $MODESWITCH_ADMIN_KEY). Without one, feedback is off.")] = None,
+    feedback_window_s: Annotated[float, typer.Option(help="An outcome is taken for a request at most this many seconds after it was routed.")] = 600.0,
     served_name: Annotated[str, typer.Option(help="Model name the API reports (/v1/models, responses).")] = "modeswitch",
     max_tokens_limit: Annotated[int, typer.Option(help="Largest max_tokens a request may ask for (larger: HTTP 400).")] = 1024,
     route_budget_us: Annotated[float, typer.Option(help="A slower routing decision falls back to the reference.")] = 5000.0,
@@ -83,7 +85,8 @@ def serve_cmd(
                        max_body_bytes=max_body_bytes, max_in_flight=max_in_flight, context_tokens=context_tokens,
                        header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
                        max_connections_per_peer=max_connections_per_peer,
-                       max_receiving_bodies=max_receiving_bodies, raw_completions=raw_completions)
+                       max_receiving_bodies=max_receiving_bodies, raw_completions=raw_completions,
+                       admin_key=admin_key, feedback_window_s=feedback_window_s)
     if api_key_file is not None:
         if api_key is not None:
             raise InputError("give --api-key (or $MODESWITCH_API_KEY) or --api-key-file, not both")
@@ -92,6 +95,8 @@ def serve_cmd(
         api_key = lines[0].strip() if lines and lines[0].strip() else None
         if api_key is None:
             raise InputError(f"{api_key_file}: the first line holds no key")
+    if admin_key is not None and admin_key == api_key:
+        raise InputError("--admin-key must differ from the API key: feedback steers the router")
     exported = router != "rule" and not router.startswith("mode:")
     # a stored router is vetted before any model is built or loaded: a refused file costs
     # a second, not a model load; its modes are checked against the engine's below
