@@ -11,10 +11,13 @@ the server's peak RSS under load against its memory budget).
 
     .venv/bin/python bench/hardening_cases.py [--model test-fixture|smollm2|PATH] [--disconnects 50]
         [--memory-budget-mb 1536] [--backend transformers|llamacpp]
-        [--only-loading | --only-second-pass | --only-server]
+        [--only-loading | --only-second-pass | --only-server | --only-third-pass]
 
 The second pass (connection limits, a loop that never stalls, one writer per output,
 OS and data errors as one line, interrupted exports and runs) is ``--only-second-pass``.
+The third (slow bodies from many loopback addresses, feedback behind its own key and
+tied to served requests, ``$MODESWITCH_MODEL`` as every command's default) is
+``--only-third-pass``.
 A read-only folder and a full disk are a read-only and a 256 KiB tmpfs where this user
 may mount one (root in a container), else a mode-0555 folder and the full-disk cases
 are skipped, saying so.
@@ -536,6 +539,108 @@ def connection_cases(srv: Server, key: str):
             got["status"] in (400, 413) and worst < 100, five=got["status"] >= 500)
 
 
+def _slow_bodies(port: int, key: str, path: str, count: int, addresses: int) -> list[socket.socket]:
+    """``count`` connections from ``addresses`` loopback addresses (127.0.0.2 on), each with
+    complete headers and the first bytes of a 5,000-byte body."""
+    socks = []
+    for i in range(count):
+        s = socket.socket()
+        s.bind((f"127.0.0.{2 + i % addresses}", 0))
+        s.connect(("127.0.0.1", port))
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: "
+                  "application/json\r\nContent-Length: 5000\r\n\r\n".encode() + b'{"messages": [')
+        socks.append(s)
+    return socks
+
+
+def slow_body_cases(srv: Server, key: str):
+    """300 slow bodies with the key from 200 addresses: other clients are served at once."""
+    auth = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    chat = "/v1/chat/completions"
+    one = json.dumps({"model": "modeswitch", "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 2}).encode()
+    srv.request("POST", chat, one, auth)  # the mode's engine loaded: its first request pays for that
+    socks = _slow_bodies(srv.port, key, chat, 300, 200)
+    stop = threading.Event()
+
+    def trickle():  # a byte on each every 0.5 s, bounded by the body timeout
+        for _ in range(int(BODY_TIMEOUT_S / 0.5)):
+            if stop.wait(0.5):
+                return
+            for s in socks:
+                try:
+                    s.send(b" ")
+                except OSError:
+                    pass
+
+    th = threading.Thread(target=trickle, daemon=True)
+    th.start()
+    time.sleep(0.5)
+    took, statuses = [], []
+    for path, body in ((chat, one), ("/health", None), (chat, one)):
+        t0 = time.perf_counter()
+        statuses.append(srv.request("POST" if body else "GET", path, body, auth)[0])
+        took.append(time.perf_counter() - t0)
+    answered = 0
+    for s in socks:
+        s.setblocking(False)
+        try:
+            answered += s.recv(12).startswith(b"HTTP/1.1 503")
+        except OSError:
+            pass
+    stop.set()
+    th.join()
+    for s in socks:
+        s.close()
+    row("conn", "300 slow bodies with the key from 200 addresses, then real requests",
+        f"{statuses}, slowest {max(took) * 1000:.0f} ms; {answered} slow bodies answered 503",
+        statuses == [200, 200, 200] and max(took) < 1.0 and answered == 0, five=any(x >= 500 for x in statuses))
+
+
+def feedback_cases(srv: Server, key: str, admin: str):
+    """Feedback takes the admin key, checked before the body is read."""
+    url = "/admin/feedback"
+    socks = _slow_bodies(srv.port, "wrong", url, 50, 50)
+    t0, refused = time.perf_counter(), 0
+    for s in socks:
+        s.settimeout(2.0)
+        try:
+            refused += s.recv(12) == b"HTTP/1.1 401"
+        except OSError:
+            pass
+        s.close()
+    row("feedback", "50 slow bodies without a key from 50 addresses",
+        f"{refused} answered 401 in {time.perf_counter() - t0:.2f} s", refused == 50)
+    status, body, _ = srv.request("POST", url, b'{"violated": [tru', {"Content-Type": "application/json"})
+    row("feedback", "a malformed body without a key", f"{status} {body[:60]!r}", status == 401, five=status >= 500)
+    flood = json.dumps({"outcomes": [{"id": "chatcmpl-x", "violated": True}] * 10}).encode()
+    statuses = {srv.request("POST", url, flood, {"Authorization": f"Bearer {key}"})[0] for _ in range(200)}
+    row("feedback", "200 posts of outcomes with the API key", f"statuses {sorted(statuses)}", statuses == {401})
+    status, body, _ = srv.request("POST", url, flood, {"Authorization": f"Bearer {admin}"})
+    row("feedback", "outcomes with the admin key, to a router that does not adapt",
+        f"{status} {body[:70]!r}", status == 409, five=status >= 500)
+
+
+def third_pass_cases(tmp: Path):
+    """Slow bodies, feedback and the environment's model (``--only-third-pass``)."""
+    key, admin = "k-" + os.urandom(8).hex(), "a-" + os.urandom(8).hex()
+    (tmp / "key").write_text(key + "\n")
+    srv = Server(["--router", "rule", "--api-key-file", str(tmp / "key"), "--admin-key", admin,
+                  "--header-timeout-s", str(HEADER_TIMEOUT_S), "--body-timeout-s", str(BODY_TIMEOUT_S)], tmp)
+    try:
+        print("server: slow bodies and feedback")
+        slow_body_cases(srv, key)
+        feedback_cases(srv, key, admin)
+    finally:
+        srv.stop()
+    print("cli: $MODESWITCH_MODEL as every --model's default")
+    missing = str(tmp / "no-such-model")
+    for args in (["serve", "--router", "rule"], ["quality-sweep", "-o", "q.parquet"],
+                 ["profile", "-o", "p.parquet"], ["model", "build"]):
+        cli_case("env", f"{args[0]} {args[1]} with $MODESWITCH_MODEL a missing folder", args, tmp,
+                 want_exit=(1, 2), must_say="no-such-model", env={"MODESWITCH_MODEL": missing}, timeout=120)
+
+
 def _rewrite_registered(mlruns: Path, stored: Path, data: bytes) -> None:
     """Replace a registered router's file and rewrite every recorded hash to match, as an
     attacker who can write the store would (the hashes are integrity, not authentication)."""
@@ -758,6 +863,8 @@ def main():
     ap.add_argument("--only-loading", action="store_true", help="the stored-router cases alone")
     ap.add_argument("--only-second-pass", action="store_true",
                     help="the second pass alone: connection limits, the loop, writers, OS and data errors")
+    ap.add_argument("--only-third-pass", action="store_true",
+                    help="the third pass alone: slow bodies, feedback, the environment's model")
     args = ap.parse_args()
     global BACKEND
     BACKEND = args.backend
@@ -769,6 +876,9 @@ def main():
             model = str(build_models(tmp / "models", TEST_RECIPE, log=lambda *a: None).target)
         os.environ["MODESWITCH_MODEL"] = model  # every child command's default --model
         try:
+            if args.only_third_pass:
+                third_pass_cases(tmp)
+                return _summary(t0)
             mlruns, uri = exported_router(tmp)
             if args.only_second_pass:
                 key = "k-" + os.urandom(8).hex()
@@ -803,6 +913,7 @@ def main():
             if not args.skip_cli:
                 cli_cases(tmp, mlruns, uri)
                 second_pass_cases(tmp, mlruns, uri)
+            third_pass_cases(tmp)
         finally:
             _unmount()
             for ro in ("readonly", "sp-readonly"):
