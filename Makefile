@@ -42,13 +42,18 @@ lint: $(STAMP)
 # answers, stop the server.
 # When the study's published A100 profiles are present (SHARED=...), they are
 # imported and labelled too.
-# BACKEND=llamacpp runs the same pipeline on llama.cpp (built once first, docs/llamacpp.md).
+# BACKEND=llamacpp runs the same pipeline on llama.cpp (built once first, docs/llamacpp.md),
+# one llama.cpp thread per engine: its servers take their thread count when they start, so
+# the profiler cannot measure which count to use, and on 2 shared cores two threads wait
+# on each other whenever anything else runs.
 PORT ?= 8765
 BACKEND ?= transformers
+DEMO_THREADS := $(if $(filter llamacpp,$(BACKEND)),--threads 1)
 demo: $(STAMP)
 	@mkdir -p $(RUN_DIR)
 	$(BIN)/modeswitch model build --backend $(BACKEND)
-	$(BIN)/modeswitch profile --backend $(BACKEND) --quick --length-scale 0.25 -o $(RUN_DIR)/profiles.parquet
+	$(BIN)/modeswitch profile --backend $(BACKEND) --quick --length-scale 0.25 $(DEMO_THREADS) \
+		-o $(RUN_DIR)/profiles.parquet
 	$(BIN)/modeswitch label --profiles $(RUN_DIR)/profiles.parquet -o $(RUN_DIR)/labels.parquet
 	$(BIN)/modeswitch dataset build --profiles $(RUN_DIR)/profiles.parquet --requests 700 \
 		--length-scale 0.25 -o $(RUN_DIR)/train.parquet

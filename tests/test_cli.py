@@ -200,7 +200,10 @@ def _help(*cmd):
 def test_serve_help_lists_max_tokens_limit_and_the_backends():
     out = _help("serve")
     assert "--max-tokens-limit" in out and "1024" in out
-    assert "<transformers|vllm>" in out
+    from modeswitch.engine.backends.registry import backend_names
+
+    listed = next(w for w in out.split() if w.startswith("<") and "vllm" in w).strip("<>").split("|")
+    assert sorted(listed) == sorted(backend_names()) and {"transformers", "llamacpp", "vllm"} <= set(listed)
 
 
 def test_profile_help_lists_the_backends_and_the_real_defaults():
