@@ -25,6 +25,7 @@ import dataclasses
 import time
 
 import numpy as np
+
 from modeswitch.dataset.confidence_features import confidence_from_logits
 from modeswitch.dataset.workloads import list_workloads
 from modeswitch.dataset.workloads.conditions import drawn_requests

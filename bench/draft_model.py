@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from modeswitch.dataset.workloads import get_workload
 from modeswitch.engine.backends.transformers_backend import TransformersEngine
 from modeswitch.engine.models.resolve import resolve_models

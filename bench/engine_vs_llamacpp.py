@@ -29,6 +29,9 @@ import sys
 from pathlib import Path
 
 import torch
+from rich.console import Console
+from rich.table import Table
+
 from modeswitch.dataset.requests import Request
 from modeswitch.engine import prompts
 from modeswitch.engine.backends import registry
@@ -36,8 +39,6 @@ from modeswitch.engine.backends.base import EngineSettings
 from modeswitch.engine.hardware import hardware_string
 from modeswitch.engine.models.smollm2 import build_smollm2, gguf_file
 from modeswitch.engine.modes import reference_mode
-from rich.console import Console
-from rich.table import Table
 
 WORKER = Path(__file__).with_name("llamacpp_worker.py")
 

@@ -45,6 +45,7 @@ import mlflow
 import numpy as np
 import pandas as pd
 import skops.io as sio
+
 from modeswitch.dataset.io import sha256_file
 from modeswitch.dataset.requests import requests_frame
 from modeswitch.dataset.workloads import get_workload

@@ -19,10 +19,11 @@ import tempfile
 from pathlib import Path
 
 import pandas as pd
+from rich.console import Console
+
 from modeswitch.engine.models.resolve import resolve_models
 from modeswitch.engine.modes import reference_mode
 from modeswitch.engine.profiler import DEFAULT_WORKLOADS, Profiler, ProfileSpec
-from rich.console import Console
 
 
 def main():

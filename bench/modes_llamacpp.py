@@ -35,6 +35,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+from rich.console import Console
+from rich.table import Table
+
 from modeswitch.dataset.requests import Request
 from modeswitch.dataset.workloads.conditions import primer
 from modeswitch.engine import prompts
@@ -48,8 +51,6 @@ from modeswitch.engine.models.llamacpp_tools import build_tools
 from modeswitch.engine.models.resolve import resolve_models
 from modeswitch.engine.modes import get_mode, reference_mode
 from modeswitch.engine.noise import TrialClock
-from rich.console import Console
-from rich.table import Table
 
 LLAMACPP_MODES = ["fp16_baseline", "int8_quant", "gptq_4bit", "awq_4bit", "kv_cache_compression",
                   "chunked_prefill", "ngram_speculative_decoding", "quantized_draft_speculative",

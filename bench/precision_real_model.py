@@ -36,12 +36,13 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from modeswitch.dataset.workloads import get_workload
 from modeswitch.engine.backends import quantize as q
 from modeswitch.engine.models.resolve import resolve_models
 from modeswitch.engine.prompts import PromptBuilder
 from modeswitch.engine.quality import rouge_l
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

@@ -15,6 +15,7 @@ import time
 import warnings
 
 import torch
+
 from modeswitch.engine.backends.quantize import Int4WeightOnlyLinear
 
 

@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from sklearn.frozen import FrozenEstimator
+
 from modeswitch.dataset.features import features_frame
 from modeswitch.dataset.workloads import get_workload
 from modeswitch.oracle.training_table import build_training_table
@@ -48,7 +50,6 @@ from modeswitch.routers.adaptive import AdaptiveThresholdRouter
 from modeswitch.routers.compiler import compile
 from modeswitch.routers.rule_baseline import RuleBaselineRouter
 from modeswitch.routers.scoring.overhead import time_decisions, time_side_by_side
-from sklearn.frozen import FrozenEstimator
 
 
 def pct(t):

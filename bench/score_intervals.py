@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 from helpers import pandas_family_bootstrap, pandas_live_figures  # noqa: E402
+
 from modeswitch.routers.scoring.intervals import family_bootstrap  # noqa: E402
 from modeswitch.routers.scoring.live import INTERVAL_FIGURES, _family_parts  # noqa: E402
 

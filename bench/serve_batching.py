@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import openai
+
 from modeswitch.engine.models.resolve import resolve_models
 from modeswitch.engine.serving import ServerConfig, create_app
 from modeswitch.routers.reference import FixedModeRouter

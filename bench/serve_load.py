@@ -19,6 +19,7 @@ import urllib.request
 
 import numpy as np
 import openai
+
 from modeswitch.engine.serving.metrics import STAGES
 
 

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 import openai
+
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.backends.vllm_backend import _max_len, engine_args

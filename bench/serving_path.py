@@ -30,6 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+
 from modeswitch.dataset.requests import Request, serving_request
 from modeswitch.engine.serving.pool import PrefixTracker
 from modeswitch.engine.serving.routing import route

@@ -18,9 +18,10 @@ import sys
 import time
 from pathlib import Path
 
+from transformers import AutoTokenizer
+
 from modeswitch.engine.models.resolve import resolve_models
 from modeswitch.engine.serving.generate import _decode_stream, _Detokenizer
-from transformers import AutoTokenizer
 
 
 class _WindowOnly:

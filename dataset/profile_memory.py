@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.dataset.errors import InputFileError
 
 #: in a CPU row's ``source``: its memory is what the engine held + the request's own growth

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pandera.pandas as pa
+
 from modeswitch.dataset.errors import InputFileError, read_table
 from modeswitch.dataset.io import write_parquet
 

@@ -17,8 +17,9 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Annotated
 
-from modeswitch.dataset.errors import InputError, InputFileError
 from pydantic import Field, TypeAdapter, ValidationError
+
+from modeswitch.dataset.errors import InputError, InputFileError
 
 NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(ge=1)]

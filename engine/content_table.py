@@ -16,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+
 from modeswitch.dataset.content_features import (
     CODE_CHARS,
     EMBED_COMPONENTS,

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+
 from modeswitch.dataset.confidence_features import CONFIDENCE_FEATURES, confidence_from_logits
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.io import write_parquet

@@ -54,6 +54,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.dataset.benchmarks import score_answer
 from modeswitch.dataset.errors import InputError, InputFileError
 from modeswitch.dataset.io import write_parquet

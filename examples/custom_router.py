@@ -10,9 +10,10 @@ the module is on $MODESWITCH_PLUGINS).
 """
 
 from _data import table_from_args
+from sklearn.neighbors import KNeighborsClassifier
+
 from modeswitch.routers import RouterFamily, api, register_router
 from modeswitch.routers.families.classifier import ModeClassifier
-from sklearn.neighbors import KNeighborsClassifier
 
 
 class KNNRouter(ModeClassifier):

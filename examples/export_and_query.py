@@ -14,6 +14,7 @@ import time
 import urllib.request
 
 from _data import table_from_args
+
 from modeswitch.routers import api
 from modeswitch.routers.scoring.offline import requests_from_table
 

@@ -5,6 +5,7 @@
 """
 
 from _data import table_from_args
+
 from modeswitch.routers import api
 
 table, args = table_from_args(__doc__.splitlines()[0])

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.dataset.workloads import get_workload
 from modeswitch.dataset.workloads.spec import condition_of
 from modeswitch.engine.modes import mode_names

@@ -11,8 +11,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Annotated, Literal
 
-from modeswitch.dataset.errors import InputFileError
 from pydantic import Field, TypeAdapter, ValidationError
+
+from modeswitch.dataset.errors import InputFileError
 
 NonNeg = Annotated[float, Field(ge=0)]
 

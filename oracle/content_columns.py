@@ -12,6 +12,7 @@ reads the same ids.
 from __future__ import annotations
 
 import pandas as pd
+
 from modeswitch.dataset.content_features import CONTENT_FEATURES
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.requests import Request

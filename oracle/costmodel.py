@@ -39,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import least_squares
+
 from modeswitch.dataset.errors import InputFileError
 from modeswitch.dataset.io import atomic_path
 from modeswitch.engine.modes import get_mode
@@ -52,7 +54,6 @@ from modeswitch.oracle.cells import (
     summarise,
 )
 from modeswitch.oracle.estimate import estimate
-from scipy.optimize import least_squares
 
 #: metrics validate() reports (tokens/s follows from latency, so it is not listed)
 VALIDATED = ("latency_ms", "ttft_ms", "energy_per_token_j", "peak_memory_mb")

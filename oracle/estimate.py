@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from modeswitch.oracle.cells import METRICS, MODELLED, Cells, OracleError, family_condition
 from scipy.interpolate import LinearNDInterpolator
 from scipy.spatial import QhullError
+
+from modeswitch.oracle.cells import METRICS, MODELLED, Cells, OracleError, family_condition
 
 LOG_METRICS = {"latency_ms", "ttft_ms", "tokens_per_s", "energy_per_token_j", "peak_memory_mb"}
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.oracle.cells import OracleError, request_rows, summarise
 from modeswitch.oracle.costmodel import CostModel, grouped_folds
 from modeswitch.oracle.estimate import estimate

@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-from modeswitch.oracle.constraints import Constraints
 from rich.console import Console
 from rich.table import Table
+
+from modeswitch.oracle.constraints import Constraints
 
 console = Console()
 

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.dataset.errors import InputError, read_table
 from modeswitch.dataset.features import features_frame
 from modeswitch.dataset.requests import Request

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.engine.modes import get_mode
 
 COLUMNS = ("group_units", "group_rouge_l_mean", "group_accuracy_units", "group_accuracy_delta_pp")

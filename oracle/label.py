@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.oracle import estimate_error, family_rule, noise_aware, sweep_quality
 from modeswitch.oracle.cells import Cells, OracleError, summarise
 from modeswitch.oracle.constraints import Constraints

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.oracle.cells import summarise
 from modeswitch.oracle.constraints import Constraints
 from modeswitch.oracle.family_rule import family_quality, group_of, lossless

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.engine.modes import get_mode
 from modeswitch.oracle.uncertainty import DEFAULT_BOOT, paired_ratio, resamples
 

@@ -15,6 +15,7 @@ ROUGE-L against it. It is reported beside the labels, never charged to a mode.
 from __future__ import annotations
 
 import pandas as pd
+
 from modeswitch.engine.modes import get_mode
 
 

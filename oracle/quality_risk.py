@@ -36,9 +36,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from modeswitch.oracle.cells import OracleError
-from modeswitch.oracle.family_rule import lossless
-from modeswitch.oracle.sweep_quality import ESTIMATED, RISK
 from scipy.stats import beta
 from sklearn.base import BaseEstimator, clone
 from sklearn.linear_model import LogisticRegression
@@ -46,6 +43,10 @@ from sklearn.metrics import brier_score_loss, roc_auc_score
 from sklearn.model_selection import StratifiedKFold
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
+
+from modeswitch.oracle.cells import OracleError
+from modeswitch.oracle.family_rule import lossless
+from modeswitch.oracle.sweep_quality import ESTIMATED, RISK
 
 #: fewer swept requests than this for a mode, or one outcome only: no model, the family bounds
 MIN_ROWS = 20

@@ -13,6 +13,7 @@ Latency, energy and memory stay the profile's: the sweep times nothing.
 from __future__ import annotations
 
 import pandas as pd
+
 from modeswitch.oracle import family_rule
 
 #: the quality metrics a sweep measures (the estimate's columns of the same names)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.dataset.errors import InputFileError
 
 #: the largest magnitude a table's numbers may have: what a 32-bit float holds

@@ -21,6 +21,7 @@ import json
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.dataset.confidence_features import CONFIDENCE_FEATURES
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.features import features_frame

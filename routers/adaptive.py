@@ -65,11 +65,12 @@ import threading
 import time
 
 import numpy as np
-from modeswitch.routers.base import RouterMixin
-from modeswitch.routers.risk_control import ALPHA
 from sklearn.base import BaseEstimator, ClassifierMixin, clone
 from sklearn.frozen import FrozenEstimator
 from sklearn.utils.validation import check_is_fitted
+
+from modeswitch.routers.base import RouterMixin
+from modeswitch.routers.risk_control import ALPHA
 
 #: the update's step as a share of the threshold's range (the replay's and the router's default)
 STEP_SIZE = 0.1

@@ -29,6 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+
 from modeswitch.routers.export import export_router, load_router
 from modeswitch.routers.reference import OracleRouter
 from modeswitch.routers.registry import get_router

@@ -80,6 +80,9 @@ import inspect
 
 import numpy as np
 import pandas as pd
+from sklearn.base import BaseEstimator, ClassifierMixin, clone
+from sklearn.utils.validation import check_is_fitted
+
 from modeswitch.dataset.features import features_frame
 from modeswitch.engine.modes import reference_mode
 from modeswitch.routers.base import RouterMixin
@@ -94,8 +97,6 @@ from modeswitch.routers.risk_control import (
     learn_then_test_groups,
 )
 from modeswitch.routers.served_tree import ThresholdTrees, needs_tree
-from sklearn.base import BaseEstimator, ClassifierMixin, clone
-from sklearn.utils.validation import check_is_fitted
 
 
 def has_risk_score(router) -> bool:

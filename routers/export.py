@@ -56,6 +56,7 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 from mlflow.models import infer_signature
+
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.features import features_frame, reads_content
 from modeswitch.dataset.io import sha256_file

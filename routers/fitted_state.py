@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from modeswitch.dataset.content_features import CONTENT_FEATURES, ContentTable
 from modeswitch.dataset.features import FEATURE_SET_A
 

@@ -12,13 +12,14 @@
 from __future__ import annotations
 
 import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.utils.validation import check_is_fitted
+
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.modes import reference_mode
 from modeswitch.routers.base import RouterMixin
 from modeswitch.routers.registry import RouterFamily, register_router
-from sklearn.base import BaseEstimator
-from sklearn.utils.validation import check_is_fitted
 
 
 class FixedModeRouter(RouterMixin, BaseEstimator):

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils.validation import check_is_fitted
+
 from modeswitch.dataset.features import FEATURE_SET_A, NONE_CATEGORY
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.modes import mode_names, reference_mode, resolve_mode
 from modeswitch.routers.base import RouterMixin
 from modeswitch.routers.registry import RouterFamily, register_router
-from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.utils.validation import check_is_fitted
 
 SYNTHETIC_FAMILIES = {
     "short_prompt_short_output": "gptq_4bit",

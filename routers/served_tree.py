@@ -19,6 +19,7 @@ costs one fit of a scikit-learn tree (a fraction of a second on 22,000 rows).
 from __future__ import annotations
 
 import numpy as np
+
 from modeswitch.routers.compiler import compile_state
 from modeswitch.routers.compiler.distil import check_rows, distil_rows, fit_tree
 from modeswitch.routers.compiler.router import DISTIL_WALKED_TREES, walked_trees

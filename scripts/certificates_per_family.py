@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.routers.certificates import CERTIFICATES
 from modeswitch.routers.certified import CertifiedRouter
 from modeswitch.routers.registry import get_router

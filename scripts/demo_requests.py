@@ -13,9 +13,10 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
-from modeswitch.dataset.prompt_corpus import load_corpus
 from rich.console import Console
 from rich.table import Table
+
+from modeswitch.dataset.prompt_corpus import load_corpus
 
 SYSTEM = ("You are a helpful assistant for a travel and science quiz. Answer accurately and briefly; "
           "when a question has options, answer with the letter of the correct one. ") * 4

@@ -20,6 +20,7 @@ import subprocess
 from pathlib import Path
 
 import mlflow
+
 from modeswitch.routers.training.tracking import tracking_uri
 
 

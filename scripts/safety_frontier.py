@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+
 from modeswitch.routers.scoring.frontier import RISK_MODELS, frontier
 
 

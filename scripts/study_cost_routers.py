@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+
 from modeswitch.routers.scoring.run import ScoreConfig, score_routers
 from modeswitch.routers.training.trainer import TrainConfig, train
 

@@ -5,13 +5,13 @@ family is repaired by the feedback, and the wrapper decides as its router does."
 
 import numpy as np
 import pytest
+from sklearn.base import clone
+from sklearn.frozen import FrozenEstimator
+
 from modeswitch.routers.adaptive import AdaptiveThresholdRouter, ThresholdTracker
 from modeswitch.routers.scoring.adaptive import adaptive_replay, replay_stream, violation_matrix
 from modeswitch.routers.scoring.offline import score_requests
 from modeswitch.routers.scoring.threshold_sweep import picks_at
-from sklearn.base import clone
-from sklearn.frozen import FrozenEstimator
-
 from tests.test_cost_routers import REF
 from tests.test_group_certificates import family_rates, shifted_table
 from tests.test_threshold_sweep import TARGET, certified, held_out
@@ -108,6 +108,7 @@ def test_the_report_writes_the_replay_and_marks_it_in_the_frontier_plot(tmp_path
     from types import SimpleNamespace
 
     import pandas as pd
+
     from modeswitch.routers.scoring import report
     from modeswitch.routers.scoring.offline import aggregate_scores
     from modeswitch.routers.scoring.overhead import Overhead

@@ -1,6 +1,7 @@
 import json
 
 import pytest
+
 from modeswitch.dataset.benchmarks import read_benchmark, score_answer
 from modeswitch.dataset.errors import InputFileError
 

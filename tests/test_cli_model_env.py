@@ -41,6 +41,7 @@ def test_sweep_runs_the_environments_model(monkeypatch, env_model, tmp_path):
 def test_score_live_runs_the_environments_model(monkeypatch, env_model, tmp_path):
     """The command keeps no --model (None); the live step resolves it, from the environment."""
     import pandas as pd
+
     from modeswitch.engine.models.resolve import resolve_models
 
     table = tmp_path / "train.parquet"

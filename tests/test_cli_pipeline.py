@@ -66,6 +66,7 @@ def test_score_writes_the_report_with_the_rule_baseline(cli_run):
 
 def _client(tmp):
     import mlflow
+
     from modeswitch.routers.training.tracking import tracking_uri
 
     return mlflow.MlflowClient(tracking_uri(tmp / "mlruns"))
@@ -98,6 +99,7 @@ def test_scoring_logs_one_child_run_per_router_with_the_same_metric_keys(cli_run
 
 def test_training_and_scoring_runs_show_their_dataset(cli_run):
     import pandas as pd
+
     from modeswitch.oracle.training_table import frame_hash, table_meta
 
     tmp, _ = cli_run

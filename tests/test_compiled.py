@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from modeswitch.dataset.features import features_frame
 from modeswitch.dataset.requests import Request
 from modeswitch.dataset.workloads import get_workload
 from modeswitch.oracle.training_table import build_training_table
 from modeswitch.routers import get_router
 from modeswitch.routers.compiler import compile
-
 from tests.helpers import synthetic_profile
 
 FAMILIES = ["short_prompt_short_output", "short_prompt_long_output", "long_prompt_short_output",

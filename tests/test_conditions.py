@@ -4,6 +4,7 @@ import collections
 import dataclasses
 
 import pytest
+
 from modeswitch.dataset.requests import Request
 from modeswitch.dataset.workloads import get_workload
 from modeswitch.dataset.workloads.conditions import (

@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+
 from modeswitch.dataset.content_features import (
     CONTENT_FEATURES,
     SHARE_TOKENS,
@@ -79,8 +80,9 @@ def content(tiny_models, tmp_path_factory):
 
 
 def test_the_table_is_made_from_the_checkpoint_and_cached(content, tiny_models):
-    from modeswitch.engine.content_table import content_table, input_embeddings
     from transformers import AutoTokenizer
+
+    from modeswitch.engine.content_table import content_table, input_embeddings
 
     tok = AutoTokenizer.from_pretrained(str(tiny_models.target))
     emb = input_embeddings(tiny_models.target)
@@ -243,12 +245,13 @@ def test_a_measured_requests_content_is_read_from_the_prompt_the_profiler_built(
     (on SmolLM2 a batch_pressure unit's 20-token budget made a 21-token prompt, and 21
     builds another). The table's content columns read the prompt the profiler built for
     the unit's lead (the profile's plan), as the live check replays it."""
+    from transformers import AutoTokenizer
+
     from modeswitch.dataset.workloads.conditions import ConditionDraw
     from modeswitch.engine import prompts
     from modeswitch.engine.profiler import ProfileSpec
     from modeswitch.engine.profiler.plan import profiled_leads
     from modeswitch.oracle.content_columns import TOKEN_IDS, content_columns
-    from transformers import AutoTokenizer
 
     model = str(tiny_models.target)
     draw = ConditionDraw(concurrency=(1, 4), concurrency_weights=(0.5, 0.5), shared_prefix_rate=0.5)
@@ -272,7 +275,6 @@ def test_a_measured_requests_content_is_read_from_the_prompt_the_profiler_built(
         content_columns(rows, model, built_from=other)
     # the table takes them: a measured row's token ids are its unit's own prompt
     from modeswitch.oracle.training_table import build_training_table, profiled_requests, table_meta
-
     from tests.helpers import profile, row
 
     prof = profile([row(uid, m, lat, request_id=uid, family=r.family, prompt_tokens=len(built[uid]) + 1,

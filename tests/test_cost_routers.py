@@ -4,6 +4,8 @@
 import numpy as np
 import pandas as pd
 import pytest
+from sklearn.base import clone
+
 from modeswitch.dataset.features import feature_columns, features_frame
 from modeswitch.dataset.requests import Request
 from modeswitch.routers.certified import CertifiedRouter
@@ -20,7 +22,6 @@ from modeswitch.routers.risk_control import (
     min_calibration,
     upper_bound,
 )
-from sklearn.base import clone
 
 REF = "fp16_baseline"
 FAST = "continuous_batching"
@@ -560,6 +561,7 @@ def test_the_limit_gate_is_tuned_for_every_cost_router_and_the_first_trial_keeps
     looser margin certify): tuned, from the default 0.5, and a new space version so
     studies drawn from the old space start anew."""
     import optuna
+
     from modeswitch.routers.families.cost import LinearCostRouter
     from modeswitch.routers.training.first_trial import default_trial
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from modeswitch.oracle.costmodel import CostModel, design, fit_structural, grouped_folds, validate
 
+from modeswitch.oracle.costmodel import CostModel, design, fit_structural, grouped_folds, validate
 from tests.helpers import PROV, profile, request_shapes
 
 REF = "fp16_baseline"
@@ -155,6 +155,7 @@ def test_costmodel_cli_fit_validate_and_label(tmp_path):
     assert res.exit_code == 0, res.output
     assert model.exists() and model.with_suffix(".validation.csv").exists()
     import mlflow
+
     from modeswitch.routers.training.tracking import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri(tmp_path / "mlruns"))

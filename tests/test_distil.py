@@ -4,6 +4,7 @@ and the overhead report says so."""
 
 import numpy as np
 import pytest
+
 from modeswitch.dataset.features import features_frame
 from modeswitch.dataset.workloads import get_workload
 from modeswitch.oracle.training_table import build_training_table
@@ -12,7 +13,6 @@ from modeswitch.routers.compiler import compile
 from modeswitch.routers.compiler.router import DISTIL_WALKED_TREES
 from modeswitch.routers.families.cost import LightGBMCostRouter
 from modeswitch.routers.scoring import overhead
-
 from tests.helpers import synthetic_profile
 from tests.test_cost_routers import synthetic_table
 
@@ -88,7 +88,6 @@ def test_a_certified_cost_router_certifies_the_tree_it_serves(monkeypatch):
     from modeswitch.routers import served_tree
     from modeswitch.routers.certified import CertifiedRouter
     from modeswitch.routers.risk_control import calibration_split
-
     from tests.test_cost_routers import REF
 
     monkeypatch.setattr(served_tree, "DISTIL_WALKED_TREES", -1)  # distil whatever it walks

@@ -5,6 +5,7 @@ instance with 2 CPUs, the tiny test model."""
 import json
 
 import pytest
+
 from modeswitch.dataset.profile_schema import read_profile
 from modeswitch.engine.profiler import Profiler, ProfileSpec
 

@@ -4,6 +4,7 @@ target with a seconds-long recipe: the same code path as SmolLM2's draft."""
 import json
 
 import pytest
+
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.models.draft import CARD, TEST_RECIPE, build_draft, split_prompts
 
@@ -50,8 +51,9 @@ def test_a_cached_draft_is_reused_without_training(tiny_models, drafted, monkeyp
 
 def test_the_draft_starts_from_the_targets_own_weights(tiny_models):
     import torch
-    from modeswitch.engine.models.draft import init_draft
     from transformers import AutoModelForCausalLM
+
+    from modeswitch.engine.models.draft import init_draft
 
     target = AutoModelForCausalLM.from_pretrained(tiny_models.target, dtype=torch.float32)
     d = init_draft(target, (1,))
@@ -63,8 +65,9 @@ def test_the_draft_starts_from_the_targets_own_weights(tiny_models):
 
 
 def test_training_prompts_are_held_out_of_every_request_the_project_builds(tiny_models):
-    from modeswitch.dataset.prompt_corpus import in_draft_split, load_corpus
     from transformers import AutoTokenizer
+
+    from modeswitch.dataset.prompt_corpus import in_draft_split, load_corpus
 
     corpus = load_corpus()
     used = {q.id for q in corpus.pick(())}
@@ -80,9 +83,10 @@ def test_training_prompts_are_held_out_of_every_request_the_project_builds(tiny_
 
 
 def test_speculative_decoding_with_the_distilled_draft_gives_the_reference_output(tiny_models, drafted):
+    from transformers import AutoTokenizer
+
     from modeswitch.engine.backends.transformers_backend import TransformersEngine
     from modeswitch.engine.prompts import PromptBuilder
-    from transformers import AutoTokenizer
 
     b = PromptBuilder(AutoTokenizer.from_pretrained(tiny_models.target))
     reqs = [b.prepare(Request(id=str(i), prompt_tokens=p, expected_output_tokens=n))

@@ -1,6 +1,7 @@
 """Energy meters: arithmetic and NVML handling against a fake NVML device."""
 
 import pytest
+
 from modeswitch.engine.energy import (
     CpuTimeEstimate,
     NvmlCounter,

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from modeswitch.dataset.requests import Request
 from modeswitch.dataset.workloads import get_workload
 from modeswitch.engine.backends.transformers_backend import TransformersEngine, capabilities
@@ -134,8 +135,9 @@ def test_the_paged_cache_is_checked_against_the_machines_free_memory_not_a_small
     faked: 1 MB, so transformers' own reading leaves nothing) still gets its cache: the
     footprint is checked against what the kernel says is free."""
     import psutil
-    from modeswitch.engine.backends import transformers_backend
     from transformers.generation.continuous_batching import cache
+
+    from modeswitch.engine.backends import transformers_backend
 
     rss = psutil.Process().memory_info().rss
     monkeypatch.setattr(cache, "get_device_and_memory_breakdown",

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+
 from modeswitch.oracle import Constraints, label_requests
 from modeswitch.oracle.costmodel import enough_requests
 from modeswitch.oracle.estimate_error import residuals, summary
-
 from tests.helpers import profile, request_shapes, row
 
 REF = "fp16_baseline"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from modeswitch.dataset.errors import InputError
 
+from modeswitch.dataset.errors import InputError
 from tests.helpers import free_port, synthetic_profile
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -2,9 +2,9 @@
 lossless modes' divergence left to the floor."""
 
 import pytest
+
 from modeswitch.oracle import Constraints, label_profile
 from modeswitch.oracle.family_rule import divergence_rates
-
 from tests.helpers import profile, row
 
 REF = "fp16_baseline"
@@ -87,6 +87,7 @@ def test_divergence_rates_sit_beside_the_rules_verdict():
 
 def test_live_scoring_judges_a_routers_picks_per_family_and_reports_divergence_apart():
     import pandas as pd
+
     from modeswitch.dataset.requests import Request
     from modeswitch.routers.scoring.live import score_live, summarise_live
 

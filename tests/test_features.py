@@ -9,6 +9,7 @@ import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from modeswitch.dataset.features import FEATURE_FORMULAS, FEATURE_SET_A, request_features
 from modeswitch.dataset.requests import Request
 from modeswitch.routers.compiler import kernel_shape_features

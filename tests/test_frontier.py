@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from modeswitch.routers.scoring.frontier import frontier
 
+from modeswitch.routers.scoring.frontier import frontier
 from tests.helpers import synthetic_table
 
 
@@ -57,6 +57,7 @@ def test_lofo_scores_every_family_once_and_only_inside_the_ranges():
 
 def test_nothing_inside_the_ranges_gives_an_empty_frontier(monkeypatch):
     import pandas as pd
+
     from modeswitch.routers.scoring import coverage
 
     t = _two_fast_modes(True)

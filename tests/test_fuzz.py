@@ -8,8 +8,8 @@ import string
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from modeswitch.dataset.errors import InputError, InputFileError
 
+from modeswitch.dataset.errors import InputError, InputFileError
 from tests.test_serving_limits import _server
 
 #: examples per endpoint (bounded: the suite's time budget)
@@ -60,6 +60,7 @@ cell = st.one_of(st.integers(-5, 10**6).map(str), st.floats(allow_nan=True, allo
 def test_the_profile_reader_and_importers_take_any_file_without_a_traceback(tmp_path_factory, cols, rows,
                                                                               raw, kind):
     import pandas as pd
+
     from modeswitch.dataset.importers import import_files
     from modeswitch.dataset.profile_schema import read_profile
 

@@ -4,6 +4,7 @@ applies memory pressure before a vLLM engine starts, and the NVML peak sampler."
 import types
 
 import pytest
+
 from modeswitch.engine.memory import GpuBallast, GpuMemoryPeak
 
 

@@ -5,6 +5,8 @@ known shift: int8 breaks the quality limit on shorter prompts in one family."""
 import numpy as np
 import pandas as pd
 import pytest
+from sklearn.base import clone
+
 from modeswitch.routers.certified import CertifiedRouter
 from modeswitch.routers.families.cost import LinearCostRouter
 from modeswitch.routers.risk_control import (
@@ -15,8 +17,6 @@ from modeswitch.routers.risk_control import (
     min_calibration,
     sampling_slack,
 )
-from sklearn.base import clone
-
 from tests.test_cost_routers import REF, synthetic_table
 
 ALPHA = 0.05
@@ -248,6 +248,7 @@ def test_the_best_trial_is_the_best_feasible_else_the_nearest_to_feasible():
     """routers.training.transfer.best_trial: a trial over its constraints loses to a worse
     feasible one; where none is feasible, the least excess wins, not the best value."""
     import optuna
+
     from modeswitch.routers.training.transfer import best_trial
 
     def study_of(trials):
@@ -269,7 +270,6 @@ def test_the_report_names_what_stopped_the_certificate():
     there (routers.scoring.refusals): int8 on the shifted family's prompts of 350-450
     tokens (unsafe above 350 there, above 450 elsewhere), over the quality limit."""
     from modeswitch.routers.scoring.refusals import certificate_refusals, refusal_rows
-
     from tests.test_cost_routers import QUANT, synthetic_table
 
     train = pd.concat([synthetic_table(200, 5, families=("a", "b"), quant_unsafe_above=450),

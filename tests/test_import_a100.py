@@ -2,6 +2,7 @@
 
 import pandas as pd
 import pytest
+
 from modeswitch.dataset.errors import InputFileError
 from modeswitch.dataset.importers import detect_importer, import_file, import_files
 from modeswitch.oracle import Constraints, OracleError, label_profile

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import mlflow
 import pytest
-from modeswitch.dataset.errors import InputError
 
+from modeswitch.dataset.errors import InputError
 from tests.helpers import synthetic_table
 
 REPO = Path(__file__).resolve().parents[1]

@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from helpers import pandas_family_bootstrap, pandas_live_figures
+
 from modeswitch.routers.scoring import intervals
 from modeswitch.routers.scoring.intervals import family_bootstrap, family_weighted
 from modeswitch.routers.scoring.live import INTERVAL_FIGURES as LIVE_FIGURES

@@ -6,14 +6,14 @@ file written here is not, so the aggregate-only case always runs."""
 
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
+
+from modeswitch.cli import app
 from modeswitch.dataset.importers import import_file, list_importers
 from modeswitch.oracle import Constraints, OracleError, label_profile
 from modeswitch.oracle.family_rule import divergence_rates
 from modeswitch.oracle.mode_table import mode_table
 from modeswitch.oracle.quality_floor import self_consistency_floor
-from typer.testing import CliRunner
-
-from modeswitch.cli import app
 
 runner = CliRunner()
 

@@ -3,6 +3,7 @@
 import numpy as np
 import pandas as pd
 import pytest
+
 from modeswitch.dataset.requests import Request
 from modeswitch.routers.scoring.live import estimate_error_by_source, stratified
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
+
 from modeswitch.dataset.requests import Request
 
 
@@ -137,7 +138,6 @@ def test_live_threads_default_to_the_profile_then_one_on_cpu():
 def test_the_training_table_records_the_profile_threads():
     from modeswitch.dataset.workloads import get_workload
     from modeswitch.oracle.training_table import build_training_table, table_meta
-
     from tests.helpers import synthetic_profile
 
     reqs = get_workload("short_prompt_short_output").sample(10, seed=0)
@@ -149,6 +149,7 @@ def test_the_training_table_records_the_profile_threads():
 
 def test_the_risk_table_reads_the_live_rate_against_its_slack():
     import pandas as pd
+
     from modeswitch.routers.scoring.coverage import risk_table
 
     router = SimpleNamespace(calibration_={"alpha": 0.01, "delta": 0.1, "n": 230, "threshold": 0.02,
@@ -205,7 +206,6 @@ def test_a_measured_request_runs_live_with_the_prompts_the_profiler_built(monkey
     from modeswitch.engine.profiler.plan import check_plan, profiled_units
     from modeswitch.oracle.training_table import profiled_requests
     from modeswitch.routers.scoring import live as live_mod
-
     from tests.helpers import profile, row
 
     def prepare(r):  # as the real builder: the template adds tokens, the text follows the budget

@@ -8,6 +8,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.backends import llamacpp_backend as lb
 from modeswitch.engine.backends.base import EngineSettings

@@ -4,6 +4,7 @@ the old method put continuous batching at 1.00-1.03x the reference's memory)."""
 
 import pytest
 import torch
+
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.backends.transformers_backend import TransformersEngine
 from modeswitch.engine.memory import PeakRSS, _malloc_trim, held_bytes, release_freed_memory
@@ -95,7 +96,6 @@ def _rows(source: str, memory: float, device="cpu"):
 def test_an_old_profiles_memory_is_replaced_by_the_pass_and_the_rows_say_so(tmp_path):
     from modeswitch.dataset.errors import InputFileError
     from modeswitch.dataset.profile_memory import MEMORY_NOTE, needs_remeasure, with_memory_from
-
     from tests.helpers import profile
 
     energy = "energy: process CPU seconds x 4 W per busy core (estimate)"
@@ -125,7 +125,6 @@ def test_the_study_measures_an_old_profiles_memory_again_and_reads_it_from_then_
     from modeswitch.dataset.io import write_parquet
     from modeswitch.dataset.profile_memory import MEMORY_NOTE, needs_remeasure
     from modeswitch.dataset.profile_schema import read_profile
-
     from modeswitch.study import Study, StudyConfig
 
     cfg = StudyConfig(output=str(tmp_path / "m"), model=str(tiny_models.target), draft_model=str(tiny_models.draft),

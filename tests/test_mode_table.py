@@ -1,8 +1,8 @@
 """The per-mode table: latency ratio, similarity and accuracy against the reference."""
 
 import pytest
-from modeswitch.oracle.mode_table import format_mode_table, mode_table
 
+from modeswitch.oracle.mode_table import format_mode_table, mode_table
 from tests.helpers import profile, row
 
 REF = "fp16_baseline"

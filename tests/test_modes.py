@@ -1,6 +1,8 @@
 import dataclasses
 
 import pytest
+from pydantic import ValidationError
+
 from modeswitch.engine.backends import BackendCapabilities, ModeSupport
 from modeswitch.engine.modes import (
     UnknownModeError,
@@ -10,7 +12,6 @@ from modeswitch.engine.modes import (
     reference_mode,
     resolve_mode,
 )
-from pydantic import ValidationError
 
 STUDY = ["fp16_baseline", "int8_quant", "gptq_4bit", "awq_4bit", "speculative_decoding",
          "kv_cache_compression", "prefix_caching", "chunked_prefill", "continuous_batching",

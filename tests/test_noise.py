@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+
 from modeswitch.engine.noise import (
     ContentionRule,
     ThreadChoice,

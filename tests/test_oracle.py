@@ -1,8 +1,8 @@
 import math
 
 import pytest
-from modeswitch.oracle import Constraints, OracleError, label_profile
 
+from modeswitch.oracle import Constraints, OracleError, label_profile
 from tests.helpers import profile, row
 
 REF = "fp16_baseline"

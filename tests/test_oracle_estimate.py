@@ -2,8 +2,8 @@ import math
 
 import pandas as pd
 import pytest
-from modeswitch.oracle import Constraints, OracleError, label_requests
 
+from modeswitch.oracle import Constraints, OracleError, label_requests
 from tests.helpers import profile, row
 
 REF = "fp16_baseline"

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from modeswitch.dataset.errors import InputError
-from modeswitch.dataset.io import OutputLock, write_parquet, write_text
 from typer.testing import CliRunner
 
 from modeswitch.cli import app
+from modeswitch.dataset.errors import InputError
+from modeswitch.dataset.io import OutputLock, write_parquet, write_text
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -138,7 +138,6 @@ def test_train_with_its_store_under_a_file_is_one_line(tmp_path):
 @pytest.mark.parametrize("rows", [1, 2])
 def test_a_table_too_small_to_split_is_one_error(rows):
     from modeswitch.routers.training.splits import inner_folds, split_indices
-
     from tests.helpers import synthetic_table
 
     table = synthetic_table(("short_prompt_short_output", "batch_pressure"), 10).head(rows)

@@ -13,8 +13,8 @@ import sys
 import textwrap
 
 import pytest
-from modeswitch.dataset import registry as reg
 
+from modeswitch.dataset import registry as reg
 from tests.conftest import REPO
 
 PLUGIN = '''

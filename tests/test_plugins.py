@@ -10,8 +10,8 @@ import textwrap
 from contextlib import contextmanager
 
 import pytest
-from modeswitch.dataset.registry import PLUGINS_ENV, import_plugins
 
+from modeswitch.dataset.registry import PLUGINS_ENV, import_plugins
 from tests.helpers import http, start, synthetic_profile
 
 ROUTER_PLUGIN = '''
@@ -109,6 +109,7 @@ def backend_plugin(tmp_path, monkeypatch):
 def test_a_router_family_in_one_file_trains_scores_exports_and_serves(router_plugin, tmp_path,
                                                                         tiny_models):
     import mlflow
+
     from modeswitch.dataset.features import features_frame
     from modeswitch.dataset.workloads import get_workload
     from modeswitch.engine.serving import ServerConfig, create_app
@@ -173,7 +174,6 @@ def test_a_plugin_family_passes_the_scikit_learn_checks_and_compiles_as_it_predi
     from modeswitch.dataset.workloads import get_workload
     from modeswitch.oracle.training_table import build_training_table
     from modeswitch.routers import api, learned_families
-
     from tests.test_routers_learned import family_estimator_checks
 
     assert "plugin_et" in learned_families()

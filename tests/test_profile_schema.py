@@ -1,5 +1,6 @@
 import pandas as pd
 import pytest
+
 from modeswitch.dataset.io import OutputExistsError
 from modeswitch.dataset.profile_schema import (
     PROFILE_COLUMNS,
@@ -8,7 +9,6 @@ from modeswitch.dataset.profile_schema import (
     validate_profile,
     write_profile,
 )
-
 from tests.helpers import profile, row
 
 

@@ -4,6 +4,7 @@ import json
 
 import pandas as pd
 import pytest
+
 from modeswitch.dataset.profile_schema import read_profile
 from modeswitch.engine.profiler import Profiler, ProfileSpec
 

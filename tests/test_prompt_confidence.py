@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+
 from modeswitch.dataset.confidence_features import CONFIDENCE_FEATURES, confidence_from_logits
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.workloads.conditions import drawn_requests
 from modeswitch.engine import prompt_confidence as pc
 from modeswitch.oracle.constraints import Constraints
 from modeswitch.oracle.training_table import build_training_table
-
 from tests.helpers import synthetic_profile
 
 REF = "fp16_baseline"

@@ -2,6 +2,7 @@
 family's lengths (engine/prompts.py, dataset/prompt_corpus.py)."""
 
 import pytest
+
 from modeswitch.dataset.prompt_corpus import load_corpus
 from modeswitch.dataset.requests import Request
 from modeswitch.dataset.workloads import get_workload, list_workloads

@@ -1,4 +1,5 @@
 import pytest
+
 from modeswitch.engine.quality import rouge_l
 
 

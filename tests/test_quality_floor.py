@@ -2,8 +2,8 @@
 is measured and reported, lossy modes are left out (oracle/quality_floor.py)."""
 
 import pytest
-from modeswitch.oracle.quality_floor import self_consistency_floor
 
+from modeswitch.oracle.quality_floor import self_consistency_floor
 from tests.helpers import profile, row
 
 

@@ -7,6 +7,9 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
+
+from modeswitch.cli import app
 from modeswitch.dataset.io import write_parquet
 from modeswitch.dataset.workloads.conditions import drawn_requests
 from modeswitch.oracle import quality_risk
@@ -15,9 +18,6 @@ from modeswitch.oracle.constraints import Constraints
 from modeswitch.oracle.label import _reason
 from modeswitch.oracle.quality_risk import QualityRisk, failures, upper_rate
 from modeswitch.oracle.training_table import build_training_table
-from typer.testing import CliRunner
-
-from modeswitch.cli import app
 from tests.helpers import synthetic_profile
 
 REF = "fp16_baseline"

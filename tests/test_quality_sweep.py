@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+
 from modeswitch.dataset.errors import InputError, InputFileError
 from modeswitch.dataset.workloads.conditions import drawn_requests
 from modeswitch.engine.quality_sweep import SweepSpec, planned_modes, read_sweep, run_sweep
 from modeswitch.oracle import sweep_quality
 from modeswitch.oracle.training_table import build_training_table
-
 from tests.helpers import synthetic_profile
 
 FAMILIES = ["short_prompt_short_output", "long_prompt_short_output"]

@@ -4,6 +4,7 @@ by the project's own engine (about 30 s: the conversion is cached after the firs
 import json
 
 import pytest
+
 from modeswitch.dataset.requests import Request
 
 
@@ -30,6 +31,7 @@ def test_the_conversion_is_an_ordinary_checkpoint_with_its_provenance(smollm2):
 
 def test_the_default_model_answers_through_the_engine_in_chat(smollm2):
     import torch
+
     from modeswitch.engine.backends.transformers_backend import TransformersEngine
     from modeswitch.engine.prompts import PromptBuilder
 

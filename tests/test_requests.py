@@ -1,6 +1,7 @@
 import json
 
 import pytest
+
 from modeswitch.dataset.errors import InputFileError
 from modeswitch.dataset.features import (
     FEATURE_SET_A,
@@ -87,6 +88,7 @@ def test_a_stratified_draw_spans_the_spread_routers_see():
     """Profiles measure a stratified draw: ten requests cover the central 95 % of what
     thousands of random draws of the family give, in prompt and in output length."""
     import numpy as np
+
     from modeswitch.dataset.workloads import get_workload
 
     w = get_workload("long_prompt_long_output")

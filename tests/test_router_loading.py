@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import skops.io as sio
+
 from modeswitch.dataset.io import sha256_file
 from modeswitch.routers import get_router
 from modeswitch.routers.compiler.tree_checks import check_fitted_trees
 from modeswitch.routers.export import export_router, load_router, load_router_file
-
 from tests.helpers import CODE_RUNNERS, crafted_skops, synthetic_table
 
 FAMILIES = ["short_prompt_short_output", "batch_pressure", "long_prompt_short_output"]
@@ -62,6 +62,7 @@ def test_a_payload_in_the_registry_with_matching_hashes_is_refused_through_every
     """The attack as tried: the registry's recorded hashes rewritten to match the crafted
     file, loaded as `serve` loads it (models:/ alias, /latest, the version's folder)."""
     import mlflow
+
     from modeswitch.routers.training.tracking import tracking_uri
 
     mlruns = tmp_path / "mlruns"

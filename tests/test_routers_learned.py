@@ -5,15 +5,15 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from sklearn.base import clone
+from sklearn.utils.estimator_checks import check_estimator
+
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.workloads import get_workload
 from modeswitch.oracle.training_table import build_training_table, table_meta
 from modeswitch.routers import get_router, learned_families
 from modeswitch.routers.training.costs import cost_matrix, objective_metrics, regret_weights
 from modeswitch.routers.training.splits import split_indices
-from sklearn.base import clone
-from sklearn.utils.estimator_checks import check_estimator
-
 from tests.helpers import synthetic_profile
 
 REF = "fp16_baseline"
@@ -154,6 +154,7 @@ def test_tuning_scores_the_served_decision_and_its_cost(table, tmp_path, monkeyp
     """Each fold model is scored on what it serves, its measured decision cost included:
     made absurdly dear in proportion to the tree's depth, the cheapest depth tried wins."""
     import optuna
+
     from modeswitch.routers.training import served, trainer
     from modeswitch.routers.training.table import TrainingTable
 
@@ -195,6 +196,7 @@ def test_routers_learn_the_table_and_safety_guard_falls_back(table):
 
 def test_small_tracked_training_run(table, tmp_path):
     import mlflow
+
     from modeswitch.routers.training.trainer import TrainConfig, train
 
     cfg = TrainConfig(routers=["dt", "lgbm"], trials=4, split="group", mlruns=str(tmp_path / "mlruns"))
@@ -230,12 +232,12 @@ def test_paper_preset(table, tmp_path):
 
 def test_a_failed_training_run_is_marked_failed_with_its_reason(tmp_path, monkeypatch):
     import mlflow
+
     import modeswitch.routers.training.trainer as trainer
     from modeswitch.dataset.workloads import get_workload
     from modeswitch.oracle.training_table import build_training_table
     from modeswitch.routers.training.tracking import tracking_uri
     from modeswitch.routers.training.trainer import TrainConfig, train
-
     from tests.helpers import synthetic_profile
 
     reqs = [r for i, n in enumerate(["short_prompt_short_output", "batch_pressure"])
@@ -279,6 +281,7 @@ def test_tuning_tries_the_family_defaults_first_once(table, tmp_path, monkeypatc
     so a few random start-up draws cannot lose them; resumed with more trials, the
     defaults are not tried again."""
     import optuna
+
     from modeswitch.routers.training import trainer
     from modeswitch.routers.training.first_trial import default_trial
     from modeswitch.routers.training.table import TrainingTable
@@ -305,6 +308,7 @@ def test_a_grown_search_space_starts_from_the_old_best(table, tmp_path, monkeypa
     parameters at their defaults (routers.training.first_trial.carried_trial); a study
     that already ran is not seeded again."""
     import optuna
+
     from modeswitch.routers.registry import get_family
     from modeswitch.routers.training import trainer
     from modeswitch.routers.training.first_trial import carried_trial, default_trial
@@ -347,6 +351,7 @@ def test_leave_one_family_out_tunes_each_fold_without_its_family(table, tmp_path
     fold's parameters are logged (``fold_params.json``) and the score step refits each
     fold with its own. ``pooled``: one study on every row."""
     import mlflow
+
     from modeswitch.routers.scoring.run import _tuning_said, held_out_family_routers, load_routers
     from modeswitch.routers.training import trainer
     from modeswitch.routers.training.table import TrainingTable

@@ -1,12 +1,13 @@
 import numpy as np
 import pandas as pd
 import pytest
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+
 from modeswitch.dataset.features import FEATURE_SET_A, features_frame
 from modeswitch.dataset.requests import Request
 from modeswitch.routers import get_router, list_routers
 from modeswitch.routers.rule_baseline import RuleBaselineRouter, prefill_score
-from sklearn.base import clone
-from sklearn.exceptions import NotFittedError
 
 BASE = dict(prompt_tokens=500, expected_output_tokens=100, shared_prefix_tokens=0,
             concurrent_requests=1, memory_pressure=0.0)

@@ -154,8 +154,9 @@ def test_two_train_processes_tune_one_study_in_postgres_and_track_in_an_mlflow_s
 
 def test_a_crashed_workers_trial_is_marked_failed_by_its_heartbeat(postgres, monkeypatch):
     import optuna
-    from modeswitch.routers.training import parallel
     from optuna.trial import TrialState
+
+    from modeswitch.routers.training import parallel
 
     monkeypatch.setattr(parallel, "HEARTBEAT_INTERVAL_S", 1)
     monkeypatch.setattr(parallel, "GRACE_PERIOD_S", 2)
@@ -248,9 +249,10 @@ def test_local_workers_share_the_cores_out(table, tmp_path, monkeypatch):
     cores (parallel.threads_per_worker), instead of every process starting pools as wide
     as the machine; one process is left as it is."""
     import numpy as np
+    from threadpoolctl import threadpool_info
+
     from modeswitch.routers.training import parallel, trainer
     from modeswitch.routers.training.table import TrainingTable
-    from threadpoolctl import threadpool_info
 
     cores = len(os.sched_getaffinity(0))
     assert parallel.threads_per_worker(1) == cores

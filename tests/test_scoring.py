@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+
 from modeswitch.routers.reference import FixedModeRouter, OracleRouter
 from modeswitch.routers.scoring.offline import aggregate_scores, score_offline, score_requests
 

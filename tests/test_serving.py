@@ -489,6 +489,7 @@ def test_prefix_tracker_finds_shared_prefixes():
 
 def test_export_and_load_round_trip(tmp_path):
     import mlflow
+
     from modeswitch.dataset.features import features_frame
     from modeswitch.dataset.workloads import get_workload
     from modeswitch.oracle.training_table import build_training_table
@@ -561,9 +562,10 @@ def test_requests_on_a_loaded_batching_engine_hold_no_worker_thread(server, rout
     dependency, taking the engine, generation, whole or streamed) runs on the event loop:
     with every thread-pool hop made to fail, requests still succeed."""
     import fastapi.dependencies.utils
+    import starlette.concurrency
+
     import modeswitch.engine.serving.generate
     import modeswitch.engine.serving.jobs
-    import starlette.concurrency
 
     c = server["client"]
     router.mode = "continuous_batching"
@@ -639,10 +641,10 @@ def _exported_dt(tmp_path):
 def test_a_tampered_router_artifact_is_refused(tmp_path, tiny_models):
     """The stored router is skops (no pickle), hashed at export in the registry: a changed
     file is refused by load_router and by `serve`, before anything in it is loaded."""
-    from modeswitch.routers.export import load_router
     from typer.testing import CliRunner
 
     from modeswitch.cli import app
+    from modeswitch.routers.export import load_router
 
     est, mlruns, info = _exported_dt(tmp_path)
     assert info["meta"]["format"] == "skops" and len(info["meta"]["sha256"]) == 64
@@ -670,6 +672,7 @@ def test_a_tampered_router_artifact_is_refused(tmp_path, tiny_models):
 
 def test_a_router_with_an_untrusted_type_is_not_exported_and_old_pickles_need_consent(tmp_path, monkeypatch):
     import joblib
+
     from modeswitch.routers.export import export_router, load_router_file
 
     class Sneaky:  # defined here: not a type the allow-list knows
@@ -692,6 +695,7 @@ def test_the_prefix_index_agrees_with_comparing_every_recent_prompt():
     """Random prompts sharing random prefixes: the block index's answer is the brute-force
     longest shared prefix, or at most min_tokens - 1 short of it, and forgets evicted prompts."""
     import numpy as np
+
     from modeswitch.engine.serving.pool import PrefixTracker
 
     rng = np.random.default_rng(0)

@@ -11,8 +11,8 @@ import threading
 import time
 
 import pytest
-from modeswitch.engine.serving.tokens import chat_chars
 
+from modeswitch.engine.serving.tokens import chat_chars
 from tests.helpers import http, start
 from tests.test_serving_limits import CharTokenizer, Fixed, SlowEngine
 
@@ -217,9 +217,10 @@ def test_a_chat_template_gives_token_ids_not_the_encodings_keys():
     from modeswitch.engine.serving.tokens import chat_ids
 
     try:
+        from transformers import AutoTokenizer
+
         from modeswitch.engine.models.resolve import resolve_models
         from modeswitch.engine.modes import reference_mode
-        from transformers import AutoTokenizer
 
         # the tokenizer only: asking for the reference mode alone builds no draft
         target, _, _ = resolve_models(None, None, None, None, lambda *a: None, modes=[reference_mode().name])

@@ -10,8 +10,8 @@ import threading
 import time
 
 import pytest
-from modeswitch.engine.results import Generation
 
+from modeswitch.engine.results import Generation
 from tests.helpers import http, start
 
 

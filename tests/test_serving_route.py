@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+
 from modeswitch.dataset.features import request_features
 from modeswitch.dataset.requests import SERVING_FIELDS, Request, serving_request
 from modeswitch.engine.serving.metrics import Metrics

@@ -9,6 +9,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+
 from modeswitch.engine.serving.generate import _events
 from modeswitch.engine.serving.output import PLAIN, OutputOptions, StopText, cut_at_stop
 
@@ -190,8 +191,9 @@ def test_a_stream_s_deltas_add_up_to_the_whole_decode(tiny_models, fast):
     random ids (tokens that end inside a character)."""
     import random
 
-    from modeswitch.engine.serving.generate import _decode_stream, _Detokenizer
     from transformers import AutoTokenizer
+
+    from modeswitch.engine.serving.generate import _decode_stream, _Detokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tiny_models.target))
     assert _decode_stream(tok) is not None  # the tiny model's tokenizer is a fast one
@@ -211,9 +213,10 @@ def test_a_failing_rust_step_hands_the_stream_to_an_exact_decode(tiny_models, mo
     """tokenizers' ``DecodeStream.step`` can raise ("Invalid prefix encountered"); the
     stream then goes on decoding the whole text, and still adds up to the whole decode,
     a character held back at the failure included."""
-    from modeswitch.engine.serving import generate
     from tokenizers.decoders import DecodeStream
     from transformers import AutoTokenizer
+
+    from modeswitch.engine.serving import generate
 
     tok = AutoTokenizer.from_pretrained(str(tiny_models.target))
 

@@ -7,10 +7,10 @@ import time
 
 import pandas as pd
 import pytest
-from modeswitch.dataset.errors import InputFileError
 from typer.testing import CliRunner
 
 from modeswitch.cli import app
+from modeswitch.dataset.errors import InputFileError
 from modeswitch.study import StudyConfig
 
 TINY = """
@@ -271,7 +271,6 @@ def test_the_quality_step_sweeps_drawn_requests_for_the_dataset(tiny_models, tmp
     """swept_per_family > 0 adds the quality step between labels and dataset; it runs the
     quality sweep on each family's first drawn requests and records its throughput."""
     from modeswitch.engine.quality_sweep import read_sweep
-
     from modeswitch.study import Study
 
     cfg = StudyConfig(output=str(tmp_path / "q"), model=str(tiny_models.target), draft_model=str(tiny_models.draft),

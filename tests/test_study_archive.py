@@ -3,8 +3,8 @@
 import json
 
 import pytest
-from modeswitch.dataset.errors import InputError
 
+from modeswitch.dataset.errors import InputError
 from modeswitch.study import Study, StudyConfig
 
 
@@ -125,6 +125,7 @@ def test_a_profile_seeded_from_another_kind_of_machine_is_named(tmp_path):
     profile or sweep says so and how to measure it here; one measured on this kind says
     nothing."""
     import pandas as pd
+
     from modeswitch.engine.hardware import hardware_string
 
     cfg, study = _measured_study(tmp_path)

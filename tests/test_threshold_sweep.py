@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
+
 from modeswitch.routers.certified import CertifiedRouter
 from modeswitch.routers.families.cost import LinearCostRouter
 from modeswitch.routers.registry import get_router
@@ -22,7 +23,6 @@ from modeswitch.routers.scoring.threshold_sweep import (
     router_curves,
     targets_of,
 )
-
 from tests.test_cost_routers import FAST, QUANT, REF
 from tests.test_group_certificates import shifted_table
 

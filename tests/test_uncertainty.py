@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from modeswitch.oracle.uncertainty import bootstrap, paired_ratio, ratio_of_sums
 
 

@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 
 import pytest
-from modeswitch.dataset.errors import InputError, InputFileError
 from typer.testing import CliRunner
 
 from modeswitch.cli import app
+from modeswitch.dataset.errors import InputError, InputFileError
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -83,7 +83,6 @@ def test_profile_checks_its_values_before_resolving_the_model(monkeypatch, tmp_p
 def test_a_bad_number_in_a_training_table_is_one_error_naming_file_row_and_column(tmp_path, column, value, says):
     """As ``train`` and ``score`` read the table, before any estimator sees it."""
     from modeswitch.oracle.external_table import read_training_table
-
     from tests.helpers import synthetic_table
 
     table = synthetic_table(("short_prompt_short_output", "batch_pressure"), 10)
@@ -108,6 +107,7 @@ def test_a_cost_table_s_huge_prompt_is_refused_as_it_is_read(tmp_path):
     """A cost table (your own per-mode costs) passes its own checks with a finite
     1e300; the table built from it is checked all the same."""
     import pandas as pd
+
     from modeswitch.oracle.external_table import read_training_table
 
     costs = pd.DataFrame({"request_id": ["a", "b", "c"], "prompt_tokens": [100.0, 1e300, 50.0],

@@ -1,6 +1,7 @@
 """The vLLM backend's mapping of mode settings onto engine arguments (no vLLM needed)."""
 
 import pytest
+
 from modeswitch.engine.backends.vllm_backend import ModeUnavailable, capabilities, engine_args
 
 

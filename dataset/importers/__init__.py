@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+
 from modeswitch.dataset.errors import InputFileError, read_table
 from modeswitch.dataset.profile_schema import conform, validate_profile
 from modeswitch.dataset.registry import Registry, discover_package

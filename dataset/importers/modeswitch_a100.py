@@ -64,6 +64,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.dataset.benchmarks import OUTPUT_TOKENS
 from modeswitch.dataset.errors import InputFileError
 from modeswitch.dataset.importers import Importer, register_importer

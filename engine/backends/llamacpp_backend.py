@@ -45,6 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
+
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.backends.base import BackendCapabilities, ModeSupport

@@ -166,10 +166,11 @@ class TransformersEngine:
 
     def load(self) -> TransformersEngine:
         import torch  # lazy: torch is heavy
-        from modeswitch.engine.backends import quantize  # lazy: pulls torch
 
         # lazy: transformers pulls torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from modeswitch.engine.backends import quantize  # lazy: pulls torch
 
         support = capabilities(self.device).support(self.mode.name)
         if not support.supported:
@@ -325,8 +326,9 @@ class TransformersEngine:
     def _generate_one(self, req: Request, ids: list[int], ignore_eos: bool, t0: float,
                       on_token=None) -> Generation:
         import torch  # lazy: torch is heavy
-        from modeswitch.engine.timing import TokenTimer  # lazy: pulls transformers
         from transformers import DynamicCache, QuantizedCache  # lazy: transformers pulls torch
+
+        from modeswitch.engine.timing import TokenTimer  # lazy: pulls transformers
 
         m = self.mode
         timer = TokenTimer(start=t0, on_token=None if on_token is None else

@@ -38,6 +38,7 @@ from contextlib import aclosing
 from pathlib import Path
 
 import psutil
+
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.backends.base import BackendCapabilities, ModeSupport
 from modeswitch.engine.backends.registry import Backend, register_backend

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, Literal
 
-from modeswitch.dataset.errors import InputError
 from pydantic import Field, TypeAdapter
+
+from modeswitch.dataset.errors import InputError
 
 Quantization = Literal["none", "int8", "int8_weight_only", "gptq_4bit", "awq_4bit"]
 KVCacheDtype = Literal["auto", "fp8", "int8", "int4"]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
 from modeswitch.dataset.errors import InputError, InputFileError
 from modeswitch.dataset.io import OutputLock, os_errors, write_text
 

@@ -12,6 +12,15 @@ from functools import cached_property
 from pathlib import Path
 
 import pandas as pd
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
 from modeswitch.dataset.io import write_parquet
 from modeswitch.dataset.profile_memory import MEMORY_NOTE
 from modeswitch.dataset.profile_schema import validate_profile
@@ -43,14 +52,6 @@ from modeswitch.engine.profiler.rows import (
     software_string,
 )
 from modeswitch.engine.quality import rouge_l
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
 from modeswitch.dataset.benchmarks import score_answer
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.profiler.plan import Unit

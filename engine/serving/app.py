@@ -45,6 +45,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
 from modeswitch.engine.serving.config import EngineFactory, ServerConfig, supported_modes
 from modeswitch.engine.serving.feedback import Refused
 from modeswitch.engine.serving.generate import serve
@@ -68,8 +71,6 @@ from modeswitch.engine.serving.state import (
     start_state,
 )
 from modeswitch.engine.serving.tokens import body_bytes_bound, chat_chars, chat_ids, completion_ids
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
 log = logging.getLogger("modeswitch.serve")
 

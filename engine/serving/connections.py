@@ -42,11 +42,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import h11
-from modeswitch.engine.serving.config import ServerConfig
 from starlette.exceptions import HTTPException
 from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.utils import get_remote_addr
+
+from modeswitch.engine.serving.config import ServerConfig
 
 log = logging.getLogger("modeswitch.serve")
 

@@ -16,6 +16,7 @@ import anyio
 from fastapi import HTTPException
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+
 from modeswitch.engine.results import Generation
 from modeswitch.engine.serving.jobs import (
     Job,

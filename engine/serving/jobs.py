@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import HTTPException
 from fastapi.concurrency import run_in_threadpool
+
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.serving.config import ServerConfig
 from modeswitch.engine.serving.routing import Decision, route

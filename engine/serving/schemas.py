@@ -23,7 +23,6 @@ from typing import Literal
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from modeswitch.engine.serving.output import OutputOptions
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -34,6 +33,8 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+
+from modeswitch.engine.serving.output import OutputOptions
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 

@@ -17,6 +17,7 @@ import psutil
 from fastapi import Depends
 from fastapi import Request as HttpRequest
 from fastapi.concurrency import run_in_threadpool
+
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.serving.config import (
     EngineFactory,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import HTTPException
+
 from modeswitch.engine.serving.schemas import CompletionBody, Message
 
 #: text longer than this many characters per context token is refused before tokenising

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from modeswitch.dataset.features import FEATURE_FORMULAS, FEATURE_SET_A, NONE_CATEGORY
 from modeswitch.routers.fitted_state import InputLayout, Tree
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
+
 from modeswitch.dataset.features import FEATURE_FORMULAS, FEATURE_SET_A, _shape
 from modeswitch.routers.fitted_state import FittedState, Tree, TreeEnsemble
 

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
 from modeswitch.dataset.features import FEATURE_SET_A
 
 #: one packed tree node, as the kernel's ``Node``: the split is ``bin[feature] <= threshold``

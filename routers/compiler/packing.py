@@ -10,6 +10,7 @@ plain-data descriptions, so a new family compiles by describing its model.
 from __future__ import annotations
 
 import numpy as np
+
 from modeswitch.routers.compiler.kernel import NODE, library
 from modeswitch.routers.compiler.tree_checks import check_tree_arrays
 from modeswitch.routers.fitted_state import (

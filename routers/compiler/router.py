@@ -12,6 +12,7 @@ in one call.
 from __future__ import annotations
 
 import numpy as np
+
 from modeswitch.dataset.content_features import (
     CONTENT_FEATURES,
     SHARE_FEATURES,

@@ -16,8 +16,9 @@ a node (each node has at most one parent), so no walk over it can loop.
 from __future__ import annotations
 
 import numpy as np
-from modeswitch.dataset.errors import InputError
 from sklearn.tree._tree import Tree
+
+from modeswitch.dataset.errors import InputError
 
 #: scikit-learn's leaf marker in ``children_left`` / ``children_right``
 SKLEARN_LEAF = -1

@@ -25,6 +25,10 @@ from __future__ import annotations
 import inspect
 
 import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.compose import ColumnTransformer
+from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.features import (
     CATEGORICAL_FEATURES,
@@ -37,9 +41,6 @@ from modeswitch.engine.content_table import content_table
 from modeswitch.routers.base import RouterMixin
 from modeswitch.routers.compiler import compile as compile_router
 from modeswitch.routers.fitted_state import FittedState
-from sklearn.base import BaseEstimator
-from sklearn.compose import ColumnTransformer
-from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
 
 def column_prep(num: list, cat: list, scale: bool) -> ColumnTransformer:

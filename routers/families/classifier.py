@@ -23,11 +23,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from modeswitch.dataset.features import CATEGORICAL_FEATURES
-from modeswitch.engine.modes import reference_mode
-from modeswitch.routers.families.base import LearnedRouter, column_prep
-from modeswitch.routers.fitted_state import FittedState, InputLayout, numeric_layout
-from modeswitch.routers.rule_baseline import RuleBaselineRouter
 from sklearn.base import ClassifierMixin
 from sklearn.dummy import DummyClassifier
 from sklearn.pipeline import Pipeline
@@ -39,6 +34,12 @@ from sklearn.utils.validation import (
     check_is_fitted,
     column_or_1d,
 )
+
+from modeswitch.dataset.features import CATEGORICAL_FEATURES
+from modeswitch.engine.modes import reference_mode
+from modeswitch.routers.families.base import LearnedRouter, column_prep
+from modeswitch.routers.fitted_state import FittedState, InputLayout, numeric_layout
+from modeswitch.routers.rule_baseline import RuleBaselineRouter
 
 
 class ModeClassifier(ClassifierMixin, LearnedRouter):

@@ -36,6 +36,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.special import expit
+from sklearn.base import ClassifierMixin
+from sklearn.compose import ColumnTransformer
+from sklearn.linear_model import LogisticRegression, Ridge
+from sklearn.model_selection import GroupKFold, KFold
+from sklearn.utils.validation import check_is_fitted
+
 from modeswitch.dataset.content_features import CONTENT_FEATURES
 from modeswitch.dataset.features import CATEGORICAL_FEATURES, _shape, feature_columns
 from modeswitch.dataset.requests import Request
@@ -55,12 +62,6 @@ from modeswitch.routers.fitted_state import (
     numeric_layout,
 )
 from modeswitch.routers.registry import RouterFamily, register_router
-from scipy.special import expit
-from sklearn.base import ClassifierMixin
-from sklearn.compose import ColumnTransformer
-from sklearn.linear_model import LogisticRegression, Ridge
-from sklearn.model_selection import GroupKFold, KFold
-from sklearn.utils.validation import check_is_fitted
 
 CONSTRAINTS = ("quality", "energy", "memory")
 #: the constraints that are a limit on a ratio to the reference (``<c>_ratio__<mode>``)

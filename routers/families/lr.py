@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from sklearn.linear_model import LogisticRegression
+
 from modeswitch.routers.families.classifier import ModeClassifier
 from modeswitch.routers.families.logistic_params import LogisticParameters
 from modeswitch.routers.families.readers import linear_model
 from modeswitch.routers.registry import RouterFamily, register_router
-from sklearn.linear_model import LogisticRegression
 
 
 class LogisticRouter(LogisticParameters, ModeClassifier):

@@ -9,6 +9,7 @@ trees describes itself with :func:`sklearn_trees` in one line.
 from __future__ import annotations
 
 import numpy as np
+
 from modeswitch.routers.fitted_state import LinearModel, Tree, TreeEnsemble
 
 

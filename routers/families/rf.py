@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from sklearn.ensemble import RandomForestClassifier
+
 from modeswitch.routers.families.classifier import ModeClassifier
 from modeswitch.routers.families.readers import sklearn_trees
 from modeswitch.routers.registry import RouterFamily, register_router
-from sklearn.ensemble import RandomForestClassifier
 
 
 class RandomForestRouter(ModeClassifier):

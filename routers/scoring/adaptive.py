@@ -32,6 +32,7 @@ from collections import deque
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.routers.adaptive import STEP_SIZE, ThresholdTracker, tracker_for
 from modeswitch.routers.scoring.capture import capture_and_violations, inside_ranges
 from modeswitch.routers.scoring.offline import score_requests

@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.dataset.features import FEATURE_SET_A
 from modeswitch.routers.risk_control import sampling_slack
 from modeswitch.routers.scoring.offline import aggregate_scores

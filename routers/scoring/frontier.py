@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.dataset.features import feature_columns
 from modeswitch.routers.scoring import coverage
 
@@ -83,9 +84,10 @@ def frontier(table: pd.DataFrame, split: str = "lofo", feature_set: str = "A", r
     """The capture / violation frontier of ``table`` (a training table: ``request_id``,
     features, ``family``, ``label``, ``reference_mode``, ``latency_ms__<mode>`` and
     ``safe__<mode>``)."""
-    from modeswitch.routers.training.splits import split_indices  # lazy: pulls scikit-learn, scipy
     from sklearn.base import clone  # lazy: scikit-learn is heavy
     from sklearn.metrics import roc_auc_score  # lazy: scikit-learn is heavy
+
+    from modeswitch.routers.training.splits import split_indices  # lazy: pulls scikit-learn, scipy
 
     modes = [c.split("__", 1)[1] for c in table.columns
              if c.startswith("safe__") and f"latency_ms__{c.split('__', 1)[1]}" in table.columns]

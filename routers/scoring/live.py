@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.dataset.benchmarks import score_answer
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.requests import Request

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.modes import reference_mode
 from modeswitch.oracle.content_columns import TOKEN_IDS

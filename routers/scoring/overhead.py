@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
 from modeswitch.dataset.features import features_frame
 
 

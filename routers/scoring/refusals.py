@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.routers.certified import CertifiedRouter
 
 #: the limits a pick can break, as the training table's ``violates_<limit>__<mode>`` columns name them

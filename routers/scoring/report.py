@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.dataset.io import atomic_path
 from modeswitch.routers.scoring.adaptive import summary_line
 from modeswitch.routers.scoring.capture import envelope, router_points

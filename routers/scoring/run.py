@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.features import FEATURE_SET_C
 from modeswitch.engine.hardware import hardware_string, other_kinds, recorded_hardware

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.routers.certified import CertifiedRouter
 from modeswitch.routers.risk_control import candidate_grid
 from modeswitch.routers.scoring.capture import capture_and_violations, inside_ranges

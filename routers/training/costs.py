@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from sklearn.metrics import f1_score
+
 from modeswitch.dataset.errors import InputError
 from modeswitch.engine.modes import reference_mode
 from modeswitch.oracle.training_table import table_meta
-from sklearn.metrics import f1_score
 
 UNSAFE_PENALTY = 1.0
 #: what tuning minimises (module docstring)

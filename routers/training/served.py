@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.routers.scoring.offline import requests_from_table
 from modeswitch.routers.scoring.overhead import decision_function, time_decisions
 

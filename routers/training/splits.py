@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from modeswitch.dataset.errors import InputError
 from sklearn.model_selection import (
     GroupKFold,
     GroupShuffleSplit,
@@ -19,6 +18,8 @@ from sklearn.model_selection import (
     StratifiedKFold,
     train_test_split,
 )
+
+from modeswitch.dataset.errors import InputError
 
 SPLITS = ("random", "group", "lofo")
 #: where leave-one-family-out tunes: one study per fold, on its training families only

@@ -17,13 +17,14 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from sklearn.base import clone
+
 from modeswitch.dataset.errors import InputError
 from modeswitch.oracle.content_columns import TOKEN_IDS
 from modeswitch.oracle.training_table import frame_hash, table_meta
 from modeswitch.routers.certified import CertifiedRouter
 from modeswitch.routers.training.costs import UNSAFE_PENALTY, regret_weights
 from modeswitch.routers.training.splits import split_indices
-from sklearn.base import clone
 
 #: training-table columns that describe a label, not the request
 NOT_FEATURES = ("label", "label_source", "estimate_basis", "latency_basis", "quality_basis",

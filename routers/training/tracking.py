@@ -161,6 +161,7 @@ def table_input(table, name: str = "training-table"):
     built in Python), the source profile's hash and path as tags. Built once and logged
     on every run that used it (:func:`log_table_input`): MLflow profiles the whole frame."""
     import mlflow.data  # lazy: MLflow is slow to import
+
     from modeswitch.oracle.training_table import frame_hash  # lazy: pulls scipy
 
     meta = json.loads(table.attrs.get("modeswitch") or "{}")

@@ -25,6 +25,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from sklearn.metrics import ConfusionMatrixDisplay
+from threadpoolctl import threadpool_limits
+
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.features import reads_content
 from modeswitch.routers.certificates import CERTIFICATES
@@ -51,8 +54,6 @@ from modeswitch.routers.training.tracking import (
     use_tracking_uri,
 )
 from modeswitch.routers.training.transfer import best_trial, family_excess, set_constraints
-from sklearn.metrics import ConfusionMatrixDisplay
-from threadpoolctl import threadpool_limits
 
 #: The study's learned-router setup (arXiv 2605.23057): random 75/25 split, seed 42,
 #: scaler + one-hot pipeline, fixed hyperparameters.

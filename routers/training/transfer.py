@@ -25,6 +25,7 @@ import logging
 
 import numpy as np
 import pandas as pd
+
 from modeswitch.routers.risk_control import sampling_slack
 from modeswitch.routers.training.costs import unsafe_picks
 

@@ -11,6 +11,7 @@ set (``make test-llamacpp`` sets it): then a missing build fails.
 import os
 
 import pytest
+
 from modeswitch.dataset.requests import Request
 from modeswitch.dataset.workloads import get_workload
 from modeswitch.engine.backends.llamacpp_backend import LlamaCppEngine
@@ -42,8 +43,9 @@ def ggufs(tools, tiny_models):
 @pytest.fixture(scope="session")
 def outputs(tools, ggufs, tiny_models):
     """Every mode's generations on the same requests, one server at a time."""
-    from modeswitch.engine.prompts import PromptBuilder
     from transformers import AutoTokenizer
+
+    from modeswitch.engine.prompts import PromptBuilder
 
     builder = PromptBuilder(AutoTokenizer.from_pretrained(tiny_models.target))
     reqs = [Request(id=r.id, prompt_tokens=min(r.prompt_tokens, 96), expected_output_tokens=24, family=r.family)
@@ -121,8 +123,8 @@ def test_each_mode_runs_its_own_weights_and_mechanism(outputs):
 
 def test_the_server_routes_to_llamacpp_engines_and_answers_the_openai_client(tools, ggufs, tiny_models):
     import openai
-    from modeswitch.engine.serving import ServerConfig, create_app
 
+    from modeswitch.engine.serving import ServerConfig, create_app
     from tests.helpers import start
 
     class Router:

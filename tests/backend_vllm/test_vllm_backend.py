@@ -153,8 +153,8 @@ def test_the_server_runs_vllm_on_its_own_event_loop(models):
     from concurrent.futures import ThreadPoolExecutor
 
     import openai
-    from modeswitch.engine.serving import ServerConfig, create_app
 
+    from modeswitch.engine.serving import ServerConfig, create_app
     from tests.helpers import start
 
     class Fixed:
