@@ -86,7 +86,7 @@ study: $(STAMP)
 	$(BIN)/modeswitch study run --config $(STUDY) $(if $(wildcard $(STUDY_BESIDE)/modes.csv),--beside $(STUDY_BESIDE))
 
 study-tiny: $(STAMP)
-	$(BIN)/modeswitch study run --config study-tiny.toml
+	$(BIN)/modeswitch study run --config studies/tiny.toml
 
 # The same study on the llama.cpp backend: every mode through llama-server on GGUF files
 # (llama.cpp built once first), 12 measured requests per family (studies/llamacpp.toml).

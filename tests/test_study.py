@@ -193,17 +193,17 @@ def test_the_shipped_study_file_is_valid():
     assert cfg.condition_draw() == ConditionDraw()
     assert cfg.model == "smollm2" and cfg.splits == ("random", "group", "lofo")
     # the presets beside it: the larger real-model study, and the stdlib model's
-    large = StudyConfig.from_toml(REPO / "study-large.toml")
+    large = StudyConfig.from_toml(REPO / "studies/large.toml")
     assert large.model == "smollm2" and large.requests_per_family >= 20 and large.live_per_family >= 6
     assert large.output != cfg.output
-    tiny = StudyConfig.from_toml(REPO / "study-tiny.toml")
+    tiny = StudyConfig.from_toml(REPO / "studies/tiny.toml")
     # the stdlib model's study is study.toml's with the other model, so the two set side by side
     assert tiny.model == "tiny" and tiny.output != cfg.output
     assert tiny.replace(model=cfg.model, name=cfg.name, output=cfg.output) == cfg
     # the per-request variants: content routers, and quality judged per request with the
     # risk model reading the reference's confidence; both the CPU study's profile
-    content = StudyConfig.from_toml(REPO / "study-content.toml")
-    request = StudyConfig.from_toml(REPO / "study-request.toml")
+    content = StudyConfig.from_toml(REPO / "studies/content.toml")
+    request = StudyConfig.from_toml(REPO / "studies/request.toml")
     for v in (content, request):
         assert v.feature_set == "C" and v.swept_per_family > 0 and v.output != cfg.output
         assert (v.families, v.requests_per_family, v.length_scale) == (cfg.families, cfg.requests_per_family,
@@ -426,3 +426,19 @@ def test_the_oracle_live_target_is_met_only_when_its_exact_bound_is_under_it():
                          "live_violation_rate_beyond_noise": 0.0, "live_requests": 6}])  # no count kept
     assert "not shown (0 of 6, 95 % upper bound 39.3%" in targets(study, old)[0]
     assert "not met (1 of 6, 95 % upper bound 58.2%)" in line(1, 6)
+
+
+def test_the_study_variants_are_deltas_whose_identity_the_move_kept():
+    """The variants under studies/ state only what differs from the defaults; each keeps
+    the identity it had as a full file at the repository's root, so a study begun with the
+    old file resumes with the new one."""
+    from tests.conftest import REPO
+
+    identities = {"tiny": "c020587325e4025d", "large": "31366450b70f21ca", "content": "9a202f8957ee0555",
+                  "request": "5cd7b89902dfcbe9"}
+    for name, identity in identities.items():
+        path = REPO / "studies" / f"{name}.toml"
+        assert StudyConfig.from_toml(path).identity() == identity, name
+        assert "[profile]\nfamilies" not in path.read_text(), name  # a delta: the defaults not restated
+    assert StudyConfig.from_toml(REPO / "study.toml").identity() == "6e77fa07b3709236"
+    assert sorted(p.name for p in REPO.glob("*.toml")) == ["pyproject.toml", "study.toml"]
