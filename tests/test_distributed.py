@@ -50,6 +50,7 @@ def journal_rows(out):
     return [r for r in map(json.loads, lines) if "kind" not in r]
 
 
+@pytest.mark.slow
 def test_ray_profiles_the_serial_runs_rows_with_workers_recorded(local_ray, tiny_models, tmp_path, serial):
     out = tmp_path / "p.parquet"
     p, df = ray_run(tiny_models, out)
@@ -66,6 +67,7 @@ def test_ray_profiles_the_serial_runs_rows_with_workers_recorded(local_ray, tiny
     assert back["rouge_l_vs_baseline"].notna().all()
 
 
+@pytest.mark.slow
 def test_a_killed_worker_costs_no_row_and_repeats_none(local_ray, tiny_models, tmp_path, serial):
     out = tmp_path / "p.parquet"
     state = {"n": 0}
@@ -93,6 +95,7 @@ def test_a_killed_worker_costs_no_row_and_repeats_none(local_ray, tiny_models, t
     assert df["worker"].nunique() >= 2
 
 
+@pytest.mark.slow
 def test_an_interrupted_ray_run_resumes_without_losing_or_repeating_rows(local_ray, tiny_models, tmp_path, serial):
     out = tmp_path / "p.parquet"
     seen = []

@@ -119,6 +119,7 @@ def test_an_old_profiles_memory_is_replaced_by_the_pass_and_the_rows_say_so(tmp_
                          tmp_path / "memory_pass.parquet")
 
 
+@pytest.mark.slow
 def test_the_study_measures_an_old_profiles_memory_again_and_reads_it_from_then_on(tiny_models, tmp_path):
     """The memory step: nothing for a profile measured with the current method; for an
     old one, a pass over the same requests, after which the study's profile carries it."""

@@ -188,6 +188,7 @@ def test_a_plugin_family_passes_the_scikit_learn_checks_and_compiles_as_it_predi
     assert [fast.route(r) for r in held] == list(est.predict(features_frame(held, "B")))
 
 
+@pytest.mark.slow
 def test_a_backend_in_one_file_is_profiled_and_live_scored(backend_plugin, tmp_path, tiny_models):
     from modeswitch.dataset.requests import Request
     from modeswitch.engine.backends.registry import backend_names

@@ -87,6 +87,7 @@ def mlflow_server(postgres, tmp_path_factory):
         _stop(proc)
 
 
+@pytest.mark.slow
 def test_two_train_processes_tune_one_study_in_postgres_and_track_in_an_mlflow_server(
         postgres, mlflow_server, table, tmp_path):
     import mlflow
@@ -173,6 +174,7 @@ def test_a_crashed_workers_trial_is_marked_failed_by_its_heartbeat(postgres, mon
     assert list(states.values()).count(TrialState.COMPLETE) == 1
 
 
+@pytest.mark.slow
 def test_mlflow_models_serve_answers_with_load_routers_decisions(table, tmp_path):
     """The exported champion behind ``mlflow models serve`` (loopback): the same modes as
     ``load_router`` on 50 requests of raw fields."""

@@ -120,6 +120,7 @@ def test_live_scores_compare_each_pick_with_the_reference_run():
     assert fams == {"a", "b"}
 
 
+@pytest.mark.slow
 def test_score_offline_and_live_on_the_tiny_model(tiny_models, tmp_path):
     """Train two routers on measured tiny-model profiles, then score offline and live."""
     from modeswitch.dataset.workloads import get_workload

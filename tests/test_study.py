@@ -60,6 +60,7 @@ def tiny_study(tiny_models, tmp_path_factory):
     return tmp, cfg, res.output
 
 
+@pytest.mark.slow
 def test_the_tiny_study_runs_every_step_and_writes_one_report(tiny_study):
     tmp, _, output = tiny_study
     run = tmp / "run"
@@ -91,6 +92,7 @@ def test_the_tiny_study_runs_every_step_and_writes_one_report(tiny_study):
         prof.groupby("family")["shared_prefix_tokens"].nunique().max() > 1
 
 
+@pytest.mark.slow
 def test_leave_one_family_out_scores_every_family(tiny_study):
     tmp, _, _ = tiny_study
     per = pd.read_csv(tmp / "run" / "score-lofo" / "per_request.csv")
@@ -98,6 +100,7 @@ def test_leave_one_family_out_scores_every_family(tiny_study):
     assert set(dt["family"]) == {"short_prompt_short_output", "batch_pressure"}
 
 
+@pytest.mark.slow
 def test_the_study_is_logged_to_mlflow(tiny_study):
     import mlflow
 
@@ -138,6 +141,7 @@ def test_an_interrupted_steps_time_counts_when_it_resumes(tmp_path, monkeypatch)
     assert "model" not in again.state["interrupted"]
 
 
+@pytest.mark.slow
 def test_a_rerun_resumes_and_other_settings_are_refused(tiny_study):
     tmp, cfg, _ = tiny_study
     res = CliRunner().invoke(app, ["study", "run", "--config", str(cfg)])
