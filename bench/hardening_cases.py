@@ -849,6 +849,19 @@ def exported_router(tmp: Path) -> tuple[Path, str]:
     return mlruns, info["uri"]
 
 
+def connection_pass(tmp: Path) -> None:
+    """The connection and event-loop cases against a server of their own."""
+    key = "k-" + os.urandom(8).hex()
+    (tmp / "key").write_text(key + "\n")
+    srv = Server(["--router", "rule", "--api-key-file", str(tmp / "key"),
+                  "--header-timeout-s", str(HEADER_TIMEOUT_S), "--body-timeout-s", str(BODY_TIMEOUT_S)], tmp)
+    try:
+        print("server: connections and the loop")
+        connection_cases(srv, key)
+    finally:
+        srv.stop()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--disconnects", type=int, default=50)
@@ -882,30 +895,12 @@ def main():
                 return _summary(t0)
             mlruns, uri = exported_router(tmp)
             if args.only_second_pass:
-                key = "k-" + os.urandom(8).hex()
-                (tmp / "key").write_text(key + "\n")
-                srv = Server(["--router", "rule", "--api-key-file", str(tmp / "key"),
-                              "--header-timeout-s", str(HEADER_TIMEOUT_S), "--body-timeout-s", str(BODY_TIMEOUT_S)],
-                             tmp)
-                try:
-                    print("server: connections and the loop")
-                    connection_cases(srv, key)
-                finally:
-                    srv.stop()
+                connection_pass(tmp)
                 second_pass_cases(tmp, mlruns, uri)
                 return _summary(t0)
             if args.only_server:
                 server_cases(tmp, "k-" + os.urandom(8).hex(), args.disconnects, args.memory_budget_mb, mlruns, uri)
-                key = "k-" + os.urandom(8).hex()
-                (tmp / "key").write_text(key + "\n")
-                srv = Server(["--router", "rule", "--api-key-file", str(tmp / "key"),
-                              "--header-timeout-s", str(HEADER_TIMEOUT_S), "--body-timeout-s", str(BODY_TIMEOUT_S)],
-                             tmp)
-                try:
-                    print("server: connections and the loop")
-                    connection_cases(srv, key)
-                finally:
-                    srv.stop()
+                connection_pass(tmp)
                 return _summary(t0)
             loading_cases(tmp)
             if args.only_loading:
