@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -70,8 +71,14 @@ def memory_bandwidth_gbs(mb: int = 512, reps: int = 5) -> float:
     return best / 1e9
 
 
+def engine_cpu_seconds() -> float:
+    """CPU seconds of this process, its live children (llama-server) and the children it
+    has waited for (llama-bench), so a bare run's own work is not read as other load."""
+    return process_tree_cpu_seconds() + sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2])
+
+
 def timed(fn) -> tuple[object, TrialClock]:
-    with TrialClock(cpu=process_tree_cpu_seconds) as clock:
+    with TrialClock(cpu=engine_cpu_seconds) as clock:
         out = fn()
     return out, clock
 
