@@ -8,8 +8,10 @@ explicitly (FP16 on GPUs; a CPU backend's native precision, fp32).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from modeswitch.dataset.requests import Request
@@ -84,6 +86,22 @@ class EngineSettings:
     #: check knows its requests (:func:`context_for`), and a continuous-batching KV cache
     #: sized for 16 x 8,192 tokens is 6.7 GB on SmolLM2-135M for prompts of 512 tokens
     max_context: int | None = None
+
+
+def kv_values_per_token(folder) -> int:
+    """Keys and values one cached token holds over every layer of the checkpoint in
+    ``folder`` (elements, not bytes), read from its ``config.json``; 0 where it does not say.
+    Standard attention: a model whose layers share or compress their cache (MLA,
+    sliding-window groups) holds less than this per token."""
+    try:
+        conf = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    conf = conf.get("text_config", conf)
+    heads = int(conf.get("num_attention_heads") or 0)
+    kv_heads = int(conf.get("num_key_value_heads") or heads)
+    head_dim = int(conf.get("head_dim") or (int(conf.get("hidden_size") or 0) // max(heads, 1)))
+    return 2 * int(conf.get("num_hidden_layers") or 0) * kv_heads * head_dim
 
 
 def context_for(requests, page: int = 256, margin: float = 1.5) -> int:

@@ -48,7 +48,7 @@ import psutil
 
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.requests import Request
-from modeswitch.engine.backends.base import BackendCapabilities, ModeSupport
+from modeswitch.engine.backends.base import BackendCapabilities, ModeSupport, kv_values_per_token
 from modeswitch.engine.backends.registry import Backend, register_backend
 from modeswitch.engine.models import gguf
 from modeswitch.engine.models.llamacpp_tools import build_tools
@@ -65,6 +65,8 @@ BATCH, UBATCH = 2048, 512
 DEFAULT_CONTEXT = 4096
 #: seconds a server may take to load its model and answer /health
 START_TIMEOUT_S = 180.0
+#: seconds a streamed request may wait for its next line before it is given up
+REQUEST_TIMEOUT_S = 600.0
 NO_INT8_WEIGHT_ONLY = ("llama.cpp's Q8_0 matrix products quantize the activations to 8 bits too "
                        "(int8_quant); it has no weight-only int8 path")
 
@@ -368,18 +370,9 @@ class LlamaCppEngine:
     def cache_mb(self) -> float:
         """The KV cache the server allocates: every slot's context, keys and values over
         every layer, at f16 (or q8_0, about 8.5 bits) per element."""
-        try:
-            conf = json.loads((self.model_path / "config.json").read_text())
-        except (OSError, ValueError):
-            return 0.0
-        conf = conf.get("text_config", conf)
-        heads = int(conf.get("num_attention_heads") or 0)
-        kv_heads = int(conf.get("num_key_value_heads") or heads)
-        head_dim = int(conf.get("head_dim") or (int(conf.get("hidden_size") or 0) // max(heads, 1)))
         elem = 34 / 32 if self.mode.kv_cache_dtype != "auto" else 2
         slots = (self.mode.max_num_seqs or 16) if self.mode.batching == "continuous" else 1
-        per_token = 2 * int(conf.get("num_hidden_layers") or 0) * kv_heads * head_dim * elem
-        return per_token * self.context * slots / 2**20
+        return kv_values_per_token(self.model_path) * elem * self.context * slots / 2**20
 
     def _stop(self) -> None:
         if self.proc is not None:
@@ -398,10 +391,11 @@ class LlamaCppEngine:
             self._tmp = None
 
     # ---------------------------------------------------------------- requests
-    def _connection(self, timeout: float | None = None) -> http.client.HTTPConnection:
+    def _connection(self) -> http.client.HTTPConnection:
+        """This thread's kept-alive connection to the server (a new one after a restart)."""
         conn = getattr(self._local, "conn", None)
         if conn is None or getattr(self._local, "port", None) != self.port:
-            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout or 600)
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=REQUEST_TIMEOUT_S)
             self._local.conn, self._local.port = conn, self.port
         return conn
 

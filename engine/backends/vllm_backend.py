@@ -40,7 +40,7 @@ from pathlib import Path
 import psutil
 
 from modeswitch.dataset.requests import Request
-from modeswitch.engine.backends.base import BackendCapabilities, ModeSupport
+from modeswitch.engine.backends.base import BackendCapabilities, ModeSupport, kv_values_per_token
 from modeswitch.engine.backends.registry import Backend, register_backend
 from modeswitch.engine.memory import GpuBallast
 from modeswitch.engine.modes import ModeConfig, get_mode, list_modes, reference_mode
@@ -319,18 +319,8 @@ class VllmEngine:
         roots = [Path(self.args["model"])] + ([Path(spec["model"])] if spec.get("model") else [])
         kv_dtype = str(self.args.get("kv_cache_dtype") or "auto")
         elem = 1 if kv_dtype.startswith("fp8") else 4 if str(self.args.get("dtype")) == "float32" else 2
-        total = 0
-        for root in roots:
-            try:
-                conf = json.loads((root / "config.json").read_text())
-            except (OSError, ValueError):
-                return 0
-            conf = conf.get("text_config", conf)
-            heads = int(conf.get("num_attention_heads") or 0)
-            kv_heads = int(conf.get("num_key_value_heads") or heads)
-            head_dim = int(conf.get("head_dim") or (int(conf.get("hidden_size") or 0) // max(heads, 1)))
-            total += 2 * int(conf.get("num_hidden_layers") or 0) * kv_heads * head_dim * elem
-        return total
+        values = [kv_values_per_token(root) for root in roots]
+        return 0 if 0 in values else sum(values) * elem
 
     def weights_bytes(self) -> int:
         """Size of the checkpoint's weight files (the engine core runs in another process)."""
