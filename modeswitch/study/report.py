@@ -15,6 +15,8 @@ from modeswitch.dataset.io import atomic_path
 from modeswitch.routers.risk_control import min_calibration, upper_bound
 from modeswitch.routers.scoring.adaptive import summary_line
 from modeswitch.routers.training.tracking import git_commit, setup
+from modeswitch.study.beside import BESIDE_PROFILE, side_by_side_section
+from modeswitch.study.capture_section import capture_section
 from modeswitch.study.markdown import md_table as _md
 from modeswitch.study.modes_section import beside_section, modes_section
 from modeswitch.study.table import figures, findings, generalisation_table, opening_table
@@ -144,7 +146,7 @@ def write_study_report(study) -> dict:
     model = study.outputs("model")
     modes_md, modes = modes_section(study._profile(), cfg.constraint_set(), out,
                                     model.get("target"), model.get("draft"))
-    beside = beside_section(modes, fig, Path(study.beside)) if getattr(study, "beside", None) else []
+    beside = _beside(study, modes, fig)
     ds, cm, prof = study.outputs("dataset"), study.outputs("costmodel"), study.outputs("profile")
     lat = pd.Series(cm.get("latency_mape") or {}, dtype=float)
     cm_line = (f"- cost model latency MAPE (5-fold, grouped by request): median {lat.median():.1%}, "
@@ -159,6 +161,7 @@ def write_study_report(study) -> dict:
           "## Opening table", "", _md(table), "",
           "## Findings (computed from the table)", "", *[f"- {x}" for x in findings(fig, reports)], "",
           "## Against the issue's live targets", "", *targets(study, fig), "",
+          *capture_section(reports),
           *_adaptive_lines(reports),
           *modes_md, *beside,
           "## Inside the training data's ranges, and certified targets", "",
@@ -187,6 +190,22 @@ def write_study_report(study) -> dict:
     _write(out / "README.md", "\n".join(md) + "\n")
     run_id = _log(study, fig, table, steps)
     return {"readme": str(out / "README.md"), "mlflow_run_id": run_id}
+
+
+def _beside(study, modes: pd.DataFrame, fig: pd.DataFrame) -> list[str]:
+    """Another study set beside this one: its mode and live tables where it has them (a
+    study folder), and both backends' modes on the same requests where the ``beside``
+    step measured this backend on the other's requests (:mod:`modeswitch.study.beside`)."""
+    other = Path(study.beside) if getattr(study, "beside", None) else None
+    if other is None:
+        return []
+    md = []
+    if (other / "modes.csv").exists() or not (other / "profile.parquet").exists():
+        md += beside_section(modes, fig, other)
+    if (study.out / BESIDE_PROFILE).exists():
+        md += side_by_side_section(pd.read_parquet(study.out / BESIDE_PROFILE), other,
+                                   study.cfg.constraint_set(), study.out)
+    return md
 
 
 def _adaptive_lines(reports: dict) -> list[str]:

@@ -1,0 +1,155 @@
+"""This study's modes beside another backend's, on the same requests.
+
+Why: a mode's speed-up depends on the engine's kernels, not only on what the mode
+does (the transformers backend's int8 and 4-bit modes are slower than its fp32
+reference on a CPU without int8 kernels; llama.cpp's Q8_0 and Q4 decode faster). To
+show that, the two backends must be compared on identical requests on the same kind of
+machine. Another study's folder or archive (``--beside DIR``: its ``profile.parquet``
+and the settings in its ``archive.json`` or ``study_state.json``) names which requests
+it measured; the ``beside`` step measures this study's backend on exactly those
+(same families, count, seed, conditions and length scale, this study's modes, trials
+and threads) into ``beside_profile.parquet``, and the report sets the two per-mode
+tables side by side on the requests whose shapes agree in both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from modeswitch.dataset.errors import InputFileError
+from modeswitch.dataset.io import write_csv
+from modeswitch.dataset.workloads.conditions import ConditionDraw
+from modeswitch.engine.distributed import make_profiler
+from modeswitch.oracle.mode_table import mode_table
+from modeswitch.study.markdown import md_table
+
+BESIDE_PROFILE = "beside_profile.parquet"
+#: the columns that make two profiles' rows the same request (the prompt's length too, within
+#: ``PROMPT_SLACK`` tokens: each backend counts the same text with its own tokenizer)
+SHAPE = ("request_id", "family", "expected_output_tokens", "shared_prefix_tokens",
+         "concurrent_requests", "memory_pressure")
+PROMPT_SLACK = 2
+#: the settings files a study folder (state) or an archive keeps its config in
+SETTINGS = ("archive.json", "study_state.json")
+
+
+def other_settings(other_dir: Path) -> dict:
+    """The other study's config (the ``config`` of its archive or state file)."""
+    for name in SETTINGS:
+        path = Path(other_dir) / name
+        if path.exists():
+            cfg = json.loads(path.read_text()).get("config")
+            if not isinstance(cfg, dict):
+                raise InputFileError(path, None, "config", "missing: cannot tell which requests it measured")
+            return cfg
+    raise InputFileError(Path(other_dir), None, None,
+                         f"no {' or '.join(SETTINGS)}: cannot tell which requests it measured")
+
+
+def beside_spec(spec, other: dict):
+    """This study's profile spec on the other study's requests."""
+    try:
+        draw = ConditionDraw.from_dict(other.get("conditions") or {}).to_dict()
+    except (TypeError, ValueError) as exc:
+        raise InputFileError(None, None, "conditions", f"the other study's: {exc}") from None
+    return dataclasses.replace(
+        spec, workloads=list(other.get("families") or spec.workloads),
+        requests=int(other.get("requests_per_family", spec.requests)), seed=int(other.get("seed", spec.seed)),
+        conditions=draw, length_scale=float(other.get("length_scale", spec.length_scale)))
+
+
+def same_requests(a: pd.DataFrame, b: pd.DataFrame) -> set[str]:
+    """Request ids whose shape (length, prefix, concurrency, pressure) agrees in both profiles."""
+    cols = [c for c in SHAPE if c in a and c in b]
+    keep = cols + ["prompt_tokens"]
+    ua = a.loc[a["request_id"].notna(), keep].drop_duplicates(cols)
+    ub = b.loc[b["request_id"].notna(), keep].drop_duplicates(cols)
+    j = ua.merge(ub, on=cols, suffixes=("_a", "_b"))
+    close = (j["prompt_tokens_a"] - j["prompt_tokens_b"]).abs() <= PROMPT_SLACK
+    return set(j.loc[close, "request_id"].astype(str))
+
+
+def profile_beside(study, other_dir: Path) -> dict:
+    """The ``beside`` step: this backend on the other study's requests (resumable)."""
+    other_dir = Path(other_dir)
+    other = pd.read_parquet(other_dir / "profile.parquet")
+    target, draft, _ = study._models()
+    spec = beside_spec(study.profile_spec(target, draft), other_settings(other_dir))
+    path = study.out / BESIDE_PROFILE
+    df = make_profiler(spec, target, draft, path, console=study.console).run()
+    same = same_requests(df, other)
+    return {"beside_profile": str(path), "other": str(other_dir), "rows": len(df),
+            "requests": int(df["request_id"].nunique()), "same_requests": len(same)}
+
+
+def side_by_side(this: pd.DataFrame, other: pd.DataFrame, constraints) -> tuple[pd.DataFrame, int]:
+    """Per mode both backends' latency ratio (median over requests), ROUGE-L and families
+    passing, each against its own reference on the shared requests; and their number."""
+    ids = same_requests(this, other)
+    if not ids:
+        return pd.DataFrame(), 0
+    ta = mode_table(this[this["request_id"].astype(str).isin(ids)], constraints).set_index("mode")
+    tb = mode_table(other[other["request_id"].astype(str).isin(ids)], constraints).set_index("mode")
+    a, b = _name(this), _name(other)
+    rows = []
+    for mode in list(ta.index) + [m for m in tb.index if m not in ta.index]:
+        ra = ta.loc[mode] if mode in ta.index else None
+        rb = tb.loc[mode] if mode in tb.index else None
+        rows.append({"mode": mode,
+                     f"latency ratio ({a})": _get(ra, "latency_ratio"),
+                     f"latency ratio ({b})": _get(rb, "latency_ratio"),
+                     f"ROUGE-L ({a})": _get(ra, "rouge_l_mean"), f"ROUGE-L ({b})": _get(rb, "rouge_l_mean"),
+                     f"families passing ({a})": _passing(ra), f"families passing ({b})": _passing(rb)})
+    return pd.DataFrame(rows), len(ids)
+
+
+def side_by_side_section(this: pd.DataFrame, other_dir: Path, constraints, out: Path) -> list[str]:
+    """The report's section (and ``side_by_side.csv``), or a line saying why there is none."""
+    other_dir = Path(other_dir)
+    head = ["## Beside another backend, same requests", ""]
+    if not (other_dir / "profile.parquet").exists():
+        return head + [f"`{other_dir}` holds no `profile.parquet`.", ""]
+    other = pd.read_parquet(other_dir / "profile.parquet")
+    table, n = side_by_side(this, other, constraints)
+    if not n:
+        return head + [f"No request of `{other_dir}` has the same shape here; nothing to set beside.", ""]
+    write_csv(table, out / "side_by_side.csv", overwrite=True)
+    hw = [f"- {_name(p)}: " + "; ".join(_kinds(p)) + (f", measured {_when(p)}" if _when(p) else "")
+          for p in (this, other) if "hardware" in p]
+    differ = (["The two ran on different kinds of machine: a mode's direction may differ by kernels "
+               "alone, so read the columns as two machines' answers, not one machine's."]
+              if _kinds(this) != _kinds(other) else [])
+    return head + [
+        f"Both backends on the same {n} requests (`{other_dir}`'s), each mode against its own backend's "
+        "reference: median latency ratio (below 1 is faster), mean ROUGE-L against that reference, "
+        "families in which the study's rule accepts the mode (`side_by_side.csv`). The machines:", "",
+        *hw, "", *differ, *([""] if differ else []), md_table(table.round(3)), ""]
+
+
+def _name(profile: pd.DataFrame) -> str:
+    if "backend" in profile and profile["backend"].notna().any():
+        return "/".join(sorted(map(str, profile["backend"].dropna().unique())))
+    return "?"
+
+
+def _kinds(profile: pd.DataFrame) -> list[str]:
+    return sorted(map(str, profile["hardware"].dropna().unique())) if "hardware" in profile else []
+
+
+def _when(profile: pd.DataFrame) -> str:
+    if "measured_at" not in profile or not profile["measured_at"].notna().any():
+        return ""
+    days = pd.to_datetime(profile["measured_at"].dropna(), utc=True, format="ISO8601").dt.date
+    return f"{days.min()}" if days.min() == days.max() else f"{days.min()} to {days.max()}"
+
+
+def _get(row, col) -> float:
+    return float("nan") if row is None or col not in row or pd.isna(row[col]) else float(row[col])
+
+
+def _passing(row) -> str:
+    return "-" if row is None else f"{int(row['families_passing'])}/{int(row['families'])}"
