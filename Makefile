@@ -11,7 +11,7 @@ RUN_DIR := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 endif
 PIP     := $(BIN)/pip --disable-pip-version-check
 
-.PHONY: install demo study study-tiny study-llamacpp test test-slow test-llamacpp llamacpp test-vllm bench-serve bench-llamacpp bench-modes ui lint clean-venv
+.PHONY: install demo study study-tiny study-llamacpp study-transformers test test-slow test-llamacpp llamacpp test-vllm bench-serve bench-llamacpp bench-modes ui lint clean-venv
 
 # the default model's wheel without its dependencies (the llm CLI and llama-cpp-python,
 # a source build of minutes; only its GGUF file is read): see engine/models/smollm2.py
@@ -79,24 +79,30 @@ demo: $(STAMP)
 	@echo "demo outputs in $(RUN_DIR); scoring report $(RUN_DIR)/score/README.md"
 	@echo "look at every run, plot and the registered champion with: make ui  (http://127.0.0.1:5000)"
 
-# The CPU study end to end from study.toml (profile every mode on every family with
-# per-request conditions, cost model, labels, routers on the random, group and
-# leave-one-family-out splits, offline and live scores, one report in runs/study/).
-# Resumable: run it again after an interrupt. Sized for 2 cores within an hour.
-STUDY ?= study.toml
-# the real model's study; the stdlib model's (make study-tiny), once run, is set beside it
-STUDY_BESIDE ?= runs/study-tiny
+# The CPU study end to end (profile every mode on every family with per-request
+# conditions, cost model, labels, routers on the random, group and leave-one-family-out
+# splits, offline and live scores, one report in its output folder). `make study` runs it
+# on the llama.cpp backend (studies/llamacpp.toml: study.toml's design, every mode through
+# llama-server on GGUF files, llama.cpp built once first, 12 measured requests per family)
+# and sets its modes beside the transformers backend's archive of this kind of machine,
+# measured again here on that archive's requests (the report's "Beside another backend").
+# Resumable: run it again after an interrupt.
+STUDY ?= studies/llamacpp.toml
+STUDY_BESIDE ?= $(if $(shell grep -m1 -ow avx512f /proc/cpuinfo 2>/dev/null),studies/cpu-smollm2-intel,studies/cpu-smollm2-avx2)
 study: $(STAMP)
-	$(BIN)/modeswitch study run --config $(STUDY) $(if $(wildcard $(STUDY_BESIDE)/modes.csv),--beside $(STUDY_BESIDE))
+	$(BIN)/modeswitch model build --backend llamacpp
+	$(BIN)/modeswitch study run --config $(STUDY) $(if $(STUDY_BESIDE),--beside $(STUDY_BESIDE))
+
+study-llamacpp: study
+
+# The same design on the transformers backend (study.toml, 4 requests per family; the
+# stdlib model's study, once run with make study-tiny, is set beside it).
+STUDY_TF_BESIDE ?= runs/study-tiny
+study-transformers: $(STAMP)
+	$(BIN)/modeswitch study run --config study.toml $(if $(wildcard $(STUDY_TF_BESIDE)/modes.csv),--beside $(STUDY_TF_BESIDE))
 
 study-tiny: $(STAMP)
 	$(BIN)/modeswitch study run --config studies/tiny.toml
-
-# The same study on the llama.cpp backend: every mode through llama-server on GGUF files
-# (llama.cpp built once first), 12 measured requests per family (studies/llamacpp.toml).
-study-llamacpp: $(STAMP)
-	$(BIN)/modeswitch model build --backend llamacpp
-	$(BIN)/modeswitch study run --config studies/llamacpp.toml
 
 # The llama.cpp backend: llama.cpp's programs (llama-server, llama-quantize, llama-bench)
 # built once per CPU kind from llama-cpp-python's PyPI source package with this machine's

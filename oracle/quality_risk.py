@@ -44,6 +44,7 @@ from sklearn.model_selection import StratifiedKFold
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from modeswitch.experimental import experimental_class
 from modeswitch.oracle.cells import OracleError
 from modeswitch.oracle.family_rule import lossless
 from modeswitch.oracle.sweep_quality import ESTIMATED, RISK
@@ -76,6 +77,7 @@ def upper_rate(failed: int, n: int, confidence: float) -> float:
     return float(beta.ppf(confidence, failed + 1, n - failed))
 
 
+@experimental_class
 class QualityRisk(BaseEstimator):
     """Per lossy mode, P(fail) from a request's features where that validates, else
     from its family's failure rate (an upper bound).

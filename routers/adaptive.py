@@ -69,6 +69,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin, clone
 from sklearn.frozen import FrozenEstimator
 from sklearn.utils.validation import check_is_fitted
 
+from modeswitch.experimental import experimental_class
 from modeswitch.routers.base import RouterMixin
 from modeswitch.routers.risk_control import ALPHA
 
@@ -149,6 +150,7 @@ def tracker_for(router, start: float | None, target: float, step_size: float) ->
     return ThresholdTracker(strict if start is None else float(start), strict, loosest, target, step_size)
 
 
+@experimental_class
 class AdaptiveThresholdRouter(ClassifierMixin, RouterMixin, BaseEstimator):
     """``router`` (any router with a risk score; a :class:`~routers.certified.CertifiedRouter`
     starts at its certified threshold) with its threshold moved online by

@@ -14,6 +14,12 @@ pandas, yet an option's help should show the default its config dataclass
 really has and the names a registry really holds. :func:`deferred_help` fills
 ``{name}`` placeholders in option help (and metavars) only when that command's
 help is shown.
+
+Core options first. Each command's default options panel holds the core pipeline's
+options; research options (:mod:`modeswitch.experimental`) sit in an "Advanced" panel
+below them (``rich_help_panel=ADVANCED``), and giving one on the command line emits
+one ``ExperimentalWarning`` (:class:`AdvancedOptionsCommand`, the class of every
+command that has such options).
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from modeswitch.dataset.registry import RegistrationError, UnknownNameError
 from modeswitch.display import err_console
 
 DEBUG_ENV = "MODESWITCH_DEBUG"
+#: the help panel of research options (modeswitch.experimental): below the core ones
+ADVANCED = "Advanced"
 #: help of ``--tracking-uri`` (train, score, export)
 TRACKING_HELP = ("MLflow tracking store, e.g. http://HOST:5000 (an `mlflow server`, PostgreSQL "
                  "backend for several writers) [$MLFLOW_TRACKING_URI, else SQLite in --mlruns].")
@@ -143,7 +151,7 @@ Fallback = Literal["rule", "reference"]
 Incomplete = Literal["error", "skip"]
 MissingQuality = Literal["unsafe", "pass"]
 #: ``--quality-scope``: where the quality limits are judged (oracle.Constraints.quality_scope)
-QualityScope = Annotated[Literal["family", "request"] | None, typer.Option(
+QualityScope = Annotated[Literal["family", "request"] | None, typer.Option(rich_help_panel=ADVANCED,
     help="Judge the quality limits on each (mode, family)'s mean, as the study does, or on every "
          "request's own figures [{quality_scope}].")]
 Labels = Literal["all", "measured"]
@@ -185,6 +193,29 @@ def config_defaults(target: str) -> dict[str, object]:
     return out
 
 
+class AdvancedOptionsCommand(TyperCommand):
+    """A command that emits one ExperimentalWarning per "Advanced" option it was given (on
+    the command line or from the environment), naming the option: those options reach
+    research add-ons whose interface and results may change."""
+
+    def invoke(self, ctx):
+        given = [p for p in self.params if getattr(p, "rich_help_panel", None) == ADVANCED
+                 and _given(ctx.get_parameter_source(p.name))]
+        if given:
+            # behind the experimental boundary: loaded only when an advanced option is given
+            from modeswitch.experimental import warn_experimental
+
+            for p in given:
+                warn_experimental(p.opts[0] if p.opts else p.name, stacklevel=3)
+        return super().invoke(ctx)
+
+
+def _given(source) -> bool:
+    """Whether a parameter's value came from the user (click's ParameterSource; by name, as
+    Typer carries its own click)."""
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
 def deferred_help(config: str | None = None, **values: Callable[[], object]) -> type[TyperCommand]:
     """A command class whose option help and metavars may hold ``{name}`` placeholders,
     filled when the help is shown: from the field defaults of the dataclass ``config``
@@ -195,7 +226,7 @@ def deferred_help(config: str | None = None, **values: Callable[[], object]) -> 
     Help is rich markup: a bracketed default such as ``[error]`` would be read as a
     style tag and vanish, so tag-like brackets in these commands' help are escaped."""
 
-    class DeferredHelpCommand(TyperCommand):
+    class DeferredHelpCommand(AdvancedOptionsCommand):
         def format_help(self, ctx, formatter):
             known = config_defaults(config) if config else {}
             known.update({k: f() for k, f in values.items()})

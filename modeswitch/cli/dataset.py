@@ -10,6 +10,7 @@ import pandas as pd
 import typer
 
 from modeswitch.cli.common import (
+    ADVANCED,
     Incomplete,
     MissingQuality,
     QualityScope,
@@ -62,10 +63,10 @@ def dataset_build_cmd(
     content_model: Annotated[Path | None, typer.Option(help="A checkpoint folder (the profiled model): the table also takes each request's prompt token ids, built as the engine builds them, and the content features read from them (what feature set C trains on).")] = None,
     profile_plan: Annotated[Path | None, typer.Option(help="The profiler's journal (PROFILE.journal.jsonl): with --profiled and --content-model, each measured request's prompt is the one the profiler built (its row holds the measured shape, not the budgets the prompt was built from). Default: the journal beside the first profile, where it is there; else prompts rebuilt from the rows.")] = None,
     quality: Annotated[Path | None, typer.Option(help="A quality sweep (`modeswitch quality-sweep`, same --requests, --seed and --length-scale): each swept request's own measured quality per mode, and the family means the rule judges from it.")] = None,
-    confidence: Annotated[bool, typer.Option(help="With --content-model: also the reference model's confidence at each prompt's end (entropy, top-2 gap, top-1 probability; one prefill per prompt, cached), which the per-request quality-risk model reads.")] = False,
+    confidence: Annotated[bool, typer.Option(rich_help_panel=ADVANCED, help="With --content-model: also the reference model's confidence at each prompt's end (entropy, top-2 gap, top-1 probability; one prefill per prompt, cached), which the per-request quality-risk model reads.")] = False,
     quality_scope: QualityScope = None,
-    max_quality_risk: Annotated[float | None, typer.Option(help="--quality-scope request with --quality: a request the sweep did not run takes a lossy mode only at a predicted P(fail) <= this [{max_quality_risk}].")] = None,
-    quality_risk: Annotated[Literal["logistic", "lgbm", "off"] | None, typer.Option(help="The per-request quality-risk model fitted on the swept requests (trusted per mode only where it beats each family's failure rate out of fold and holds the cut; else the family's rate, 95 % upper bound), or off (interpolated figures) [{quality_risk}].")] = None,
+    max_quality_risk: Annotated[float | None, typer.Option(rich_help_panel=ADVANCED, help="--quality-scope request with --quality: a request the sweep did not run takes a lossy mode only at a predicted P(fail) <= this [{max_quality_risk}].")] = None,
+    quality_risk: Annotated[Literal["logistic", "lgbm", "off"] | None, typer.Option(rich_help_panel=ADVANCED, help="The per-request quality-risk model fitted on the swept requests (trusted per mode only where it beats each family's failure rate out of fold and holds the cut; else the family's rate, 95 % upper bound), or off (interpolated figures) [{quality_risk}].")] = None,
 ):
     """Draw requests, compute features, label them with the oracle, attach per-mode costs."""
     c = constraints(config, on_incomplete=incomplete, missing_quality=missing_quality,

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from modeswitch.cli.common import (
+    ADVANCED,
     TRACKING_HELP,
     Labels,
     _split,
@@ -57,9 +58,9 @@ def score_cmd(
     mlruns: Annotated[Path, typer.Option(help="MLflow store folder.")] = Path("mlruns"),
     tracking_uri: Annotated[str | None, typer.Option(help=TRACKING_HELP)] = None,
     seed: Annotated[int, typer.Option(help="Live stream seed.")] = 0,
-    labels: Annotated[Labels, typer.Option(help="Score on all rows, or only measured labels (as the routers were trained with `train --labels`).")] = "all",
-    frontier: Annotated[bool, typer.Option(help="Compute the split's capture / violation ceiling (safety from the request's shape, latencies known) and plot the routers beside it.")] = True,
-    adaptive: Annotated[bool, typer.Option(help="Replay each certified cost router over the held-out requests with its threshold adapted online by every pick's outcome (routers.adaptive), beside its certified threshold.")] = True,
+    labels: Annotated[Labels, typer.Option(rich_help_panel=ADVANCED, help="Score on all rows, or only measured labels (as the routers were trained with `train --labels`).")] = "all",
+    frontier: Annotated[bool, typer.Option(rich_help_panel=ADVANCED, help="Compute the split's capture / violation ceiling (safety from the request's shape, latencies known) and plot the routers beside it.")] = True,
+    adaptive: Annotated[bool, typer.Option(rich_help_panel=ADVANCED, help="Replay each certified cost router over the held-out requests with its threshold adapted online by every pick's outcome (routers.adaptive), beside its certified threshold.")] = True,
     profile_plan: Annotated[Path | None, typer.Option(help="The profiler's journal (PROFILE.journal.jsonl): live, each measured request runs with the prompts the profiler built for it. Default: the one beside the table's profile, where it is still there; else prompts rebuilt from the table's rows.")] = None,
 ):
     """Score trained routers against the rule baseline: overhead, violations, speedup, energy, quality."""

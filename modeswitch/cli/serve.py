@@ -17,6 +17,7 @@ import uvicorn
 
 import modeswitch.engine.models.resolve as model_resolve
 from modeswitch.cli.common import (
+    ADVANCED,
     backend_name,
     backend_names,
     deferred_help,
@@ -57,8 +58,8 @@ def serve_cmd(
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free one).")] = 8000,
     api_key: Annotated[str | None, typer.Option(envvar="MODESWITCH_API_KEY", help="Require 'Authorization: Bearer KEY' (better: $MODESWITCH_API_KEY or --api-key-file; argv is visible to every user).")] = None,
     api_key_file: Annotated[Path | None, typer.Option(help="Read the API key from this file (first line).")] = None,
-    admin_key: Annotated[str | None, typer.Option(envvar="MODESWITCH_ADMIN_KEY", help="Key POST /admin/feedback requires (not the API key; better: $MODESWITCH_ADMIN_KEY). Without one, feedback is off.")] = None,
-    feedback_window_s: Annotated[float, typer.Option(help="An outcome is taken for a request at most this many seconds after it was routed.")] = 600.0,
+    admin_key: Annotated[str | None, typer.Option(rich_help_panel=ADVANCED, envvar="MODESWITCH_ADMIN_KEY", help="Key POST /admin/feedback requires (not the API key; better: $MODESWITCH_ADMIN_KEY). Without one, feedback is off.")] = None,
+    feedback_window_s: Annotated[float, typer.Option(rich_help_panel=ADVANCED, help="An outcome is taken for a request at most this many seconds after it was routed.")] = 600.0,
     served_name: Annotated[str, typer.Option(help="Model name the API reports (/v1/models, responses).")] = "modeswitch",
     max_tokens_limit: Annotated[int, typer.Option(help="Largest max_tokens a request may ask for (larger: HTTP 400).")] = 1024,
     route_budget_us: Annotated[float, typer.Option(help="A slower routing decision falls back to the reference.")] = 5000.0,

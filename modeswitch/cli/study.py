@@ -10,6 +10,8 @@ import pandas as pd
 import typer
 
 from modeswitch.cli.common import (
+    ADVANCED,
+    AdvancedOptionsCommand,
     RayAddress,
     RayCpus,
     RayFlag,
@@ -29,15 +31,15 @@ study_app = typer.Typer(help="The study end to end, from one TOML file; resumabl
 app.add_typer(study_app, name="study")
 
 
-@study_app.command("run")
+@study_app.command("run", cls=AdvancedOptionsCommand)
 @friendly_errors
 def study_run_cmd(
     config: Annotated[Path, typer.Option(help="Study settings (TOML: [study] [model] [profile] [conditions] [dataset] [constraints] [train] [score]).")] = Path("study.toml"),
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Study folder (overrides [study] output).")] = None,
     only: Annotated[list[str] | None, typer.Option(help="Run only these steps (e.g. profile, train, score:random); the others must be done.")] = None,
     redo: Annotated[list[str] | None, typer.Option(help="Run these finished steps again (e.g. report after a change to it); a score report is moved aside, not overwritten.")] = None,
-    beside: Annotated[Path | None, typer.Option(help="Another study's folder: the report sets its per-mode, offline and live figures beside this one's (e.g. the stdlib model's study beside the real model's).")] = None,
-    from_archive: Annotated[Path | None, typer.Option(help="A study archive (`modeswitch study archive`): its profile, memory pass, cost model and quality sweep, where measured with this study's settings, are copied in instead of measured again.")] = None,
+    beside: Annotated[Path | None, typer.Option(rich_help_panel=ADVANCED, help="Another study's folder: the report sets its per-mode, offline and live figures beside this one's (e.g. the stdlib model's study beside the real model's).")] = None,
+    from_archive: Annotated[Path | None, typer.Option(rich_help_panel=ADVANCED, help="A study archive (`modeswitch study archive`): its profile, memory pass, cost model and quality sweep, where measured with this study's settings, are copied in instead of measured again.")] = None,
     ray: RayFlag = False,
     ray_address: RayAddress = None,
     ray_workers: RayWorkers = None,

@@ -17,6 +17,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from modeswitch.cli.common import (
+    ADVANCED,
     TRACKING_HELP,
     Certificate,
     Fallback,
@@ -69,9 +70,9 @@ def train_cmd(
     unsafe_penalty: Annotated[float, typer.Option(help="Objective penalty per unsafe pick.")] = 1.0,
     safety_threshold: Annotated[float | None, typer.Option(help="Only predict modes whose P(safe) >= this.")] = None,
     fallback: Annotated[Fallback, typer.Option(help="What decides when no mode looks safe.")] = "rule",
-    labels: Annotated[Labels, typer.Option(help="Train and score on all rows, or only on labels from the requests' own measurements.")] = "all",
+    labels: Annotated[Labels, typer.Option(rich_help_panel=ADVANCED, help="Train and score on all rows, or only on labels from the requests' own measurements.")] = "all",
     target_violation_rate: Annotated[float, typer.Option(help="Every router with a risk score is certified (routers/certified.py): violation rate on new requests at most this, with 90 % confidence (Learn then Test on held-out training rows); 0: the tuned threshold.")] = 0.01,
-    certificate: Annotated[Certificate, typer.Option(help="What the certificate bounds: pooled (the calibration rows' rate), per-family (every family's; small families pooled), family-held-out (each calibration row decided by a clone that never saw its family), per-family-held-out (both), family-cross-fit / per-family-cross-fit (the same on every training row, each decided by a clone fitted on the other families).")] = "pooled",
+    certificate: Annotated[Certificate, typer.Option(rich_help_panel=ADVANCED, help="What the certificate bounds: pooled (the calibration rows' rate), per-family (every family's; small families pooled), family-held-out (each calibration row decided by a clone that never saw its family), per-family-held-out (both), family-cross-fit / per-family-cross-fit (the same on every training row, each decided by a clone fitted on the other families).")] = "pooled",
     decision_cost: Annotated[bool, typer.Option(help="Tuning scores each model as it serves: its compiled (or distilled) picks, and its measured decision p50 added to every request's latency.")] = True,
     storage: Annotated[str | None, typer.Option(help="Optuna storage URL (default: optuna.db in --mlruns); postgresql://USER:PASS@HOST/DB lets several train processes, here or on other machines, tune one study.")] = None,
     workers: Annotated[int, typer.Option(min=1, help="Local processes tuning each family's study together.")] = 1,
@@ -79,8 +80,8 @@ def train_cmd(
     tracking_uri: Annotated[str | None, typer.Option(help=TRACKING_HELP)] = None,
     preset: Annotated[str | None, typer.Option(help="modeswitch-paper: the study's setup (split, test size, seed, feature set).")] = None,
     router_params: Annotated[list[str] | None, typer.Option(help="A fixed router parameter, FAMILY.NAME=VALUE (e.g. cost_lgbm.risk_score=margin); repeatable. Beside the tuned ones, and over them where both name one.")] = None,
-    tuning_objective: Annotated[TuningObjective, typer.Option(help="What Optuna minimises for routers whose trials are scored as certified (a cross-fitted --certificate with a target): regret (mean latency regret + the unsafe penalty per pick; every request weighs alike) or capture (1 - the pooled share of the oracle's saving kept + the penalty times the violation rate; the score report's figure, long requests weigh most). Other routers minimise regret.")] = "regret",
-    lofo_tuning: Annotated[LofoTuning, typer.Option(help="Leaving one family out, where the parameters are tuned: nested (one Optuna study per fold, on its training families only; the held-out family never chooses its own parameters) or pooled (one study on every row: about 7x cheaper with 7 families, but a selection effect).")] = "nested",
+    tuning_objective: Annotated[TuningObjective, typer.Option(rich_help_panel=ADVANCED, help="What Optuna minimises for routers whose trials are scored as certified (a cross-fitted --certificate with a target): regret (mean latency regret + the unsafe penalty per pick; every request weighs alike) or capture (1 - the pooled share of the oracle's saving kept + the penalty times the violation rate; the score report's figure, long requests weigh most). Other routers minimise regret.")] = "regret",
+    lofo_tuning: Annotated[LofoTuning, typer.Option(rich_help_panel=ADVANCED, help="Leaving one family out, where the parameters are tuned: nested (one Optuna study per fold, on its training families only; the held-out family never chooses its own parameters) or pooled (one study on every row: about 7x cheaper with 7 families, but a selection effect).")] = "nested",
 ):
     """Tune and train learned routers with Optuna; track everything in MLflow."""
     table = read_training_table(data)

@@ -33,6 +33,7 @@ from collections import deque
 import numpy as np
 import pandas as pd
 
+from modeswitch.experimental import experimental_func
 from modeswitch.routers.adaptive import STEP_SIZE, ThresholdTracker, tracker_for
 from modeswitch.routers.scoring.capture import capture_and_violations, inside_ranges
 from modeswitch.routers.scoring.offline import score_requests
@@ -79,6 +80,7 @@ def replay_stream(certified, X: pd.DataFrame, violates: np.ndarray, order: np.nd
     return modes[idx], at, tracker
 
 
+@experimental_func
 def adaptive_replay(scored: dict, test: pd.DataFrame, marks: pd.DataFrame | None = None,
                     step_size: float = STEP_SIZE, delay: int = 0, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per certified router, per router and family): the replay's figures beside the

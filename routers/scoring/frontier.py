@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from modeswitch.dataset.features import feature_columns
+from modeswitch.experimental import experimental_func
 from modeswitch.routers.scoring import coverage
 
 RISK_MODELS = ("lgbm", "lr")
@@ -79,6 +80,7 @@ class Frontier:
         return float(ok["safe_capture" if safe else "capture"].max()) if len(ok) else float("nan")
 
 
+@experimental_func
 def frontier(table: pd.DataFrame, split: str = "lofo", feature_set: str = "A", risk_model: str = "lgbm",
              inside_only: bool = True, test_size: float = 0.25, seed: int = 42) -> Frontier:
     """The capture / violation frontier of ``table`` (a training table: ``request_id``,

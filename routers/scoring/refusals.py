@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from modeswitch.experimental import experimental_func
 from modeswitch.routers.certified import CertifiedRouter
 
 #: the limits a pick can break, as the training table's ``violates_<limit>__<mode>`` columns name them
@@ -73,6 +74,7 @@ def refusal_rows(certified: CertifiedRouter, table: pd.DataFrame, held_out: str 
     return g.sort_values("violations", ascending=False, kind="stable")[COLUMNS].reset_index(drop=True)
 
 
+@experimental_func
 def certificate_refusals(parts_by_router: dict, table: pd.DataFrame) -> pd.DataFrame:
     """Every certified router's refusal rows (:func:`refusal_rows`). ``parts_by_router``:
     ``{router name: {held-out family or None: CertifiedRouter}}``

@@ -14,7 +14,6 @@ import numpy as np
 import pandas as pd
 
 from modeswitch.dataset.io import atomic_path
-from modeswitch.routers.scoring.adaptive import summary_line
 from modeswitch.routers.scoring.capture import envelope, router_points
 from modeswitch.routers.scoring.findings import findings
 from modeswitch.routers.training.tracking import git_commit, log_table_input, setup, table_input
@@ -432,6 +431,9 @@ def _price_md(price: pd.DataFrame) -> list[str]:
 
 def _adaptive_md(adaptive: pd.DataFrame, per_family: pd.DataFrame) -> list[str]:
     """The section on each certified router with its threshold adapted online."""
+    # behind the experimental boundary: loaded only when the report has a replay
+    from modeswitch.routers.scoring.adaptive import summary_line
+
     md = ["## Adapted online (the held-out requests replayed as a stream)", "",
           "Each certified router served the held-out requests in a random order, its threshold moved "
           "after every pick by that pick's outcome (`routers.adaptive`: adaptive conformal inference on "

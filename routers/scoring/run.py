@@ -28,7 +28,6 @@ from modeswitch.routers.reference import FixedModeRouter, OracleRouter
 from modeswitch.routers.rule_baseline import RuleBaselineRouter
 from modeswitch.routers.scoring import overhead as oh
 from modeswitch.routers.scoring import report
-from modeswitch.routers.scoring.adaptive import adaptive_replay
 from modeswitch.routers.scoring.capture import envelope, router_points
 from modeswitch.routers.scoring.coverage import (
     coverage,
@@ -38,7 +37,6 @@ from modeswitch.routers.scoring.coverage import (
     risk_table,
     split_headlines,
 )
-from modeswitch.routers.scoring.frontier import frontier
 from modeswitch.routers.scoring.live import (
     run_live,
     score_live,
@@ -50,13 +48,6 @@ from modeswitch.routers.scoring.offline import (
     offline_intervals,
     requests_from_table,
     score_offline,
-)
-from modeswitch.routers.scoring.refusals import certificate_refusals
-from modeswitch.routers.scoring.threshold_sweep import (
-    certificate_price,
-    certified_parts,
-    router_curves,
-    targets_of,
 )
 from modeswitch.routers.training.splits import split_indices
 from modeswitch.routers.training.table import TrainingTable
@@ -392,14 +383,21 @@ def score_offline_step(s: Scoring, say) -> None:
 def frontier_step(s: Scoring, say) -> None:
     """The split's measured ceiling: the best share of the oracle's saving at each
     violation rate for a router that knows every latency and predicts safety from the
-    request's shape (routers.scoring.frontier), beside which the report plots the routers."""
+    request's shape (routers.scoring.frontier), beside which the report plots the routers.
+    A research add-on the score runs by default (``--no-frontier`` leaves it out), so it
+    does not warn."""
+    # behind the experimental boundary: loaded only when the step runs
+    from modeswitch.experimental import run_by_default
+    from modeswitch.routers.scoring.frontier import frontier
+
     split, test_size, seed = _split_of(s.trained)
     say(f"frontier: safety predicted out of fold on the {split} split")
     try:
-        s.frontier = frontier(s.table.frame, split, "A", "lgbm", True, test_size, seed)
-        if all(c in s.table.frame for c in FEATURE_SET_C):
-            say("frontier: again with content features (feature set C)")
-            s.content_frontier = frontier(s.table.frame, split, "C", "lgbm", True, test_size, seed)
+        with run_by_default():
+            s.frontier = frontier(s.table.frame, split, "A", "lgbm", True, test_size, seed)
+            if all(c in s.table.frame for c in FEATURE_SET_C):
+                say("frontier: again with content features (feature set C)")
+                s.content_frontier = frontier(s.table.frame, split, "C", "lgbm", True, test_size, seed)
     except (ValueError, KeyError) as exc:  # a table without per-mode safety: no ceiling to draw
         say(f"frontier: not computed ({exc})")
 
@@ -407,25 +405,44 @@ def frontier_step(s: Scoring, say) -> None:
 def certificate_price_step(s: Scoring, say) -> None:
     """Each certified router's threshold swept over the held-out requests, and its
     certified point set beside the curve's best at its target (hindsight) and the
-    ceiling's (routers.scoring.threshold_sweep)."""
+    ceiling's (routers.scoring.threshold_sweep). Runs with the frontier, without warning."""
+    # behind the experimental boundary: loaded only when the step runs
+    from modeswitch.experimental import run_by_default
+    from modeswitch.routers.scoring.refusals import certificate_refusals
+    from modeswitch.routers.scoring.threshold_sweep import (
+        certificate_price,
+        certified_parts,
+        router_curves,
+        targets_of,
+    )
+
     targets = targets_of(s.scored)
     if not targets:
         return
     say("sweeping the certified routers' thresholds over the held-out requests (hindsight, a diagnostic)")
-    s.router_curves = router_curves({k: s.scored[k] for k in targets}, s.test, s.marks)
-    ceiling = s.content_frontier if s.content_frontier is not None else s.frontier
-    env = envelope(ceiling.curve) if ceiling is not None and len(ceiling.curve) else None
-    own = ceiling.curve[ceiling.curve["rule"] == "threshold"] if env is not None else None  # the routers' rule
-    s.certificate_price = certificate_price(s.router_curves, router_points(s.per_request), targets, env,
-                                            envelope(own) if own is not None and len(own) else None)
-    s.certificate_refusals = certificate_refusals({k: certified_parts(s.scored[k]) for k in targets}, s.table.frame)
+    with run_by_default():
+        s.router_curves = router_curves({k: s.scored[k] for k in targets}, s.test, s.marks)
+        ceiling = s.content_frontier if s.content_frontier is not None else s.frontier
+        env = envelope(ceiling.curve) if ceiling is not None and len(ceiling.curve) else None
+        own = ceiling.curve[ceiling.curve["rule"] == "threshold"] if env is not None else None  # the routers' rule
+        s.certificate_price = certificate_price(s.router_curves, router_points(s.per_request), targets, env,
+                                                envelope(own) if own is not None and len(own) else None)
+        s.certificate_refusals = certificate_refusals({k: certified_parts(s.scored[k]) for k in targets},
+                                                      s.table.frame)
 
 
 def adaptive_step(s: Scoring, say) -> None:
     """Each certified router served to the held-out requests as a stream, its threshold
-    moved by every pick's outcome (routers.adaptive), beside its certified threshold."""
+    moved by every pick's outcome (routers.adaptive), beside its certified threshold. A
+    research add-on the score runs by default (``--no-adaptive`` leaves it out), so it
+    does not warn."""
+    # behind the experimental boundary: loaded only when the step runs
+    from modeswitch.experimental import run_by_default
+    from modeswitch.routers.scoring.adaptive import adaptive_replay
+
     say("replaying the certified cost routers with their thresholds adapted online")
-    s.adaptive, s.adaptive_family = adaptive_replay(s.scored, s.test, s.marks, seed=s.trained[0].seed)
+    with run_by_default():
+        s.adaptive, s.adaptive_family = adaptive_replay(s.scored, s.test, s.marks, seed=s.trained[0].seed)
 
 
 def report_context(s: Scoring, cfg: ScoreConfig, out: Path) -> dict:

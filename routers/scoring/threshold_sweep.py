@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from modeswitch.experimental import experimental_func
 from modeswitch.routers.certified import CertifiedRouter
 from modeswitch.routers.risk_control import candidate_grid
 from modeswitch.routers.scoring.capture import capture_and_violations, inside_ranges
@@ -83,6 +84,7 @@ def _thresholds(parts: dict, frames: dict) -> np.ndarray:
     return np.unique(np.concatenate([grid, np.asarray(extra, float)]))
 
 
+@experimental_func
 def router_curves(scored: dict, test: pd.DataFrame, marks: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per certified router and threshold: the share of the oracle's latency saving kept
     and the violation rate over the held-out requests inside the training ranges
@@ -113,6 +115,7 @@ def router_curves(scored: dict, test: pd.DataFrame, marks: pd.DataFrame | None =
     return pd.DataFrame(rows, columns=["router", "threshold", "capture", "violations", "requests", "decision"])
 
 
+@experimental_func
 def certificate_price(curves: pd.DataFrame, points: pd.DataFrame, targets: dict,
                       ceiling: pd.DataFrame | None = None, rule_ceiling: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per certified router: its certified point, its curve's best capture at or below

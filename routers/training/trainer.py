@@ -139,6 +139,20 @@ class TrainConfig:
             raise InputError(f"--tuning-objective {self.tuning_objective!r}: choose one of {', '.join(OBJECTIVES)}")
         if self.lofo_tuning not in LOFO_TUNING:
             raise InputError(f"--lofo-tuning {self.lofo_tuning!r}: choose one of {', '.join(LOFO_TUNING)}")
+        self._warn_research()
+
+    def _warn_research(self) -> None:
+        """One ExperimentalWarning per research choice: a certificate beyond the pooled one,
+        the capture objective, pooled leave-one-family-out tuning (modeswitch.experimental)."""
+        chosen = [f"--certificate {self.certificate}" if self.certificate != "pooled" else None,
+                  "--tuning-objective capture" if self.tuning_objective == "capture" else None,
+                  "--lofo-tuning pooled" if self.lofo_tuning == "pooled" else None]
+        if any(chosen):
+            # behind the experimental boundary: loaded only when a research option is chosen
+            from modeswitch.experimental import warn_experimental
+
+            for feature in filter(None, chosen):
+                warn_experimental(feature, stacklevel=4)
 
     def apply_preset(self) -> TrainConfig:
         if self.preset is None:
