@@ -439,7 +439,7 @@ def test_the_study_variants_are_deltas_whose_identity_the_move_kept():
     from tests.conftest import REPO
 
     identities = {"tiny": "c020587325e4025d", "large": "31366450b70f21ca", "content": "9a202f8957ee0555",
-                  "request": "5cd7b89902dfcbe9"}
+                  "request": "5cd7b89902dfcbe9", "gpu": "e004d19dfb883d57"}
     for name, identity in identities.items():
         path = REPO / "studies" / f"{name}.toml"
         assert StudyConfig.from_toml(path).identity() == identity, name
