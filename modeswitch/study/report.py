@@ -13,7 +13,6 @@ import pandas as pd
 
 from modeswitch.dataset.io import atomic_path
 from modeswitch.routers.risk_control import min_calibration, upper_bound
-from modeswitch.routers.scoring.adaptive import summary_line
 from modeswitch.routers.training.tracking import git_commit, setup
 from modeswitch.study.beside import BESIDE_PROFILE, side_by_side_section
 from modeswitch.study.capture_section import capture_section
@@ -211,6 +210,9 @@ def _beside(study, modes: pd.DataFrame, fig: pd.DataFrame) -> list[str]:
 def _adaptive_lines(reports: dict) -> list[str]:
     """Each split's certified routers with their thresholds adapted online over the
     held-out stream (the split report's ``adaptive_replay.csv``; nothing where none has one)."""
+    # an experimental add-on's summary (modeswitch.experimental): loaded where a replay exists
+    from modeswitch.routers.scoring.adaptive import summary_line
+
     lines = []
     for split, path in reports.items():
         f = path / "adaptive_replay.csv"
