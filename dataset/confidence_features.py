@@ -5,13 +5,13 @@ a small gap between its two likeliest next tokens (arXiv 2407.09141, 2405.00632)
 
 They cost the reference model's prefill of the prompt, about a million times a rule's
 decision (``bench/confidence_prefill.py``; docs/results.md), so they are no router
-feature set here: the oracle's per-request quality-risk model (``oracle.quality_risk``) reads them to judge
+feature set here: the oracle's per-request quality-risk model (``modeswitch.oracle.quality_risk``) reads them to judge
 requests a quality sweep did not run, where one prefill is cheap beside running every
 lossy mode. ``bench/confidence_prefill.py`` measures that prefill beside the rule's
 decision.
 
 This room holds the arithmetic on one logits vector; the engine runs the prefill
-(``engine.prompt_confidence``).
+(``modeswitch.engine.prompt_confidence``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ The features (:data:`CONTENT_FEATURES`):
   signature, as RouteLLM's and the semantic router's prompt embeddings are, for a
   table lookup instead of an encoder's forward pass.
 
-The table is made by the engine from a checkpoint (``engine.content_table``): this
+The table is made by the engine from a checkpoint (``modeswitch.engine.content_table``): this
 room holds only the arithmetic, so a router, the training table and the server
 compute the same numbers.
 """

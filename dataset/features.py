@@ -8,7 +8,7 @@ handful of float operations. Feature sets are registered by name
 * ``A``: request shape only, numbers that vary from request to request;
 * ``B``: ``A`` plus the categorical workload family and benchmark suite;
 * ``C``: ``A`` plus what the prompt says, read from its token ids through the
-  model's content table (:mod:`dataset.content_features`): a table lookup.
+  model's content table (:mod:`modeswitch.dataset.content_features`): a table lookup.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from modeswitch.dataset.requests import Request
 #: Feature set A, the single definition of each feature: a Python expression over a
 #: request ``r`` (any object with the request's fields). :func:`request_features`
 #: evaluates these expressions, the compiled decision trees inline them
-#: (:mod:`routers.compiler.codegen`), and the C kernel's own arithmetic is tested
+#: (:mod:`modeswitch.routers.compiler.codegen`), and the C kernel's own arithmetic is tested
 #: against them on every feature (``tests/test_features.py``).
 FEATURE_FORMULAS = {
     "prompt_tokens": "float(r.prompt_tokens)",
@@ -89,7 +89,7 @@ _shape = eval(  # noqa: S307 - our own constant expressions
 def request_features(request: Request, feature_set: str = "A", content=None) -> tuple:
     """Features of one request as a tuple in the feature set's column order.
 
-    ``content``: the model's :class:`~dataset.content_features.ContentTable`, needed by
+    ``content``: the model's :class:`~modeswitch.dataset.content_features.ContentTable`, needed by
     a feature set that reads the prompt (the request must carry ``prompt_token_ids``)."""
     base = _shape(request)
     if feature_set == "A":

@@ -5,7 +5,7 @@ refused unless the caller passes ``overwrite=True``, and every write goes to a
 temporary file in the same folder first, then is renamed into place, so an
 interrupted write leaves either the old file or the new one, never half of one.
 A write that fails (a read-only folder, a full disk) removes its temporary file
-and is raised as an :class:`~dataset.errors.InputError` naming the path, so the CLI
+and is raised as an :class:`~modeswitch.dataset.errors.InputError` naming the path, so the CLI
 prints one line and exits 2.
 
 An output that a run appends to for a long time (a profile's journal) is held with
@@ -104,7 +104,7 @@ def _os_error(path, exc: OSError) -> Exception:
 @contextmanager
 def os_errors(path):
     """Around a write to ``path``: a permission, space or read-only error becomes one
-    :class:`~dataset.errors.InputError` naming the path (other OS errors pass unchanged)."""
+    :class:`~modeswitch.dataset.errors.InputError` naming the path (other OS errors pass unchanged)."""
     try:
         yield
     except OSError as exc:

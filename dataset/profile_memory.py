@@ -2,7 +2,7 @@
 
 Why: with the earlier method a CPU profile's ``peak_memory_mb`` was the model's
 weights plus the process's RSS growth during the request, and both parts were wrong
-for a comparison between modes (``engine.memory`` says what was measured): the growth
+for a comparison between modes (``modeswitch.engine.memory`` says what was measured): the growth
 depended on what ran before the request (freed memory stays resident and is reused),
 and what an engine holds besides its weights (continuous batching's paged KV cache)
 was not counted. The memory limit judged those numbers, so a window that happened to

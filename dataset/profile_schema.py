@@ -5,7 +5,7 @@ these columns and is validated with pandera before anything reads it. Missing
 values stay missing (NaN / <NA>): a metric nobody measured is never filled in.
 
 Measured rows also carry their trial's CPU time and share and a ``contended``
-flag (``engine.noise``); ``attempt`` counts re-measurements of one trial, so a
+flag (``modeswitch.engine.noise``); ``attempt`` counts re-measurements of one trial, so a
 contended trial and its clean re-measurement are both kept.
 
 Aggregate-only rows (published means without per-trial data) have

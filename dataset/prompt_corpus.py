@@ -5,7 +5,7 @@ concurrency, memory pressure). Its prompts carry real text from the benchmark JS
 files (``../shared/reference/benchmarks/`` beside a clone, or ``$MODESWITCH_PROMPTS``):
 AlpacaEval and MT-Bench instructions, GSM8K, MMLU-Pro, TruthfulQA and GPQA questions.
 Which suites end a family's prompts, and which fill its long context or shared
-prefix, is declared on the family (:class:`dataset.workloads.spec.WorkloadSpec`'s
+prefix, is declared on the family (:class:`modeswitch.dataset.workloads.spec.WorkloadSpec`'s
 ``questions`` and ``context``); the engine's prompt builder meets the lengths in
 tokens (``engine/prompts.py``).
 
@@ -16,7 +16,7 @@ requests), and it keeps every token real text.
 
 One question in :data:`DRAFT_SPLIT` (about 1 in 8, chosen by a hash of its id) is
 held out of all of that: those questions are the speculative draft's distillation
-prompts (:mod:`engine.models.draft`), so no profile, study or evaluation measures the
+prompts (:mod:`modeswitch.engine.models.draft`), so no profile, study or evaluation measures the
 draft on text it was trained on. :func:`load_corpus` keeps them apart in
 ``PromptCorpus.draft_split``; ``pick`` never returns them.
 """

@@ -6,7 +6,7 @@ each of its 13 fields through ``object.__setattr__``: 1.70 us p50 in a hot loop 
 7.3 us with the caches a busy server leaves (``bench/serving_path.py``, one run), more
 than the routing decision it feeds, so the server builds its requests as
 :func:`serving_request` does (0.38 / 3.8 us in the same run; the server's
-``engine.serving.routing.route`` inlines its body). Validation happens where untrusted data enters, in
+``modeswitch.engine.serving.routing.route`` inlines its body). Validation happens where untrusted data enters, in
 :func:`read_requests`, through pydantic (errors name file, row and field); code that
 builds requests itself can call :func:`validate_request`.
 """
@@ -88,7 +88,7 @@ SERVING_FIELDS = ("id", "prompt_tokens", "expected_output_tokens", "shared_prefi
 
 
 def _serving_request_holds() -> None:
-    """What :func:`serving_request` (and the server's ``engine.serving.routing.route``,
+    """What :func:`serving_request` (and the server's ``modeswitch.engine.serving.routing.route``,
     which inlines its body) relies on, checked at import: every field it leaves out has a
     plain default (a class attribute), and no ``__post_init__`` would be skipped."""
     bare = [f.name for f in fields(Request) if f.name not in SERVING_FIELDS and f.default is MISSING]

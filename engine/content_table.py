@@ -1,4 +1,4 @@
-"""The content table of a checkpoint: what :mod:`dataset.content_features` reads.
+"""The content table of a checkpoint: what :mod:`modeswitch.dataset.content_features` reads.
 
 Made once per checkpoint and cached (``$MODESWITCH_CACHE/content/``, keyed by the
 checkpoint's path, its weight and tokenizer files' sizes and times, and the recipe): the tokenizer decodes every vocabulary entry for

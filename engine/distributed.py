@@ -167,7 +167,7 @@ class RayPlan:
 
 
 class RayProfiler(Profiler):
-    """A :class:`~engine.profiler.Profiler` whose cells run on Ray actors (see the module
+    """A :class:`~modeswitch.engine.profiler.Profiler` whose cells run on Ray actors (see the module
     docstring). ``address``: a Ray cluster (``ray://host:10001``, ``host:6379`` or
     ``auto``); None starts a local Ray on this machine. ``workers``: how many actors
     (default: one per GPU, or per ``cpus_per_worker`` CPUs of the cluster)."""

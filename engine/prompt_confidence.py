@@ -1,4 +1,4 @@
-"""The reference model's confidence at the end of each prompt (:mod:`dataset.confidence_features`).
+"""The reference model's confidence at the end of each prompt (:mod:`modeswitch.dataset.confidence_features`).
 
 One prefill per prompt, as the reference mode runs it (float32 on a CPU, float16 on a
 GPU), one prompt at a time so no padding moves a position; the last position's logits
@@ -41,7 +41,7 @@ def prompt_confidence(model: str, prompts: dict[str, list[int]], device: str = "
                       threads: int | None = None, progress=None) -> pd.DataFrame:
     """Per request id: the confidence features and ``prefill_ms`` (index: ``request_id``).
 
-    ``prompts``: request id -> prompt token ids (as :mod:`oracle.content_columns` builds
+    ``prompts``: request id -> prompt token ids (as :mod:`modeswitch.oracle.content_columns` builds
     them). ``progress``: called with (done, total) after each prompt."""
     folder = Path(model)
     cache = default_cache_dir() / "confidence" / _key(folder, device)

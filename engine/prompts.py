@@ -4,7 +4,7 @@ A request that carries token ids is used as is. One with prompt text is sent as 
 user turn through the tokenizer's chat template (an instruct model answers chat, not
 raw text; a tokenizer without a template gets the text itself). A synthetic request
 (a shape only: prompt tokens, shared prefix, family) gets real text from the
-benchmark samples (:mod:`dataset.prompt_corpus`) and meets its lengths in tokens:
+benchmark samples (:mod:`modeswitch.dataset.prompt_corpus`) and meets its lengths in tokens:
 
 * the **question** that ends the prompt is one of the family's ``questions`` suites,
   drawn from the request id among those that fit (the shortest when none does, so a

@@ -37,7 +37,7 @@ companions, only another order. ``rouge_l_spread`` (best minus worst) and ``flip
 have decided otherwise.
 
 Resumable: every finished (mode, repeat, batch) is journalled (the profiler's
-:class:`~engine.profiler.journal.Journal`), and a rerun with the same settings continues.
+:class:`~modeswitch.engine.profiler.journal.Journal`), and a rerun with the same settings continues.
 The number of passes is not part of the journal's identity: pass r plans the same
 batches whatever the count, so a sweep with more passes continues one with fewer (a
 finished 3-hour sweep gains a second pass without running the first again), and one
@@ -73,7 +73,7 @@ COLUMNS = ("request_id", "family", "workload", "benchmark_suite", "mode", "refer
            "output_tokens", "rouge_l_vs_baseline", "accuracy", "repeats", "rouge_l_spread", "flipped",
            "model", "backend", "hardware")
 #: the ROUGE-L that ``flipped`` reads: fixed at the quality rule's default
-#: (``oracle.Constraints.min_rouge_vs_baseline``), whatever a study sets; accuracy not read
+#: (``modeswitch.oracle.Constraints.min_rouge_vs_baseline``), whatever a study sets; accuracy not read
 FLIP_AT = 0.8
 
 
@@ -95,7 +95,7 @@ class SweepSpec:
     threads: int | None = None
     checkpoints: dict = field(default_factory=dict)
     #: run each request with the companions that arrive with it
-    #: (:func:`dataset.workloads.conditions.arrival_group`) and judge the group's joined
+    #: (:func:`modeswitch.dataset.workloads.conditions.arrival_group`) and judge the group's joined
     #: output, as the profiler and the live check do; ``batch_size`` then counts sequences
     #: (a group is never split). False: the request's own output alone
     arrival_groups: bool = False

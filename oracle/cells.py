@@ -4,7 +4,7 @@ A *unit* is what gets a label: a measured request (``request_id``) or, for
 profiles measured per workload cell, the cell (``workload``).
 
 Per metric, per-trial rows win: their median over the unit's clean trials
-(:func:`engine.noise.clean_trials`: contended trials are left out where a clean
+(:func:`modeswitch.engine.noise.clean_trials`: contended trials are left out where a clean
 one exists) is used whenever any trial row has the metric, with the latency's
 coefficient of variation beside it (``latency_cv``); otherwise the aggregate rows' means are combined, weighted by
 ``n_trials``. Aggregates that summarise the same trials as the per-trial rows

@@ -37,7 +37,7 @@ class Constraints:
     the unit) and says so in the explanation. ``missing_quality`` is the study's
     rule for a mode without quality evidence: ``unsafe`` (default) rejects it,
     ``pass`` leaves the missing signals unchecked. ``noise_aware`` applies the
-    noise rule of :mod:`oracle.noise_aware` to units measured in two or more trials
+    noise rule of :mod:`modeswitch.oracle.noise_aware` to units measured in two or more trials
     (a mode replaces a safer one only beyond noise; the energy limit is met by the
     upper end of the interval), with intervals at ``confidence_level``.
 
@@ -46,11 +46,11 @@ class Constraints:
     mean over the measured units of the request's family or benchmark suite;
     ``request`` on the request's own figures (stricter). ``lossless_at_floor``
     leaves lossless modes' divergence uncharged: it is the reference's own
-    self-consistency floor (see :mod:`oracle.family_rule`).
+    self-consistency floor (see :mod:`modeswitch.oracle.family_rule`).
 
     ``max_quality_risk`` and ``quality_risk``: under ``quality_scope="request"``, with a
     quality sweep, a request the sweep did not measure takes a lossy mode only when a
-    model fitted on the swept requests (:mod:`oracle.quality_risk`, ``logistic`` or
+    model fitted on the swept requests (:mod:`modeswitch.oracle.quality_risk`, ``logistic`` or
     ``lgbm``) puts its probability of failing the quality rule at most
     ``max_quality_risk``, instead of judging figures interpolated from other requests;
     ``quality_risk="off"`` keeps the interpolation.

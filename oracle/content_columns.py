@@ -1,8 +1,8 @@
 """The training table's content columns: each request's prompt as the engine sends it,
-and the content features read from it (:mod:`dataset.content_features`).
+and the content features read from it (:mod:`modeswitch.dataset.content_features`).
 
 Why at table time: a synthetic request is a shape until the engine's prompt builder
-gives it real text (``engine.prompts``, deterministic for a tokenizer and a corpus).
+gives it real text (``modeswitch.engine.prompts``, deterministic for a tokenizer and a corpus).
 Building the same prompt here, with the model's own tokenizer, gives the table the
 token ids the profile and the sweep ran and the features a server would read from
 them; the ids are kept (``prompt_token_ids``) so a router routing the table's requests
@@ -32,7 +32,7 @@ def prompt_ids(requests: list[Request], model: str,
     ``built_from``: request id -> the request its prompt was built from, where that is
     not the request itself. A profiled request's table row holds the unit's measured
     shape, not the budgets its prompt was built from, so it is rebuilt from the
-    profile's plan (:func:`engine.profiler.plan.profiled_units`: the unit's first
+    profile's plan (:func:`modeswitch.engine.profiler.plan.profiled_units`: the unit's first
     member), as the live check replays it.
 
     A request without its text or ids whose family is no registered workload (a profiled

@@ -3,7 +3,7 @@
 Why: labels and offline scores were interpolated from a profile with a handful of
 cells, and were off by a third live. The work a request costs has a known shape,
 so each (backend, mode, condition) gets a small model of that shape, fitted to
-the median of each request's clean trials (:func:`engine.noise.clean_trials`):
+the median of each request's clean trials (:func:`modeswitch.engine.noise.clean_trials`):
 
 * **TTFT** grows with the uncached prompt, ``Pu`` = prompt minus the reused prefix
   (a prefix-caching mode re-uses the shared prefix), linearly and (attention)
@@ -25,7 +25,7 @@ family or benchmark suite) with its count.
 
 :func:`validate` runs K-fold cross-validation grouped by request (a request's
 trials never sit on both sides) and reports MAPE and the share within 10 % per
-metric and mode, next to the Delaunay interpolation of :mod:`oracle.estimate` on
+metric and mode, next to the Delaunay interpolation of :mod:`modeswitch.oracle.estimate` on
 the same folds. The oracle uses the cost model for a (mode, metric) only where it
 validated better (:meth:`CostModel.prefers`).
 """

@@ -19,7 +19,7 @@ A request that coincides with a measured cell gets that cell's values; it is mar
 ``measured`` when it is that cell's own request (its id), ``estimated`` otherwise (a
 drawn request of the same lengths ran other text).
 
-4. With a fitted :class:`oracle.costmodel.CostModel`, each (mode, metric) for
+4. With a fitted :class:`modeswitch.oracle.costmodel.CostModel`, each (mode, metric) for
    which the cost model cross-validated better than this interpolation takes the
    cost model's estimate instead; ``latency_basis`` records, per (request, mode),
    where the latency came from (``measured``, ``costmodel`` or ``interpolation``).

@@ -1,7 +1,7 @@
 """How far an estimated request's gain can be trusted: the estimator's own
 cross-validated error, as an interval around each mode's estimated ratios.
 
-Why: the noise rule (:mod:`oracle.noise_aware`) holds a measured request's label to
+Why: the noise rule (:mod:`modeswitch.oracle.noise_aware`) holds a measured request's label to
 its paired trials, but a request the profile did not measure would have no interval
 at all, so a lossless mode estimated a few percent faster than the reference would
 become its label. Live, such a mode runs near parity and breaks the energy limit, and
@@ -12,9 +12,9 @@ is what the labels must clear.
 Method:
 
 1. The measured requests are split into K folds (grouped by request, stratified by
-   family: :func:`oracle.costmodel.grouped_folds`). Each held-out request is
+   family: :func:`modeswitch.oracle.costmodel.grouped_folds`). Each held-out request is
    estimated from the other folds by the estimator the labels use
-   (:func:`oracle.estimate.estimate`: the interpolation, and with a cost model one
+   (:func:`modeswitch.oracle.estimate.estimate`: the interpolation, and with a cost model one
    refitted on the fold, taken where the full model validated better).
 2. Per held-out (request, mode), the residuals of the two ratios the oracle decides
    on, in log space: ``log(measured speedup / estimated speedup)`` (speedup: the
@@ -32,7 +32,7 @@ Method:
    bootstrap confidence.
 
 The oracle then holds an estimated request's safety to these intervals as it holds
-a measured one's to its trials (:func:`oracle.noise_aware.choose`): the energy
+a measured one's to its trials (:func:`modeswitch.oracle.noise_aware.choose`): the energy
 limit is met only by the upper end. Among the modes that clear it, the fastest by
 the point estimate is the label, with ``p_faster`` as its confidence.
 """

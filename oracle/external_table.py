@@ -22,7 +22,7 @@ Columns (one row per request):
   below ``min_rouge_vs_baseline``, accuracy more than ``max_accuracy_drop_pp`` below;
   quality judged as the oracle judges it, on each (mode, family)'s mean under
   ``quality_scope="family"``, a lossless mode's divergence left to the floor under
-  ``lossless_at_floor``: :mod:`oracle.family_rule`);
+  ``lossless_at_floor``: :mod:`modeswitch.oracle.family_rule`);
   or give ``violates_{quality,energy,memory}__<mode>`` (true/false) yourself, which
   wins over the ratios. A mode with no quality evidence at all follows
   ``missing_quality`` (the study's rule: unsafe). A latency left empty means the
@@ -72,7 +72,7 @@ def read_training_table(path, constraints: Constraints | None = None) -> pd.Data
     table (CSV, or parquet without that metadata) labelled here; read once. What
     ``train --data`` / ``score --data`` and the examples take. The file's path is kept
     in ``attrs["source_path"]`` (the runs' dataset source). Every number is checked
-    before a router sees it (:mod:`oracle.table_values`): the first bad one is an error
+    before a router sees it (:mod:`modeswitch.oracle.table_values`): the first bad one is an error
     naming the file, the row and the column."""
     path = Path(path)
     raw = _read(path)

@@ -15,10 +15,10 @@ reported beside the rule's verdict, never folded into it.
 Lossless modes (continuous batching, chunked prefill, prefix caching, speculation:
 the registry's ``lossless``) compute the reference's function; where their output
 differs, floating-point order changed a near-tied token. That is the reference's
-self-consistency floor (:mod:`oracle.quality_floor`), reported, not charged to the
+self-consistency floor (:mod:`modeswitch.oracle.quality_floor`), reported, not charged to the
 mode (``lossless_at_floor``).
 
-Groups are what quality is pooled over (:func:`oracle.cells.quality_key`): the
+Groups are what quality is pooled over (:func:`modeswitch.oracle.cells.quality_key`): the
 benchmark suite where a unit has one, else its workload family. The family means
 come from measured units only, so an estimated request is judged by its family's
 measurements, not by looked-up copies of them.

@@ -5,7 +5,7 @@ metrics were estimated):
 
 1. Every mode is compared with the unit's reference mode: energy-per-token
    ratio, peak-memory ratio and the quality signals the reference has
-   (see :class:`oracle.constraints.Constraints`). The reference itself is
+   (see :class:`modeswitch.oracle.constraints.Constraints`). The reference itself is
    always safe.
 2. Among safe modes the lowest mean latency wins.
 3. Ties (exactly equal latency, or within ``latency_tie_rel``) break by lower
@@ -50,14 +50,14 @@ def decide(metrics: pd.DataFrame, reference_of: pd.Series, constraints: Constrai
            estimated: set | None = None):
     """Label every unit in ``metrics`` (indexed by unit, mode). With ``trials`` (the
     clean per-trial rows, :attr:`Cells.trials`) and ``constraints.noise_aware``, the
-    noise rule of :mod:`oracle.noise_aware` decides between modes within noise.
+    noise rule of :mod:`modeswitch.oracle.noise_aware` decides between modes within noise.
 
     ``groups`` (unit -> quality group) and ``family_table``
-    (:func:`oracle.family_rule.family_quality`, from measured units) make the quality
+    (:func:`modeswitch.oracle.family_rule.family_quality`, from measured units) make the quality
     limits judge each (mode, group)'s means under ``quality_scope="family"``; without
     them every unit is judged on its own figures.
 
-    ``estimate_residuals`` (:func:`oracle.estimate_error.residuals`) and ``estimated``
+    ``estimate_residuals`` (:func:`modeswitch.oracle.estimate_error.residuals`) and ``estimated``
     (the units whose figures are estimates): with ``constraints.noise_aware``, the
     noise rule holds those units to the estimator's cross-validated error.
 
@@ -416,11 +416,11 @@ def label_requests(profile: pd.DataFrame, requests: pd.DataFrame,
                    quality: pd.DataFrame | None = None, risk_features: pd.DataFrame | None = None):
     """Label requests (a DataFrame of Request fields) from a profile, estimating
     metrics at each request's features where it was not measured itself (with a
-    :class:`~oracle.costmodel.CostModel`, from it where it validated better).
+    :class:`~modeswitch.oracle.costmodel.CostModel`, from it where it validated better).
     ``latency_basis`` says where the label's latency came from. ``quality``: a quality
-    sweep's table (:func:`engine.quality_sweep.read_sweep`), whose per-request quality
+    sweep's table (:func:`modeswitch.engine.quality_sweep.read_sweep`), whose per-request quality
     replaces the estimate's and whose family means the rule judges
-    (:mod:`oracle.sweep_quality`); ``quality_basis`` says which each request has."""
+    (:mod:`modeswitch.oracle.sweep_quality`); ``quality_basis`` says which each request has."""
     constraints = constraints or Constraints()
     cells = summarise(profile, source)
     est, basis = estimate(cells, requests, costmodel=costmodel)

@@ -16,7 +16,7 @@ for every mode the profile measured,
   the floor under ``lossless_at_floor``, as in the labels: it passes);
 * ``lossless``: whether its divergence is the reference's own floor.
 
-Built from the oracle's own cell summary (:func:`oracle.cells.summarise`), so the
+Built from the oracle's own cell summary (:func:`modeswitch.oracle.cells.summarise`), so the
 medians and clean trials are the ones the labels were decided on.
 """
 

@@ -11,7 +11,7 @@ For a measured unit with two or more clean trials per mode (paired by trial
 index: trial ``t`` of every mode ran in the same pass over the units):
 
 * **Limits.** The energy check uses the upper end of the paired energy-ratio
-  interval (:func:`oracle.uncertainty.paired_ratio`): a mode within noise of the
+  interval (:func:`modeswitch.oracle.uncertainty.paired_ratio`): a mode within noise of the
   limit is not safe.
 * **Choice.** Take the fastest safe mode by median latency; every safe mode whose
   latency is not beyond noise slower than it (the paired ratio interval reaches 1)
@@ -25,7 +25,7 @@ index: trial ``t`` of every mode ran in the same pass over the units):
   alternative not faster than the reference).
 
 A request the profile did not measure has no trials; where the estimator's
-cross-validated error is known (:mod:`oracle.estimate_error`) its candidates carry
+cross-validated error is known (:mod:`modeswitch.oracle.estimate_error`) its candidates carry
 intervals from it instead (``interval_basis`` = "estimate error") and the same rule
 applies to their safety: the energy limit is met by the interval's upper end. The
 choice among the safe is the point estimate's (:func:`_choose_estimated` says why),

@@ -14,7 +14,7 @@ A request *fails* a mode when its own output's ROUGE-L against the reference out
 below ``min_rouge_vs_baseline`` or, on a scored benchmark request, the reference
 answered right and the mode did not (a drop beyond ``max_accuracy_drop_pp``); a row with
 neither signal is left out. Lossless modes are not modelled: the rule does not charge
-their divergence (the reference's self-consistency floor, :mod:`oracle.family_rule`).
+their divergence (the reference's self-consistency floor, :mod:`modeswitch.oracle.family_rule`).
 
 The question is the oracle's: an unswept request comes from a family the sweep ran, so
 each mode's model is validated within families (stratified folds over every family's
@@ -25,7 +25,7 @@ An untrusted mode answers, per family, the one-sided Clopper-Pearson upper bound
 family's failure rate (``confidence``), so three passes out of three do not make a mode
 safe on every other request of the family. The features are the table's numeric request
 columns (shape, and the prompt's content and the reference's confidence where it has
-them; :func:`oracle.training_table.build_training_table` leaves out the conditions a
+them; :func:`modeswitch.oracle.training_table.build_training_table` leaves out the conditions a
 batched, untimed sweep never varied).
 
 The estimator follows scikit-learn's API: ``__init__`` stores parameters, ``fit``
@@ -56,7 +56,7 @@ ESTIMATORS = ("logistic", "lgbm")
 
 def failures(sweep: pd.DataFrame, min_rouge: float, max_accuracy_drop_pp: float) -> pd.DataFrame:
     """(request_id, mode, failed) for every lossy, non-reference row of a sweep
-    (:func:`engine.quality_sweep.read_sweep`): its own ROUGE-L below ``min_rouge``, or its
+    (:func:`modeswitch.engine.quality_sweep.read_sweep`): its own ROUGE-L below ``min_rouge``, or its
     benchmark answer wrong where the reference's was right. Rows with neither signal
     (no ROUGE-L, no scored answer) are left out."""
     s = sweep[sweep["mode"] != sweep["reference_mode"]]
@@ -86,7 +86,7 @@ class QualityRisk(BaseEstimator):
     given to :meth:`fit`). ``estimator``: ``logistic`` (standardised logistic regression,
     default: a few hundred rows per mode and a weak signal want a low-variance model) or
     ``lgbm`` (LightGBM, small trees). ``min_rouge`` / ``max_accuracy_drop_pp``: the
-    quality rule's limits (:class:`oracle.constraints.Constraints`). ``cut``: the risk at
+    quality rule's limits (:class:`modeswitch.oracle.constraints.Constraints`). ``cut``: the risk at
     or below which the oracle accepts a mode (``max_quality_risk``); ``confidence``: of
     the families' upper bounds; ``folds``: of the validation."""
 

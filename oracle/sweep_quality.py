@@ -1,4 +1,4 @@
-"""Quality from a quality sweep (:mod:`engine.quality_sweep`): measured per request.
+"""Quality from a quality sweep (:mod:`modeswitch.engine.quality_sweep`): measured per request.
 
 Without a sweep, a request the profile did not measure gets each mode's ROUGE-L and
 accuracy by interpolation between measured requests, and the study's rule judges a
@@ -20,7 +20,7 @@ from modeswitch.oracle import family_rule
 SWEPT = ("rouge_l_vs_baseline", "accuracy")
 #: ``quality_basis`` values
 SWEEP, PROFILE, ESTIMATED = "measured (sweep)", "measured (profile)", "estimated"
-#: the estimate's column holding a request's predicted P(fail) (:mod:`oracle.quality_risk`)
+#: the estimate's column holding a request's predicted P(fail) (:mod:`modeswitch.oracle.quality_risk`)
 RISK = "quality_risk"
 
 
@@ -47,7 +47,7 @@ def apply(est: pd.DataFrame, basis: pd.DataFrame, sweep: pd.DataFrame) -> tuple[
 def family_table(sweep: pd.DataFrame, requests: pd.DataFrame, profile_table: pd.DataFrame) -> pd.DataFrame:
     """The per-(group, mode) quality the rule judges: from the sweep's requests where the
     sweep ran that (group, mode), else the profile's (``profile_table``, the same shape:
-    :func:`oracle.family_rule.family_quality`)."""
+    :func:`modeswitch.oracle.family_rule.family_quality`)."""
     if sweep is None or sweep.empty:
         return profile_table
     req = requests.set_index("id")

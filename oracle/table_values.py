@@ -4,12 +4,12 @@ Why: a table is a file the user hands ``train`` and ``score``, and a value no re
 can have reached the estimators unchecked. One row with ``prompt_tokens`` 1e300 went
 through to scikit-learn, whose traceback ("Input X contains infinity or a value too
 large for dtype('float32')") named neither the file, the row nor the column. Here
-the first bad cell is one line naming all three (:class:`~dataset.errors.InputFileError`,
+the first bad cell is one line naming all three (:class:`~modeswitch.dataset.errors.InputFileError`,
 rows counted from 0 as pandas numbers them), as the profile's schema does.
 
 What is refused: an infinity anywhere; a number larger than a 32-bit float holds
 (scikit-learn's trees and LightGBM read features as float32, where it becomes an
-infinity); a request field outside the range a :class:`~dataset.requests.Request`
+infinity); a request field outside the range a :class:`~modeswitch.dataset.requests.Request`
 allows, or missing; a latency that is not positive. A missing per-mode cost is left
 alone: it means that mode was not measured there.
 """

@@ -4,11 +4,11 @@ estimated cost, so training and scoring can compute regret for any pick.
 One row per request. Columns: the request's fields and features (sets A and B),
 ``label`` / ``label_source`` / ``estimate_basis`` / ``latency_basis`` /
 ``quality_basis`` (``measured (sweep)``, ``measured (profile)`` or ``estimated``:
-:mod:`oracle.sweep_quality`), and for every mode ``m``:
+:mod:`modeswitch.oracle.sweep_quality`), and for every mode ``m``:
 ``latency_ms__m``, ``energy_ratio__m``, ``memory_ratio__m``, ``rouge_l_vs_baseline__m``,
 ``accuracy_delta_pp__m`` (benchmark requests),
 ``safe__m`` and ``violates_{quality,energy,memory}__m``; with a per-request
-quality-risk model (:mod:`oracle.quality_risk`), ``quality_risk__m`` (P(fail) where
+quality-risk model (:mod:`modeswitch.oracle.quality_risk`), ``quality_risk__m`` (P(fail) where
 it judged the request, NaN elsewhere). The table's provenance
 (constraints, profile content hash) is kept in ``DataFrame.attrs``, which parquet
 preserves.
@@ -80,13 +80,13 @@ def build_training_table(profile: pd.DataFrame, requests: list[Request],
                          built_from: dict[str, Request] | None = None) -> pd.DataFrame:
     """One row per labelled request: its features, the oracle's label and every mode's
     costs and safety. ``content_model``: a checkpoint folder whose prompts and content
-    features (:mod:`oracle.content_columns`) the table also takes, for routers that read
+    features (:mod:`modeswitch.oracle.content_columns`) the table also takes, for routers that read
     the prompt (feature set C); None: shape only. ``confidence``: also the reference
-    model's confidence at each prompt's end (:mod:`dataset.confidence_features`, one
+    model's confidence at each prompt's end (:mod:`modeswitch.dataset.confidence_features`, one
     prefill of ``content_model`` per prompt on ``device`` with ``threads``), which the
     quality-risk model reads. ``built_from``: request id -> the request its prompt was
     built from (a profiled request: its unit's first member in the profile's plan,
-    :func:`engine.profiler.plan.profiled_units`), for the content columns."""
+    :func:`modeswitch.engine.profiler.plan.profiled_units`), for the content columns."""
     constraints = constraints or Constraints()
     reqs_df = requests_frame(requests)
     built_from = {k: v for k, v in (built_from or {}).items() if k in {r.id for r in requests}}

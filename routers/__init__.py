@@ -2,7 +2,7 @@
 
 Rooms inside ``routers/``:
 
-* this level: the :class:`~routers.base.Router` protocol (``base``), the registry
+* this level: the :class:`~modeswitch.routers.base.Router` protocol (``base``), the registry
   (``registry``), the rule baseline (``rule_baseline``), fixed-mode and oracle routers
   (``reference``), the learned families (``families/``, one file each), their fitted
   decision as plain data (``fitted_state``) and the certifying wrapper (``certified``);

@@ -1,7 +1,7 @@
 """A risk threshold that moves online with the violations measured on served requests
 (:class:`AdaptiveThresholdRouter`; the update rule alone: :class:`ThresholdTracker`).
 
-Why: a certificate (:mod:`routers.certified`) answers for new requests that look like
+Why: a certificate (:mod:`modeswitch.routers.certified`) answers for new requests that look like
 its calibration rows; a family it never saw can break it (the held-out families of the
 study), and one that is easier than the calibration rows leaves saving on the table
 (a threshold chosen in hindsight can keep far more at the target than the certified
@@ -34,7 +34,7 @@ stream's average, not any one request, and shrinks as ``1 / T``; ``u`` is not cl
 at the strict end, since a clip there would drop tightening steps and void the bound.
 
 What it does not give: a rate per family (a family that arrives rarely can break the
-target while the stream's average holds; the replay in :mod:`routers.scoring.adaptive`
+target while the stream's average holds; the replay in :mod:`modeswitch.routers.scoring.adaptive`
 reports both), and anything before feedback arrives (outcomes fed back ``d`` decisions
 late widen the bound: :meth:`ThresholdTracker.slack` with ``delay``). Only routers that
 answer the reference below a finite threshold can be adapted so (the cost-predicting
@@ -152,7 +152,7 @@ def tracker_for(router, start: float | None, target: float, step_size: float) ->
 
 @experimental_class
 class AdaptiveThresholdRouter(ClassifierMixin, RouterMixin, BaseEstimator):
-    """``router`` (any router with a risk score; a :class:`~routers.certified.CertifiedRouter`
+    """``router`` (any router with a risk score; a :class:`~modeswitch.routers.certified.CertifiedRouter`
     starts at its certified threshold) with its threshold moved online by
     :meth:`observe`.
 

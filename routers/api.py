@@ -18,9 +18,9 @@ the same thing.
     run_id = api.log_router(lgbm, train)               # an MLflow training run (dataset, model)
     api.export_router(lgbm, source_run_id=run_id)      # models:/modeswitch-router@champion
 
-Tuning with Optuna is :func:`routers.training.trainer.train` (``TrainConfig``), as
+Tuning with Optuna is :func:`modeswitch.routers.training.trainer.train` (``TrainConfig``), as
 ``modeswitch train`` runs it. Every function takes the training table as a frame or as a
-:class:`~routers.training.table.TrainingTable` (its labels, per-mode costs and safety
+:class:`~modeswitch.routers.training.table.TrainingTable` (its labels, per-mode costs and safety
 columns, modes, folds and feature columns by name).
 """
 
@@ -68,7 +68,7 @@ def fit(router, table: pd.DataFrame, **params):
     ``"cost_linear"``, a plug-in's name; ``params`` go to its constructor) or an
     unfitted estimator. Classifiers learn the ``label`` column; cost-predicting
     routers read the per-mode cost columns themselves; a router with a safety
-    threshold (or a :class:`~routers.certified.CertifiedRouter`) reads the per-mode
+    threshold (or a :class:`~modeswitch.routers.certified.CertifiedRouter`) reads the per-mode
     ``safe__<mode>`` labels."""
     est = get_router(router, **params) if isinstance(router, str) else router
     return TrainingTable.of(table).fit(est)

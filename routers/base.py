@@ -3,7 +3,7 @@
 Scoring, the overhead timer, export and the server call only what this protocol
 names, so they never probe a router's attributes to find out what kind it is:
 
-* ``route(request) -> mode``: one decision from a raw :class:`~dataset.requests.Request`
+* ``route(request) -> mode``: one decision from a raw :class:`~modeswitch.dataset.requests.Request`
   (the serving path);
 * ``predict(X)`` / ``predict_with_fallback(X)``: decisions for a feature frame (the
   batch path; the second also says which rows fell back to a safe default);
@@ -11,7 +11,7 @@ names, so they never probe a router's attributes to find out what kind it is:
 * ``modes_``: every mode the fitted router can answer (fallbacks included);
 * ``compile()``: a faster router making the same decisions, or ``None`` with the
   reason in ``compile_reason_`` (the rule and fixed-mode routers are already plain
-  Python; learned routers go through :mod:`routers.compiler`).
+  Python; learned routers go through :mod:`modeswitch.routers.compiler`).
 
 Every router is a scikit-learn estimator too (``__init__`` stores parameters,
 ``fit`` returns self), so it can be cloned and tuned.

@@ -1,5 +1,5 @@
 """The certificates a training run can ask for, by name (``--certificate``, study.toml
-``[train] certificate``): each name is a set of :class:`routers.certified.CertifiedRouter`
+``[train] certificate``): each name is a set of :class:`modeswitch.routers.certified.CertifiedRouter`
 options (docs/training.md, "Certificates that hold per family").
 
 Why a module of its own: the trainer reads the options, the study's config and the CLI

@@ -3,13 +3,13 @@
 Why one wrapper: the guarded classifiers (threshold on each mode's predicted P(safe))
 and the cost-predicting routers (threshold on each mode's predicted risk) certify
 their threshold the same way, by Learn then Test on calibration requests held out of
-the training rows (:mod:`routers.risk_control` has the maths). So certification is
+the training rows (:mod:`modeswitch.routers.risk_control` has the maths). So certification is
 not a parameter of any family but one estimator around it, as scikit-learn's
 ``TunedThresholdClassifierCV`` tunes a threshold around any classifier.
 
 A router has a risk score when it offers (see
-:class:`~routers.families.classifier.ModeClassifier` and
-:class:`~routers.families.cost.CostPredictingRouter`):
+:class:`~modeswitch.routers.families.classifier.ModeClassifier` and
+:class:`~modeswitch.routers.families.cost.CostPredictingRouter`):
 
 * ``strictest_threshold``: the threshold at which it answers only safe defaults;
 * ``loosest_threshold()``: the loosest a certificate may reach (None: no risk score);
@@ -25,7 +25,7 @@ the violation rate is certified at most ``target_violation_rate`` with probabili
 ``1 - delta``. A violation is a pick other than the reference that the row's
 ``safe__<mode>`` label (or ``safe=``) says is unsafe. The calibration share is
 ``calibration_share`` of the rows, raised to what the target needs to be certifiable at
-all (:func:`routers.risk_control.min_calibration`, 230 for 1 % at delta 0.1), at most
+all (:func:`modeswitch.routers.risk_control.min_calibration`, 230 for 1 % at delta 0.1), at most
 half. The per-mode models are fitted on the other rows only: refitting on all would
 void the certificate. (``calibrate_on="all"``, below, trades that for power.)
 
@@ -37,7 +37,7 @@ alone or together:
 * ``group_conditional``: the threshold must be certified in every family at once
   (Mondrian risk control: an intersection-union test over families, small families
   pooled into one cluster as clustered conformal prediction does;
-  :func:`routers.risk_control.learn_then_test_groups`);
+  :func:`modeswitch.routers.risk_control.learn_then_test_groups`);
 * ``cross_fit_groups``: each calibration row is decided by a clone fitted without its
   family's rows, so the calibration sees the shift a new family brings (the picks of
   a model that never saw the family), not the rows of families it was fitted on.
@@ -63,7 +63,7 @@ report therefore sets every held-out family's own rate beside the target.
 per family *without* that family's rows, and keeps each family's picks at the threshold
 certified without it (``transfer_picks_``): how the certificate carries over to a family
 it never saw. Tuning judges trials by these picks, not by the certificate's own
-(:mod:`routers.training.transfer`). Why: the certified threshold is the loosest that
+(:mod:`modeswitch.routers.training.transfer`). Why: the certified threshold is the loosest that
 passes on the calibration rows, so among many tuned trials the one whose certificate
 came out loosest on those very rows wins, and its certificate no longer holds (the
 winner's curse of selecting on the test's own data: held-out families then break the
@@ -130,7 +130,7 @@ class CertifiedRouter(ClassifierMixin, RouterMixin, BaseEstimator):
     ``group_conditional``: certify the rate in every family (cluster), not only pooled.
     ``cross_fit_groups``: decide each calibration row with a clone fitted without its
     family. ``served_tree``: ``"auto"`` certifies and serves one tree per threshold
-    (:mod:`routers.served_tree`) where the router's compiled ensemble would be distilled,
+    (:mod:`modeswitch.routers.served_tree`) where the router's compiled ensemble would be distilled,
     so the certificate covers what is served; ``"never"`` keeps the ensemble.
     ``calibrate_on``: ``"split"`` (a held-out share certifies) or ``"all"`` (every row,
     cross-fitted by family; needs ``cross_fit_groups``). ``family_transfer``: also record

@@ -23,7 +23,7 @@ resolve to a class: skops *calls* whatever a reduce node names, so a function su
 ``numpy.testing._private.utils.runstring`` in a file would run code with arguments
 from the file. Export records the exact list (``meta.json``'s ``trusted_types``); the
 loader refuses a file that names anything else, naming it, before skops builds a
-single object. Then every fitted tree is checked (:mod:`routers.compiler.tree_checks`:
+single object. Then every fitted tree is checked (:mod:`modeswitch.routers.compiler.tree_checks`:
 no cycle, children and features in range, thresholds finite) before anything walks it.
 
 The SHA-256 of ``router.skops`` and of ``meta.json`` are recorded in the registry

@@ -1,6 +1,6 @@
 """What a fitted router's decision is, as plain data: the compiler's only input.
 
-Why: the compiler (:mod:`routers.compiler`) used to dispatch on the estimator classes
+Why: the compiler (:mod:`modeswitch.routers.compiler`) used to dispatch on the estimator classes
 it knew, so every new family needed a compiler edit and the compiler imported the
 families that import it. Now each learned router describes its fitted decision with
 the types here (``router.fitted_state()``), the way scikit-learn exposes ``tree_`` and
@@ -35,10 +35,10 @@ from modeswitch.dataset.features import FEATURE_SET_A
 class InputLayout:
     """The model's input columns: ``n_numeric`` numeric features (``numeric_names``; by
     default feature set A's first ``n_numeric`` in
-    :data:`dataset.features.FEATURE_SET_A`'s order), then one-hot columns for the
+    :data:`modeswitch.dataset.features.FEATURE_SET_A`'s order), then one-hot columns for the
     request's family, then for its benchmark suite (an unseen category: all zero).
     Numeric names beyond feature set A are content features, read from the prompt's
-    token ids (:mod:`dataset.content_features`)."""
+    token ids (:mod:`modeswitch.dataset.content_features`)."""
 
     n_numeric: int
     families: tuple[str, ...] = ()
@@ -147,7 +147,7 @@ class FittedState:
     (``classes``), the input columns, the model and how its scores decide (``decision``:
     None for the argmax). ``sample``: training inputs in the layout's columns, where the
     compiler spends a tree ensemble's region-tree budget first (None: by volume).
-    ``content``: the :class:`~dataset.content_features.ContentTable` a raw request's
+    ``content``: the :class:`~modeswitch.dataset.content_features.ContentTable` a raw request's
     token ids are read through, where the layout has content columns (None: the
     compiled router decides on ready rows only, and says so when asked to route)."""
 

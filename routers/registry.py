@@ -6,7 +6,7 @@ Adding a router family is one small module that defines the estimator and calls
 carries its own Optuna search space (``search_space(trial)``), so training, scoring,
 export and serving need no other edit. Modules in ``routers/families/`` are found by
 themselves; a family in your own package is found through ``$MODESWITCH_PLUGINS``
-(see :mod:`dataset.registry`).
+(see :mod:`modeswitch.dataset.registry`).
 """
 
 from __future__ import annotations

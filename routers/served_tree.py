@@ -3,7 +3,7 @@
 Why: a cost-predicting LightGBM router (one output per mode and per risk: thousands
 of trees) decides in tens of microseconds where its region tree leaves boxes
 undecided, so its compiled decision is distilled into one tree
-(:mod:`routers.compiler.distil`). A certificate (Learn then Test) holds for the
+(:mod:`modeswitch.routers.compiler.distil`). A certificate (Learn then Test) holds for the
 decisions it was computed on; a tree distilled *after* certifying would be another
 router, not covered by it. So here the tree is part of the certified router: for
 each candidate threshold t, one tree is fitted to the router's decisions at t on its

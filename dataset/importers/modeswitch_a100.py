@@ -18,7 +18,7 @@ delta, and a sweep's trial count taken as ``num_runs - failed_runs`` where
 
 Columns, per format. *Markers* identify the format (a file is read by the format
 whose markers it has, the most specific first); *required* columns missing are an
-:class:`~dataset.errors.InputFileError` naming the file and the column(s);
+:class:`~modeswitch.dataset.errors.InputFileError` naming the file and the column(s);
 *optional* columns missing mean missing values (NaN / <NA>) in every row.
 
 =======  ===========================  ==========================  ================================
@@ -52,7 +52,7 @@ Workload names: the curated names map to the workloads registered in
 workloads ``<suite>_eval`` (``mmlu_pro_eval``, ``gsm8k_eval``, ``truthfulqa_eval``,
 ``gpqa_eval``, ``mlu_eval``) to family and ``benchmark_suite`` ``<suite>`` with the
 suite's evaluation mode and that mode's output budget from
-:mod:`dataset.benchmarks` (prompt length not published: missing); the stress
+:mod:`modeswitch.dataset.benchmarks` (prompt length not published: missing); the stress
 names ``ctxN_outM`` / ``sharedN_outM`` carry their own shape.
 """
 

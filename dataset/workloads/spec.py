@@ -50,7 +50,7 @@ class WorkloadSpec:
     memory_pressure: float = 0.0
     spread: float = 0.25
     #: benchmark suites whose questions end this family's prompts (every suite when
-    #: empty); see :mod:`dataset.prompt_corpus`
+    #: empty); see :mod:`modeswitch.dataset.prompt_corpus`
     questions: tuple[str, ...] = ()
     #: suites whose worked examples fill a long prompt, and the shared prefix, up to
     #: the family's length

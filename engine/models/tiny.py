@@ -1,5 +1,5 @@
 """Build the project's stdlib-trained model and its draft: the test suite's fast fixture
-(``--model tiny``); the default model is SmolLM2-135M-Instruct (:mod:`engine.models.smollm2`).
+(``--model tiny``); the default model is SmolLM2-135M-Instruct (:mod:`modeswitch.engine.models.smollm2`).
 
 No model hub is reachable, so this small model is made here: a
 byte-level BPE tokenizer and a small Llama-architecture causal LM (the target),

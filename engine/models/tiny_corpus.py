@@ -2,7 +2,7 @@
 every machine with Python has.
 
 Used only to train the project's stdlib model (the test suite's fast fixture);
-prompts take their text from the benchmark samples (:mod:`dataset.prompt_corpus`). The file list is sorted and filtered the same way everywhere,
+prompts take their text from the benchmark samples (:mod:`modeswitch.dataset.prompt_corpus`). The file list is sorted and filtered the same way everywhere,
 so the corpus depends only on the Python version (recorded with the model).
 """
 

@@ -64,7 +64,7 @@ class Journal:
     Lines with a ``kind`` key are facts about the run, not rows (the thread
     calibration): ``meta[kind]`` holds the last one of each kind.
 
-    One writer at a time: the journal is locked (:class:`dataset.io.OutputLock`) from
+    One writer at a time: the journal is locked (:class:`modeswitch.dataset.io.OutputLock`) from
     before it is read until :meth:`close`, so a second run on the same output is refused
     with the first one's pid instead of appending duplicate rows beside it.
     """

@@ -1,6 +1,6 @@
 """The measuring loop: :class:`Profiler` runs the plan's units in every mode (mode by
 mode, or interleaved), chooses the thread count, re-measures contended trials, and
-rebuilds the profile from the journal (see :mod:`engine.profiler`)."""
+rebuilds the profile from the journal (see :mod:`modeswitch.engine.profiler`)."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ class Profiler:
     """Measure a :class:`ProfileSpec` into ``out`` (see the module docstring).
 
     The backend is looked up by name in the backend registry and used only through
-    its :class:`~engine.backends.registry.Backend` methods, so any registered
+    its :class:`~modeswitch.engine.backends.registry.Backend` methods, so any registered
     backend can be profiled without changes here.
     """
 
@@ -410,7 +410,7 @@ class Profiler:
         processes allocates there: on CUDA its device memory is read through NVML,
         on CPU the children's RSS counts too. On CPU the memory freed before the call
         is handed back first, so the call's RSS growth does not depend on what ran
-        before it (:mod:`engine.memory`)."""
+        before it (:mod:`modeswitch.engine.memory`)."""
         if self._cuda():
             import torch  # lazy: torch is heavy
 

@@ -58,7 +58,7 @@ class ProfileSpec:
     interleave: bool = False
     #: vLLM backend: pre-quantized checkpoints of the quantized modes (int8, gptq_4bit, awq_4bit)
     checkpoints: dict = field(default_factory=dict)
-    #: per-request conditions (:class:`dataset.workloads.conditions.ConditionDraw` as a
+    #: per-request conditions (:class:`modeswitch.dataset.workloads.conditions.ConditionDraw` as a
     #: dict); None: every family's own fixed condition
     conditions: dict | None = None
     #: every family's prompt, output and prefix lengths times this
@@ -169,5 +169,5 @@ def check_plan(rows: list[Request], leads: dict[str, Request], where: str) -> No
 def profiled_leads(spec: dict | None) -> dict[str, Request]:
     """Request id -> the request a profiled unit's prompt was built from (its group's
     lead, whose id the profile row carries): what the table's content columns read
-    for a measured request (:func:`oracle.content_columns.prompt_ids`)."""
+    for a measured request (:func:`modeswitch.oracle.content_columns.prompt_ids`)."""
     return {uid: members[0] for uid, (members, _) in profiled_units(spec).items()}

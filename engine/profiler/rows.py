@@ -76,7 +76,7 @@ class Measurement:
     peak_mb: float
     #: the engine's own account of how it ran (precision, graph capture, ballast)
     info: dict
-    #: wall and CPU seconds of the engine call (:class:`engine.noise.TrialClock`)
+    #: wall and CPU seconds of the engine call (:class:`modeswitch.engine.noise.TrialClock`)
     clock: object = None
     #: 0 for a trial's first measurement, then one per re-measurement of a contended one
     attempt: int = 0
@@ -134,7 +134,7 @@ def _resource_columns(m: Measurement) -> dict:
 
 def _noise_columns(m: Measurement, threads) -> dict:
     """The trial's CPU time and share, from which the contention flag is worked out
-    over the unit's trials when the profile is written (see :mod:`engine.noise`)."""
+    over the unit's trials when the profile is written (see :mod:`modeswitch.engine.noise`)."""
     c = m.clock
     return {
         "cpu_time_ms": None if c is None else c.cpu_s * 1000,

@@ -5,7 +5,7 @@ as server-sent events), ``/v1/models``, ``/health``, Prometheus ``/metrics``, an
 ``POST /admin/reload`` (swap in a freshly loaded router; requests in flight keep
 the router they started with), and ``POST /admin/feedback`` (the outcomes of served
 picks, each naming its request's id, for a router that adapts its threshold online:
-``routers.adaptive``; behind its own admin key, :mod:`~engine.serving.feedback`).
+``modeswitch.routers.adaptive``; behind its own admin key, :mod:`~modeswitch.engine.serving.feedback`).
 
 Per request: features from the request itself (prompt token count, ``max_tokens``
 as the expected output, the prefix shared with recent prompts, requests in
@@ -21,9 +21,9 @@ continuous batching): concurrent requests routed there join the engine's running
 batch (``batch_across_requests``, on by default; off serves them one at a time too,
 for comparison).
 
-Layout: this module wires the endpoints; :mod:`~engine.serving.state` holds what
-they share, :mod:`~engine.serving.routing` decides, :mod:`~engine.serving.jobs`
-does the per-request bookkeeping and :mod:`~engine.serving.generate` builds the
+Layout: this module wires the endpoints; :mod:`~modeswitch.engine.serving.state` holds what
+they share, :mod:`~modeswitch.engine.serving.routing` decides, :mod:`~modeswitch.engine.serving.jobs`
+does the per-request bookkeeping and :mod:`~modeswitch.engine.serving.generate` builds the
 responses.
 """
 
@@ -134,7 +134,7 @@ __all__ = ["ServerConfig", "create_app", "supported_modes"]
 def create_app(router_loader: RouterLoader, cfg: ServerConfig, engine_factory: EngineFactory | None = None,
                tokenizer=None, supported_modes: list[str] | None = None) -> FastAPI:
     """The server. ``router_loader()`` returns a router (anything with ``route(request) ->
-    mode``), or a :class:`~engine.serving.state.LoadedRouter` to report how it decides; it
+    mode``), or a :class:`~modeswitch.engine.serving.state.LoadedRouter` to report how it decides; it
     is called at start-up and on every ``POST /admin/reload``. ``engine_factory``,
     ``tokenizer`` and ``supported_modes`` default to the configured backend's."""
     metrics = Metrics()
@@ -435,9 +435,9 @@ async def feedback_body(http: HttpRequest, state: State) -> FeedbackBody:
 async def feedback(state: State, body: Annotated[FeedbackBody, Depends(feedback_body)]):
     """Outcomes of served picks (did each break a limit), each naming the request it is
     about: a router that adapts online (``observe(outcomes)``, as
-    ``routers.adaptive.AdaptiveThresholdRouter``) moves its threshold and answers where it
+    ``modeswitch.routers.adaptive.AdaptiveThresholdRouter``) moves its threshold and answers where it
     stands (``state()``); any other is answered 409. The ledger takes one outcome per
-    request it routed, within the feedback window (:mod:`engine.serving.feedback`), or
+    request it routed, within the feedback window (:mod:`modeswitch.engine.serving.feedback`), or
     none of a post's. Called on the event loop, so posts are applied one after another (a
     post is at most 1,000 outcomes: microseconds each)."""
     router = state.router

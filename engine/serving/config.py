@@ -1,7 +1,7 @@
 """What the server is started with, and what it asks the backend registry from it.
 
 The server knows backends only by name: the modes it offers and the engines it
-builds both come from :func:`engine.backends.registry.get_backend`, so a backend
+builds both come from :func:`modeswitch.engine.backends.registry.get_backend`, so a backend
 added as a plug-in is served with no edit here.
 """
 
@@ -57,7 +57,7 @@ class ServerConfig:
     #: model's config (``max_position_embeddings``) at start-up
     context_tokens: int | None = None
     #: a connection's request headers must be complete this long after it opens (or after
-    #: its previous response), else it is closed (:mod:`engine.serving.connections`)
+    #: its previous response), else it is closed (:mod:`modeswitch.engine.serving.connections`)
     header_timeout_s: float = 10.0
     #: a request's whole body must arrive this long after its headers, else it is closed
     body_timeout_s: float = 30.0

@@ -1,6 +1,6 @@
 """Feedback tied to served requests: one outcome per request the server routed.
 
-A router that adapts online (``observe(outcomes)``, as ``routers.adaptive``) moves its
+A router that adapts online (``observe(outcomes)``, as ``modeswitch.routers.adaptive``) moves its
 threshold by every outcome it is told. Taken as any list of booleans, a client with the
 key could push it to either end at will (10,000 posts of ``[true]`` did). Here each
 request routed by such a router is issued its own id (the response's ``id`` and the

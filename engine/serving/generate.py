@@ -331,7 +331,7 @@ async def _events(state: ServerState, job: Job, feed: _TokenFeed | _EngineFeed, 
     """The events of one stream; the request ends (:class:`_Life`) when the stream does:
     completed, at a stop sequence, failed, or closed by a client gone (generation told to
     stop first). Text that may begin a stop sequence is held back until a later token
-    shows it does not (:class:`~engine.serving.output.StopText`)."""
+    shows it does not (:class:`~modeswitch.engine.serving.output.StopText`)."""
     chunks = _Chunks(job, state.config.served_name, output.include_usage)
     text = _Detokenizer(state.tokenizer)
     cut = StopText(output.stop)

@@ -13,7 +13,7 @@ times this function warm and cold, and what it records). The features and the
 decision share one frame, the memory pressure is read from the state (kept current
 off the serving path), and the checks and metrics come after the window. What is
 left is the router's ``Request`` (also the engine's input), built inline (a call to
-``dataset.requests.serving_request`` was one more frame: in a one-process A/B the
+``modeswitch.dataset.requests.serving_request`` was one more frame: in a one-process A/B the
 ``features`` stage took 0.71x the time cold, 0.87x warm, inlined), and its answer.
 Under ``bench/serve_vs_engine.py``'s 64-in-flight load (``make bench-serve``, four
 runs of 5-7 rounds on one day) the server's histograms put ``serving_route`` at a

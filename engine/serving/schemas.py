@@ -8,7 +8,7 @@ as OpenAI checks them (``max_tokens`` an integer >= 1, ``temperature`` in [0, 2]
 mode decodes greedily, as the profiler measured it (docs/serving.md). Fields that
 change what a client reads are honoured or refused, never ignored: ``stop`` (at
 most :data:`MAX_STOP_SEQUENCES`, each at most :data:`MAX_STOP_CHARS` characters)
-and ``stream_options.include_usage`` are honoured (:mod:`~engine.serving.output`);
+and ``stream_options.include_usage`` are honoured (:mod:`~modeswitch.engine.serving.output`);
 ``logprobs`` and ``top_logprobs`` are refused, as no engine returns log-probabilities.
 Any other field is ignored, as OpenAI's own server ignores fields it does not know.
 Text must be valid Unicode (a lone surrogate such as ``"\\ud800"`` is refused).
@@ -50,7 +50,7 @@ def _unicode(v):
 
 
 #: stop sequences one request may give: OpenAI's API takes 4; more than a few cost every
-#: token a search each (:class:`~engine.serving.output.StopText`), for no use a client has
+#: token a search each (:class:`~modeswitch.engine.serving.output.StopText`), for no use a client has
 MAX_STOP_SEQUENCES = 16
 #: characters in one stop sequence: a stream holds back the text that may begin one, and
 #: finding where that begins costs up to the square of this length per token

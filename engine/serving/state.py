@@ -31,7 +31,7 @@ from modeswitch.engine.serving.pool import EnginePool, PrefixTracker
 
 
 class RoutesRequests(Protocol):
-    """All the server asks of a router (``routers.base.Router`` has it; ``engine`` never
+    """All the server asks of a router (``modeswitch.routers.base.Router`` has it; ``engine`` never
     imports ``routers``, so an exported MLflow model or a test double plugs in too)."""
 
     def route(self, request: Request) -> str: ...

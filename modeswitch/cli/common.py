@@ -112,7 +112,7 @@ def friendly_errors(fn):
 
 def os_error_line(exc: BaseException) -> str | None:
     """One line for an OS error the user can fix (a read-only folder, a full disk, a
-    directory where a file belongs, no permission: ``dataset.io.USER_ERRNOS``), naming
+    directory where a file belongs, no permission: ``modeswitch.dataset.io.USER_ERRNOS``), naming
     the path; None for any other exception, which keeps its traceback."""
     if not isinstance(exc, OSError) or exc.errno not in USER_ERRNOS:
         return None
@@ -144,7 +144,7 @@ def _split(values: list[str] | None) -> list[str]:
 
 
 #: choices fixed by the code that consumes them; tests/test_cli_options.py checks
-#: each against its source (``routers.training.splits.SPLITS`` and so on)
+#: each against its source (``modeswitch.routers.training.splits.SPLITS`` and so on)
 Split = Literal["random", "group", "lofo"]
 FeatureSet = Literal["A", "B", "C"]
 Fallback = Literal["rule", "reference"]
@@ -256,7 +256,7 @@ RayCpus = Annotated[int | None, typer.Option(min=1, help="With --ray on CPU: CPU
 
 
 def ray_options(ray: bool, address, workers, cpus_per_worker):
-    """The :class:`engine.distributed.RayOptions` of a command's Ray options (None: serial)."""
+    """The :class:`modeswitch.engine.distributed.RayOptions` of a command's Ray options (None: serial)."""
     from modeswitch.engine.distributed import (
         RayOptions,  # the profiler, numpy: only for a command that runs
     )

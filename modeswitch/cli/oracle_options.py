@@ -2,7 +2,7 @@
 and the cost model choice.
 
 One rule for thresholds: a flag overrides the TOML file, which overrides the study's
-defaults (:class:`oracle.Constraints`); the help shows those defaults from the
+defaults (:class:`modeswitch.oracle.Constraints`); the help shows those defaults from the
 dataclass itself (``deferred_help(CONSTRAINTS)``).
 """
 

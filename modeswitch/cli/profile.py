@@ -1,6 +1,6 @@
 """``profile``: measure modes on workloads into a validated, resumable profile table.
 
-Thin over its config dataclass (:class:`engine.profiler.ProfileSpec`): one option per
+Thin over its config dataclass (:class:`modeswitch.engine.profiler.ProfileSpec`): one option per
 user-settable field, with the field's default; tests/test_cli_options.py holds it to
 that, and lists the fields left out on purpose.
 """

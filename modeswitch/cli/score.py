@@ -1,7 +1,7 @@
 """``score``: trained routers against the rule baseline, offline on held-out requests
 and live through the real engine: overhead, violations, speedup, energy, quality.
 
-Thin over its config dataclass (:class:`routers.scoring.run.ScoreConfig`): one option
+Thin over its config dataclass (:class:`modeswitch.routers.scoring.run.ScoreConfig`): one option
 per user-settable field, with the field's default; tests/test_cli_options.py holds it
 to that, and lists the fields left out on purpose.
 """

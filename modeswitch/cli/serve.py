@@ -1,6 +1,6 @@
 """``serve``: an OpenAI-compatible API with the router in front of one engine per mode.
 
-Thin over its config dataclass (:class:`engine.serving.ServerConfig`): one option per
+Thin over its config dataclass (:class:`modeswitch.engine.serving.ServerConfig`): one option per
 user-settable field, with the field's default; tests/test_cli_options.py holds it to
 that, and lists the fields left out on purpose.
 """

@@ -1,5 +1,5 @@
 """``quality-sweep``: each lossy mode's quality on many requests, per request, apart
-from the latency profile (:mod:`engine.quality_sweep`); ``dataset build --quality``
+from the latency profile (:mod:`modeswitch.engine.quality_sweep`); ``dataset build --quality``
 puts it into the training table."""
 
 from __future__ import annotations

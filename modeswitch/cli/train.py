@@ -1,10 +1,10 @@
 """``train``: tune and train learned routers with Optuna, tracked in MLflow.
 
-Thin over its config dataclass (:class:`routers.training.trainer.TrainConfig`): one
+Thin over its config dataclass (:class:`modeswitch.routers.training.trainer.TrainConfig`): one
 option per user-settable field, with the field's default; tests/test_cli_options.py
 holds it to that, and lists the fields left out on purpose. ``--data`` is a training
 table from ``dataset build``, or the user's own per-mode cost table (CSV or parquet
-with the columns of :mod:`oracle.external_table`), labelled on reading.
+with the columns of :mod:`modeswitch.oracle.external_table`), labelled on reading.
 """
 
 from __future__ import annotations

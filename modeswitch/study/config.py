@@ -78,7 +78,7 @@ class StudyConfig:
     length_scale: float = 0.25
     interleave: bool = True
     threads: int | None = None
-    #: per-request conditions (:class:`dataset.workloads.conditions.ConditionDraw` fields)
+    #: per-request conditions (:class:`modeswitch.dataset.workloads.conditions.ConditionDraw` fields)
     conditions: dict = field(default_factory=dict)
     #: requests drawn beside the profiled ones, labelled from estimates (0: measured only)
     drawn_requests: int = 700
@@ -95,7 +95,7 @@ class StudyConfig:
     #: the dataset step also reads the reference model's confidence at each prompt's end
     #: (one prefill per prompt), which the per-request quality-risk model reads
     confidence: bool = False
-    #: :class:`oracle.Constraints` fields; empty: the defaults
+    #: :class:`modeswitch.oracle.Constraints` fields; empty: the defaults
     constraints: dict = field(default_factory=dict)
     splits: tuple[str, ...] = ("random", "group", "lofo")
     #: None: every registered learned family

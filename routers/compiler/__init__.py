@@ -7,7 +7,7 @@ system C compiler against this Python's headers and cached; it is both a CPython
 extension, for single decisions, and a ctypes library, for batches).
 
 The compiler reads plain data only: each router describes its fitted decision
-(``router.fitted_state()``, :mod:`routers.fitted_state`: tree ensembles, a linear model,
+(``router.fitted_state()``, :mod:`modeswitch.routers.fitted_state`: tree ensembles, a linear model,
 a cost decision), so a new family of trees or linear models compiles without an edit
 here. Files: ``kernel`` (native build and loading), ``packing`` (descriptions to the
 kernel's arrays), ``router`` (:class:`CompiledRouter` and :func:`compile`), ``codegen``

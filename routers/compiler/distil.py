@@ -1,6 +1,6 @@
 """A slow tree ensemble distilled into one tree that keeps its decisions.
 
-Why: the region tree (:mod:`routers.compiler.router`) decides most requests of a tree
+Why: the region tree (:mod:`modeswitch.routers.compiler.router`) decides most requests of a tree
 ensemble with one short walk, but on the study's own tables a many-output ensemble
 (a cost-predicting LightGBM: one latency output per mode and one risk output per mode
 and constraint, thousands of trees) leaves boxes undecided, and each decision there

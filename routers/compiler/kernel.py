@@ -5,8 +5,8 @@ headers and cached by source hash (``$MODESWITCH_CACHE/native``, else
 ``~/.cache/modeswitch/native``). The one shared object is both a CPython extension
 (:func:`extension`: single decisions from request objects, one C call) and a ctypes
 library (:func:`library`: registration, region-tree builds and batches, which release
-the GIL). Nothing here knows about routers; :mod:`routers.compiler.packing` lays
-models out for it and :mod:`routers.compiler.router` calls it.
+the GIL). Nothing here knows about routers; :mod:`modeswitch.routers.compiler.packing` lays
+models out for it and :mod:`modeswitch.routers.compiler.router` calls it.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def pointer(a, kind):
 
 def kernel_shape_features(p, o, sp, cc, mp) -> tuple:
     """Feature set A as the C kernel computes it from a request's raw numbers (what its
-    single decisions read); tested against :data:`dataset.features.FEATURE_FORMULAS`."""
+    single decisions read); tested against :data:`modeswitch.dataset.features.FEATURE_FORMULAS`."""
     out = np.empty(len(FEATURE_SET_A), dtype=np.float64)
     library().shape_features(float(p), float(o), float(sp), float(cc), float(mp), pointer(out, F64))
     return tuple(float(v) for v in out)

@@ -1,6 +1,6 @@
-"""Models laid out as the C kernel's flat arrays (:mod:`routers.compiler.kernel`).
+"""Models laid out as the C kernel's flat arrays (:mod:`modeswitch.routers.compiler.kernel`).
 
-:func:`pack` turns a :class:`~routers.fitted_state.FittedState` into the kernel's model
+:func:`pack` turns a :class:`~modeswitch.routers.fitted_state.FittedState` into the kernel's model
 kind and arrays: tree ensembles become binned nodes walked in lockstep
 (:func:`pack_trees`), linear models one weight matrix with the standardisation folded
 in (:func:`pack_linear`), a cost decision its parameters. It reads only the

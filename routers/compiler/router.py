@@ -1,9 +1,9 @@
 """The compiled router: a fitted router's description registered in the C kernel.
 
-:func:`compile` asks a router for its :class:`~routers.fitted_state.FittedState`
-(``router.fitted_state()``), packs it (:mod:`routers.compiler.packing`) and registers it
-in the kernel (:mod:`routers.compiler.kernel`); a single averaged tree also becomes
-generated Python (:mod:`routers.compiler.codegen`), faster than a C call for a handful
+:func:`compile` asks a router for its :class:`~modeswitch.routers.fitted_state.FittedState`
+(``router.fitted_state()``), packs it (:mod:`modeswitch.routers.compiler.packing`) and registers it
+in the kernel (:mod:`modeswitch.routers.compiler.kernel`); a single averaged tree also becomes
+generated Python (:mod:`modeswitch.routers.compiler.codegen`), faster than a C call for a handful
 of comparisons. :class:`CompiledRouter` keeps the estimator API (``predict``,
 ``classes_``) and adds ``route(request)``: features and decision from a raw request
 in one call.
@@ -32,7 +32,7 @@ REGION_NODES = 1 << 17
 REGION_WORK = 2_000_000_000
 #: a tree ensemble whose decisions on its training sample would walk more trees than
 #: this on average (rows the region tree leaves undecided x trees) is distilled into
-#: one tree (:mod:`routers.compiler.distil`): about the rule's decision cost
+#: one tree (:mod:`modeswitch.routers.compiler.distil`): about the rule's decision cost
 DISTIL_WALKED_TREES = 32
 #: generated Python nests one block per tree level; CPython's tokenizer stops at 100
 CODEGEN_MAX_DEPTH = 90
@@ -95,7 +95,7 @@ class CompiledRouter:
         #: tree models: nodes of the region tree (the argmax as one tree over numeric bins)
         #: and the share of the bin grid it leaves undecided (those decisions walk the trees)
         self.region_nodes_, self.region_walk_share_ = 0, 1.0
-        #: a :class:`~routers.compiler.distil.Distillation` where this is a distilled tree
+        #: a :class:`~modeswitch.routers.compiler.distil.Distillation` where this is a distilled tree
         self.distilled_ = None
         #: what the kernel holds: outputs (classes, or per-mode costs and risks), trees, nodes
         self.size_ = _size(state)
@@ -117,7 +117,7 @@ class CompiledRouter:
     def _set_content(self, table) -> bool:
         """Hand the kernel the content table (copied) for a layout with content columns:
         its single decisions then read a raw request's token ids in the same C call, as
-        :meth:`dataset.content_features.ContentTable.features` does, several times
+        :meth:`modeswitch.dataset.content_features.ContentTable.features` does, several times
         faster than computing the features in Python first
         (``bench/routing_overhead.py --content-model`` times both). True where the
         kernel took it."""
@@ -134,7 +134,7 @@ class CompiledRouter:
     def content_features(self, token_ids) -> np.ndarray:
         """The content features (:data:`CONTENT_FEATURES`' order) the kernel computes from
         a prompt's token ids: what its single decisions read (tested against
-        :meth:`~dataset.content_features.ContentTable.features`)."""
+        :meth:`~modeswitch.dataset.content_features.ContentTable.features`)."""
         if self.content_ is None or not self.numeric_[len(FEATURE_SET_A):]:
             raise ValueError("this compiled router reads no content")
         ids = np.ascontiguousarray(np.asarray(token_ids[-SHARE_TOKENS:], dtype=np.int64))

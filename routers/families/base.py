@@ -2,12 +2,12 @@
 
 Every learned family is one module in this package: a class with its own parameters
 and Optuna search space (``_search_space``), and a
-:func:`~routers.registry.register_router` call. They come in two kinds, both
+:func:`~modeswitch.routers.registry.register_router` call. They come in two kinds, both
 subclasses of :class:`LearnedRouter`:
 
-* mode classifiers (:class:`~routers.families.classifier.ModeClassifier`: ``dt``,
+* mode classifiers (:class:`~modeswitch.routers.families.classifier.ModeClassifier`: ``dt``,
   ``rf``, ``lr``, ``lgbm``, plug-ins): learn the oracle's label;
-* cost-predicting routers (:mod:`routers.families.cost`: ``cost_linear``,
+* cost-predicting routers (:mod:`modeswitch.routers.families.cost`: ``cost_linear``,
   ``cost_lgbm``): learn each mode's cost and risk, then pick.
 
 Parameters are keyword-only and each is declared once, by the class that uses it: a
@@ -17,7 +17,7 @@ signature is the union along its bases (:meth:`LearnedRouter.__init_subclass__`)
 ``get_params``, ``clone``, ``check_estimator`` and Optuna see every parameter, and a
 family repeats none. A library's parameters that two kinds share are one mixin
 (:mod:`.lightgbm_params`, :mod:`.logistic_params`). A certified threshold is not a
-parameter of any family: wrap the router in :class:`routers.certified.CertifiedRouter`.
+parameter of any family: wrap the router in :class:`modeswitch.routers.certified.CertifiedRouter`.
 """
 
 from __future__ import annotations
@@ -59,10 +59,10 @@ def _keyword_parameters(function) -> list[inspect.Parameter]:
 class LearnedRouter(RouterMixin, BaseEstimator):
     """The parameters every learned family shares, and what they all do alike.
 
-    ``feature_set``: a registered feature set (:data:`dataset.features.FEATURE_SETS`):
+    ``feature_set``: a registered feature set (:data:`modeswitch.dataset.features.FEATURE_SETS`):
     ``"A"`` (request shape), ``"B"`` (A + family and benchmark suite, one-hot encoded),
     ``"C"`` (A + the prompt's content). ``content_model``: the checkpoint folder whose
-    content table (:mod:`engine.content_table`) turns a raw request's token ids into
+    content table (:mod:`modeswitch.engine.content_table`) turns a raw request's token ids into
     content features; only a feature set that reads content needs it, and only to
     route raw requests (fitting reads the training table's columns). ``random_state``:
     every random draw of the fit (the model's own, the safety models', the training
@@ -157,12 +157,12 @@ class LearnedRouter(RouterMixin, BaseEstimator):
         return str(self.predict(features_frame([request], self.feature_set, content=self.content_table()))[0])
 
     def fitted_state(self) -> FittedState:  # pragma: no cover - abstract
-        """The fitted decision as plain data (:mod:`routers.fitted_state`), for the compiler."""
+        """The fitted decision as plain data (:mod:`modeswitch.routers.fitted_state`), for the compiler."""
         raise NotImplementedError
 
     def compile(self, region_budget: tuple | None = None, distil: str = "auto"):
         """The compiled router (same decisions, C kernel; a slow ensemble distilled into
-        one tree, its agreement in ``distilled_``: :func:`routers.compiler.compile_state`),
+        one tree, its agreement in ``distilled_``: :func:`modeswitch.routers.compiler.compile_state`),
         or None with ``compile_reason_``."""
         try:
             return compile_router(self, region_budget, distil)

@@ -7,14 +7,14 @@ adds family and benchmark suite) one-hot encoded with unknown categories ignored
 Arrays are accepted too (all columns numeric). A family (``dt``, ``rf``, ``lr``,
 ``lgbm``, a plug-in) adds its parameters, ``_make_estimator``, ``_search_space`` and,
 to be compiled, ``_estimator_state`` (its fitted model as plain data, see
-:mod:`routers.families.readers`).
+:mod:`modeswitch.routers.families.readers`).
 
 Safety guard (``safety_threshold``): ``fit`` also learns, per mode, the probability
 that the mode is constraint-safe for a request (from ``safe=``, else the training
 table's ``safe__<mode>`` columns). ``predict`` then takes the most likely mode whose
 predicted safety clears the threshold, and otherwise falls back to the rule
 baseline (``fallback="rule"``) or the reference (``fallback="reference"``). That
-probability is the router's risk score: :class:`routers.certified.CertifiedRouter`
+probability is the router's risk score: :class:`modeswitch.routers.certified.CertifiedRouter`
 certifies the threshold actually used (``safety_threshold_``) by Learn then Test,
 ``safety_threshold`` then being the loosest one considered.
 """
@@ -239,7 +239,7 @@ class ModeClassifier(ClassifierMixin, LearnedRouter):
 
     # -- the fitted decision as plain data (what the compiler reads) --------------------
     def fitted_state(self) -> FittedState:
-        """The fitted decision as plain data (:mod:`routers.fitted_state`): the input
+        """The fitted decision as plain data (:mod:`modeswitch.routers.fitted_state`): the input
         layout, the classes and the family's model (``_estimator_state``)."""
         check_is_fitted(self, "pipeline_")
         if self.safety_threshold is not None:
@@ -252,8 +252,8 @@ class ModeClassifier(ClassifierMixin, LearnedRouter):
                            content=self.content_table(required=False))
 
     def _estimator_state(self, clf):
-        """The fitted classifier ``clf`` as a :class:`~routers.fitted_state.TreeEnsemble` or
-        :class:`~routers.fitted_state.LinearModel` (see :mod:`routers.families.readers`);
+        """The fitted classifier ``clf`` as a :class:`~modeswitch.routers.fitted_state.TreeEnsemble` or
+        :class:`~modeswitch.routers.fitted_state.LinearModel` (see :mod:`modeswitch.routers.families.readers`);
         a family that defines none is served through its pipeline."""
         raise TypeError(f"{type(self).__name__} does not describe its fitted {type(clf).__name__} "
                         "(define _estimator_state to compile it)")

@@ -1,5 +1,5 @@
 """Fitted scikit-learn and LightGBM models read as plain descriptions
-(:mod:`routers.fitted_state`), for a family's ``_estimator_state``.
+(:mod:`modeswitch.routers.fitted_state`), for a family's ``_estimator_state``.
 
 Why here: reading a library's fitted model is the family's business (it knows what it
 fitted); the compiler only reads the descriptions. A plug-in family of scikit-learn
@@ -60,7 +60,7 @@ def lightgbm_trees(booster, offset: int = 0, scale: float = 1.0) -> tuple[list[T
     """(a booster's trees, tree ``i`` scoring output ``offset + i % k``; k, its trees per
     iteration). ``scale`` multiplies every leaf: -1 negates a classifier's logit (exact:
     the negated sums are the sums negated); any other factor is exact to rounding (a
-    cost router's ratio-based risk, :mod:`routers.families.cost`). One ``dump_model``
+    cost router's ratio-based risk, :mod:`modeswitch.routers.families.cost`). One ``dump_model``
     call: it serialises the whole booster."""
     dump = booster.dump_model()
     k = dump["num_tree_per_iteration"]

@@ -2,9 +2,9 @@
 replayed as a stream (``adaptive_replay.csv``, ``adaptive_replay_per_family.csv``).
 
 Why: the certified point says what a threshold fixed before the new family arrived
-keeps; the hindsight curve (:mod:`routers.scoring.threshold_sweep`) what the best fixed
+keeps; the hindsight curve (:mod:`modeswitch.routers.scoring.threshold_sweep`) what the best fixed
 threshold would have kept had the held-out outcomes been known. An adaptive threshold
-(:mod:`routers.adaptive`) sits between them and can be served: it starts at the
+(:mod:`modeswitch.routers.adaptive`) sits between them and can be served: it starts at the
 certified threshold and moves after each outcome it is told, so its rate over the
 stream is held to the target by construction (within :meth:`ThresholdTracker.slack`),
 not by the calibration rows' likeness to the new family.

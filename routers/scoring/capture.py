@@ -1,6 +1,6 @@
 """Capture of the oracle's saving against the violation rate: the routers' points and
 the ceiling's envelope that the report plots (``capture_vs_violations.png``) beside the
-split's frontier (:mod:`routers.scoring.frontier`)."""
+split's frontier (:mod:`modeswitch.routers.scoring.frontier`)."""
 
 from __future__ import annotations
 

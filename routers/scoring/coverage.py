@@ -77,7 +77,7 @@ def risk_table(routers: dict, head: pd.DataFrame, live_summary: pd.DataFrame | N
     """Per router with a certified threshold: target, confidence, calibration requests,
     the threshold, the calibration's violation rate and upper bound, and the held-out
     violation rate offline (and live, where run), with the slack the ``held_out``
-    test requests allow by chance (:func:`routers.risk_control.sampling_slack`, at the
+    test requests allow by chance (:func:`modeswitch.routers.risk_control.sampling_slack`, at the
     certificate's delta; the rate is family-weighted, the slack counts requests):
     ``met_offline`` is the rate within target + slack, ``met_strictly`` within target;
     live, ``live_slack`` and ``met_live`` the same over the ``live_requests``."""
@@ -194,7 +194,7 @@ def new_family_breaks(by_family: pd.DataFrame) -> dict | None:
     1 / (K + 1); only then can it break the target (beyond the certificate's own
     delta). Leaving one of seven families out, that is one fold in seven per router,
     however many requests each family holds: a bound on the design, not on the routers,
-    which only more families (or feedback, :mod:`routers.adaptive`) can tighten."""
+    which only more families (or feedback, :mod:`modeswitch.routers.adaptive`) can tighten."""
     if by_family is None or not len(by_family) or "calibration_families" not in by_family:
         return None
     # certified family by family (K > 0), and the family not among them

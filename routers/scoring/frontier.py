@@ -22,7 +22,7 @@ router: per-mode thresholds or a better safety model could do better, so each
 mode's out-of-fold AUC is reported with it. Capture and violations are over requests
 (not family-weighted as the scoring report's headline is). By default only held-out
 requests inside the training part's feature ranges are scored
-(:func:`routers.scoring.coverage.coverage`, as the report's "inside" part).
+(:func:`modeswitch.routers.scoring.coverage.coverage`, as the report's "inside" part).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Per router and request: live latency (+ its measured routing overhead), energy p
 token vs the reference's, ROUGE-L of the output vs the reference output, benchmark
 accuracy where the request has a gold answer, and the quality / energy violations
 those imply under the table's constraints. Quality is judged as the oracle judges it
-(:mod:`oracle.family_rule`): under the study's rule (``quality_scope="family"``) a
+(:mod:`modeswitch.oracle.family_rule`): under the study's rule (``quality_scope="family"``) a
 router's picks of one mode in one family violate it together when their mean ROUGE-L
 is below the threshold or their mean accuracy drops by more than the limit
 (``violates_quality``); the per-request view is ``diverges`` (this request's own
@@ -34,7 +34,7 @@ trial-major and mode-interleaved (trial t of all modes back to back), under the
 profiler's measurement hygiene: the profile's thread count (``threads``; two torch
 threads on a 2-core machine slow up to 18x whenever anything else takes a core),
 each trial's CPU share and the machine's other load recorded, trials flagged by the
-profiler's :class:`engine.noise.ContentionRule` measured again after the sweep (up
+profiler's :class:`modeswitch.engine.noise.ContentionRule` measured again after the sweep (up
 to ``max_remeasure`` more attempts). Per (request, mode) the median of its clean trials counts
 (of all, where none is clean); the energy ratio carries its paired
 bootstrap interval over trials. Aggregates carry 95 % bootstrap intervals over
@@ -45,7 +45,7 @@ weighted in every resample). A live violation has a cause:
 * ``known_unsafe``: the table already marked the pick unsafe for this request;
 * ``measurement_wrong``: the table called it safe from this request's own measurement;
 * ``other_hardware``: the same, but the table was measured on another kind of machine
-  (``engine.hardware.same_kind``): CPU kernels chosen by instruction set sum in other
+  (``modeswitch.engine.hardware.same_kind``): CPU kernels chosen by instruction set sum in other
   orders, and a greedy answer can change, the reference's included;
 * ``estimate_wrong``: the table called it safe from an estimate.
 """
@@ -111,12 +111,12 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
 
     ``threads``: the engines' compute threads (``EngineSettings.threads``), which
     should be the profile's, so live and table measure the same thing. After the
-    sweep, each trial with no attempt clean by :class:`engine.noise.ContentionRule`
+    sweep, each trial with no attempt clean by :class:`modeswitch.engine.noise.ContentionRule`
     is measured again, in stream order, up to ``max_remeasure`` more times, as the
     profiler does.
 
     ``replay``: request id -> (the requests, the primers) the profiler ran for that
-    unit (:func:`engine.profiler.plan.profiled_units`). A table row holds the unit's measured shape (prompt
+    unit (:func:`modeswitch.engine.profiler.plan.profiled_units`). A table row holds the unit's measured shape (prompt
     lengths as the template made them, averaged over a group), not the budgets the
     prompts were built from, and rebuilt from it the prompts differ; a profiled
     request is run as the profiler ran it where its plan is given."""
@@ -205,7 +205,7 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
 
 
 def _trial_clock(include_children: bool):
-    """A :class:`engine.noise.TrialClock` factory with the profiler's CPU clock (this
+    """A :class:`modeswitch.engine.noise.TrialClock` factory with the profiler's CPU clock (this
     process's, or its process tree's where the engine computes in children)."""
     cpu = cpu_seconds_clock(include_children)
     return lambda: TrialClock(cpu)
@@ -323,7 +323,7 @@ def score_live(runs: pd.DataFrame, stream: list[Request], decisions: dict[str, l
 
 
 def _judge_quality(per: pd.DataFrame, constraints, other_hardware: bool = False) -> pd.DataFrame:
-    """The quality verdicts, as the oracle gives them (:mod:`oracle.family_rule`): per
+    """The quality verdicts, as the oracle gives them (:mod:`modeswitch.oracle.family_rule`): per
     request ``diverges`` (its own ROUGE-L below the threshold); ``violates_quality`` under
     the table's ``quality_scope``: ``family`` judges each router's picks of one mode in one
     family on their mean ROUGE-L and mean accuracy change, ``request`` each on its own.
@@ -368,7 +368,7 @@ def estimate_error_by_source(est: pd.DataFrame) -> dict:
 
 def _family_parts(g: pd.DataFrame) -> Parts:
     """A family's live figures as (numerator, denominator) columns
-    (:mod:`routers.scoring.intervals`): the point estimate and its interval alike."""
+    (:mod:`modeswitch.routers.scoring.intervals`): the point estimate and its interval alike."""
     return {
         "speedup": ratio_parts(g["reference_latency_ms"], g["effective_latency_ms"]),
         "energy_ratio": mean_parts(g["energy_ratio"]), "rouge_delta": mean_parts(g["rouge_delta"]),

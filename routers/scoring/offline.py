@@ -2,7 +2,7 @@
 
 For each held-out request and router the pick is looked up in the table's
 per-mode columns (measured or estimated from profiles) and charged the router's
-measured routing overhead (p50, from :mod:`routers.scoring.overhead`):
+measured routing overhead (p50, from :mod:`modeswitch.routers.scoring.overhead`):
 
 * ``speedup``: reference latency / (pick latency + overhead), aggregated as the
   ratio of summed latencies (mean latency speedup, as the study reports it);
@@ -54,7 +54,7 @@ def requests_from_table(table: pd.DataFrame, token_ids: bool = False) -> list[Re
     them (``prompt_token_ids``: what a router reading the prompt routes on). Off by
     default: the engines run a table's request from its shape and id, which rebuilds the
     same prompt with its question's gold answer and companions of their own text
-    (``engine.prompts``, ``dataset.workloads.conditions.arrival_group``)."""
+    (``modeswitch.engine.prompts``, ``modeswitch.dataset.workloads.conditions.arrival_group``)."""
     def cat(v):
         return None if v is None or (isinstance(v, float) and np.isnan(v)) or v in ("none", "") else str(v)
 
@@ -75,7 +75,7 @@ def requests_from_table(table: pd.DataFrame, token_ids: bool = False) -> list[Re
 
 
 def predictions(router, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(picks, fell-back mask) for a feature/table frame (any :class:`~routers.base.Router`)."""
+    """(picks, fell-back mask) for a feature/table frame (any :class:`~modeswitch.routers.base.Router`)."""
     picks, fell = router.predict_with_fallback(X)
     return np.asarray(picks, dtype=object), np.asarray(fell, dtype=bool)
 
@@ -160,7 +160,7 @@ def _both(g: pd.DataFrame) -> np.ndarray:
 
 def _interval_parts(g: pd.DataFrame, both: np.ndarray | None = None) -> Parts:
     """The figures with an interval, as (numerator, denominator) columns
-    (:mod:`routers.scoring.intervals`); :func:`_aggregate` takes its speedup and energy
+    (:mod:`modeswitch.routers.scoring.intervals`); :func:`_aggregate` takes its speedup and energy
     ratio from here too, so the point estimate and its interval share one definition."""
     both = _both(g) if both is None else both
     return {
@@ -218,7 +218,7 @@ def aggregate_scores(per_request: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
 
 
 def score_offline(table: pd.DataFrame, routers: dict, overhead_us: dict | None = None) -> pd.DataFrame:
-    """Per-request scores for every router (name -> fitted :class:`~routers.base.Router`)."""
+    """Per-request scores for every router (name -> fitted :class:`~modeswitch.routers.base.Router`)."""
     overhead_us = overhead_us or {}
     parts = []
     for name, router in routers.items():

@@ -8,7 +8,7 @@ result is p50/p95/p99 in microseconds plus batch throughput (decisions/s) on a
 ready feature frame.
 
 Learned routers are measured in their compiled form by default
-(:func:`routers.compiler.compile`); ``compiled=False`` measures the study's path (a
+(:func:`modeswitch.routers.compiler.compile`); ``compiled=False`` measures the study's path (a
 one-row DataFrame through the scikit-learn pipeline), which costs milliseconds, so
 it gets fewer decisions.
 """

@@ -2,7 +2,7 @@
 threshold Learn then Test refused (``certificate_refusals.csv``, the report's "What the
 certificate refused").
 
-Why: "What the certificate costs" (:mod:`routers.scoring.threshold_sweep`) says how much
+Why: "What the certificate costs" (:mod:`modeswitch.routers.scoring.threshold_sweep`) says how much
 saving the certificate gives up, not why. The certificate walks its thresholds from the
 strictest and stops at the first one whose calibration picks violate too often; those
 picks are the reason, and they are rarely spread evenly: a handful of (family, mode)
@@ -78,7 +78,7 @@ def refusal_rows(certified: CertifiedRouter, table: pd.DataFrame, held_out: str 
 def certificate_refusals(parts_by_router: dict, table: pd.DataFrame) -> pd.DataFrame:
     """Every certified router's refusal rows (:func:`refusal_rows`). ``parts_by_router``:
     ``{router name: {held-out family or None: CertifiedRouter}}``
-    (:func:`routers.scoring.threshold_sweep.certified_parts`); ``table``: the training
+    (:func:`modeswitch.routers.scoring.threshold_sweep.certified_parts`); ``table``: the training
     table the routers were trained on."""
     frames = [refusal_rows(c, table, key or "").assign(router=name)
               for name, parts in parts_by_router.items() for key, c in parts.items()]

@@ -93,7 +93,7 @@ class ScoreConfig:
     #: replay each certified router over the held-out requests with its threshold adapted
     #: online by every pick's outcome (routers.scoring.adaptive)
     adaptive: bool = True
-    #: the profile's plan (:class:`engine.profiler.ProfileSpec` as a dict): live, each
+    #: the profile's plan (:class:`modeswitch.engine.profiler.ProfileSpec` as a dict): live, each
     #: measured request runs with the prompts the profiler built for it (a study passes
     #: it); None: rebuilt from the table's row, whose prompts may differ
     profile_plan: dict | None = None

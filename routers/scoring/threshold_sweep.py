@@ -5,7 +5,7 @@ the report's "What the certificate costs").
 Why: a certified router's point in the plot says where its certificate put it. Its
 curve says what its predictions could keep at every threshold, the threshold chosen in
 hindsight on the held-out requests themselves. So the report can split the distance
-from the ceiling (:mod:`routers.scoring.frontier`: every latency known) to the router
+from the ceiling (:mod:`modeswitch.routers.scoring.frontier`: every latency known) to the router
 in two:
 
 * ceiling to the curve's best point at the target: what predicting a new family's
@@ -18,7 +18,7 @@ A hindsight threshold is no router anyone could serve: it reads the held-out out
 It is a diagnostic, never a result.
 
 The curve is the router's own decision at each threshold: the certified router's
-inner model (:class:`~routers.certified.CertifiedRouter`'s ``router_``). Where the
+inner model (:class:`~modeswitch.routers.certified.CertifiedRouter`'s ``router_``). Where the
 certified router serves a distilled tree, the curve is the ensemble's (``decision``
 says which). Leave one family out: every family is decided by its own fold's router,
 all at the same threshold.
@@ -120,7 +120,7 @@ def certificate_price(curves: pd.DataFrame, points: pd.DataFrame, targets: dict,
                       ceiling: pd.DataFrame | None = None, rule_ceiling: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per certified router: its certified point, its curve's best capture at or below
     its target (hindsight), and the ceiling's there (``ceiling``: an envelope with
-    violations and capture columns, :func:`~routers.scoring.capture.envelope`).
+    violations and capture columns, :func:`~modeswitch.routers.scoring.capture.envelope`).
 
     ``rule_ceiling``: the envelope of the certified routers' own kind of decision alone
     (the fastest mode under a risk threshold), as ``ceiling_rule_capture``. Why beside the

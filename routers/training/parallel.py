@@ -96,7 +96,7 @@ def sampler_seed(seed: int, worker: int, shared: bool) -> int:
 
 def tune_in_workers(workers: int, target, job: dict, parent_run_id: str | None) -> list:
     """Start ``workers - 1`` processes running ``target(job, worker index, parent_run_id)``
-    (the trainer's :func:`~routers.training.trainer.worker_main`: a module-level function,
+    (the trainer's :func:`~modeswitch.routers.training.trainer.worker_main`: a module-level function,
     as a spawned process imports it); returns them started (the caller optimises in its
     own process meanwhile, then :func:`join_workers`)."""
     ctx = multiprocessing.get_context("spawn")

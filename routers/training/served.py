@@ -2,7 +2,7 @@
 
 Why: tuning used to score the scikit-learn model's predictions as if deciding were
 free, while the score and the server run the compiled decision (distilled where an
-ensemble would walk too many trees: :func:`routers.compiler.compile_state`) and pay
+ensemble would walk too many trees: :func:`modeswitch.routers.compiler.compile_state`) and pay
 its time on every request. A model better on paper but slower than its picks are
 worth then won the search (a 200-round cost LightGBM: 59.7 µs per decision against
 the rule's 0.73 µs). Here each trial's first fold model is compiled as it would serve,

@@ -4,7 +4,7 @@ the Python API and the study read from it.
 Why: the table used to travel as a raw frame plus ``attrs`` metadata, and every reader
 re-derived the same things (the labels, the per-mode safety columns, the feature
 columns, the folds), scoring and the API through the trainer's privates. Here each is
-derived once, by name, from the frame :mod:`oracle.training_table` writes: one row per
+derived once, by name, from the frame :mod:`modeswitch.oracle.training_table` writes: one row per
 request with its features, ``label`` (the oracle's mode), and per mode ``m`` the
 columns ``<metric>__m`` (costs), ``violates_<constraint>__m`` and ``safe__m``.
 """
@@ -109,7 +109,7 @@ class TrainingTable:
 
     # -- parts ---------------------------------------------------------------------------
     def folds(self, split: str = "group", test_size: float = 0.25, seed: int = 42) -> list:
-        """The (train rows, test rows) splits of :func:`routers.training.splits.split_indices`."""
+        """The (train rows, test rows) splits of :func:`modeswitch.routers.training.splits.split_indices`."""
         return split_indices(self.frame, split, test_size, seed)
 
     def held_out_family(self, test_rows) -> str:

@@ -1,7 +1,7 @@
 """Train the learned routers: splits, Optuna tuning, MLflow tracking.
 
 Per router family: an Optuna study (TPE sampler, median pruner) minimises the
-validation objective of :mod:`routers.training.costs` (mean latency regret + penalty per
+validation objective of :mod:`modeswitch.routers.training.costs` (mean latency regret + penalty per
 unsafe pick) over inner folds of the training part, reporting after each fold
 so that poor trials are pruned. The best parameters are refit on the training
 part and scored on the held-out part next to the rule baseline on the same
@@ -181,7 +181,7 @@ def _router(family, params, cfg: TrainConfig, content_model=None):
 def _fit(family, params, cfg: TrainConfig, table: TrainingTable, idx, use_weights, certify=True,
          transfer=False):
     """One router fitted on rows ``idx``. ``certify``: with the config's target, a router
-    with a risk score is wrapped in :class:`~routers.certified.CertifiedRouter`, its
+    with a risk score is wrapped in :class:`~modeswitch.routers.certified.CertifiedRouter`, its
     threshold certified on held-out rows of ``idx`` (the final and cross-fitted fits;
     ``transfer``: also each family's picks at the threshold certified without it);
     Optuna's inner folds fit without it, so tuning compares the models (with their
@@ -231,7 +231,7 @@ def _tunes_certified(family: str, cfg: TrainConfig) -> bool:
     on the tuning rows, scored by the objective on each family's picks at the threshold
     certified *without* that family, made by a clone that never saw it, and constrained
     to keep every family's rate there within target + slack
-    (:mod:`routers.training.transfer`). Why: tuned on inner folds
+    (:mod:`modeswitch.routers.training.transfer`). Why: tuned on inner folds
     without the certificate, the models that win are the ones bold at their tuned
     ``max_risk``, which the certificate then reins in; scored as certified, a trial is
     judged on what it will serve, with no extra fold. (Its
@@ -260,7 +260,7 @@ def tune(family, cfg: TrainConfig, table: TrainingTable, train_idx, study_name, 
     """Optuna search over the family's space, until the study holds ``cfg.trials``
     finished trials (whoever ran them); returns the study. Worker 0 with
     ``cfg.workers > 1`` starts the other workers on the same study first
-    (:mod:`routers.training.parallel`). A new study's first trial is the family's
+    (:mod:`modeswitch.routers.training.parallel`). A new study's first trial is the family's
     defaults; its second, the best of the first study in ``earlier`` (the same study
     under an earlier search space) holding a finished trial (:mod:`first_trial`)."""
     import optuna  # heavy: only when tuning
@@ -364,7 +364,7 @@ def _earlier_best(url: str, names) -> dict | None:
 
 
 def worker_main(job: dict, worker: int, parent_run_id: str | None) -> None:
-    """One extra tuning process (:func:`routers.training.parallel.tune_in_workers` starts
+    """One extra tuning process (:func:`modeswitch.routers.training.parallel.tune_in_workers` starts
     it): the same study, objective and stop rule as the main one; its trials nested
     under ``parent_run_id`` in MLflow."""
     cfg = job["cfg"]

@@ -1,12 +1,12 @@
 """How a certified trial is judged: on families its certificate did not see.
 
-Each certified trial (:func:`routers.training.trainer._tunes_certified`) is one
+Each certified trial (:func:`modeswitch.routers.training.trainer._tunes_certified`) is one
 certified fit on the tuning rows. Its objective is taken on the *transfer picks*
-(:class:`~routers.certified.CertifiedRouter`, ``family_transfer``): each family's rows
+(:class:`~modeswitch.routers.certified.CertifiedRouter`, ``family_transfer``): each family's rows
 decided by a clone that never saw the family, at the threshold certified on the other
 families. And each family's violation rate there is an Optuna constraint
 (``Trial.set_constraint``): at most the target plus the slack its row count allows by
-chance (:func:`routers.risk_control.sampling_slack`), the test the score report makes of
+chance (:func:`modeswitch.routers.risk_control.sampling_slack`), the test the score report makes of
 every held-out family. The study's best trial is the best feasible one (Optuna's
 constrained optimisation; its TPE sampler also learns where the feasible region lies).
 
