@@ -84,7 +84,7 @@ def test_train_help_shows_core_options_before_the_advanced_panel():
 
 
 @pytest.mark.parametrize("cmd, research", [(["score"], "--frontier"), (["label"], "--quality-scope"),
-                                           (["dataset", "build"], "--quality-risk"), (["study", "run"], "--beside")])
+                                           (["dataset", "build"], "--quality-risk"), (["serve"], "--admin-key")])
 def test_research_options_sit_in_the_advanced_panel(cmd, research):
     out = runner.invoke(app, [*cmd, "--help"], env=WIDE).output
     assert out.index("─ Advanced ") < out.index(research)

@@ -10,7 +10,6 @@ import pandas as pd
 import typer
 
 from modeswitch.cli.common import (
-    ADVANCED,
     AdvancedOptionsCommand,
     RayAddress,
     RayCpus,
@@ -38,8 +37,8 @@ def study_run_cmd(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Study folder (overrides [study] output).")] = None,
     only: Annotated[list[str] | None, typer.Option(help="Run only these steps (e.g. profile, train, score:random); the others must be done.")] = None,
     redo: Annotated[list[str] | None, typer.Option(help="Run these finished steps again (e.g. report after a change to it); a score report is moved aside, not overwritten.")] = None,
-    beside: Annotated[Path | None, typer.Option(rich_help_panel=ADVANCED, help="Another study's folder: the report sets its per-mode, offline and live figures beside this one's (e.g. the stdlib model's study beside the real model's).")] = None,
-    from_archive: Annotated[Path | None, typer.Option(rich_help_panel=ADVANCED, help="A study archive (`modeswitch study archive`): its profile, memory pass, cost model and quality sweep, where measured with this study's settings, are copied in instead of measured again.")] = None,
+    beside: Annotated[Path | None, typer.Option(help="Another study's folder or archive: the report sets its per-mode, offline and live figures beside this one's, and, where it ran another backend, this backend is measured again on its requests (step `beside`) so both backends' modes stand side by side on the same requests.")] = None,
+    from_archive: Annotated[Path | None, typer.Option(help="A study archive (`modeswitch study archive`): its profile, memory pass, cost model and quality sweep, where measured with this study's settings, are copied in instead of measured again.")] = None,
     ray: RayFlag = False,
     ray_address: RayAddress = None,
     ray_workers: RayWorkers = None,
