@@ -127,6 +127,7 @@ def test_the_study_measures_an_old_profiles_memory_again_and_reads_it_from_then_
     from modeswitch.dataset.profile_memory import MEMORY_NOTE, needs_remeasure
     from modeswitch.dataset.profile_schema import read_profile
     from modeswitch.study import Study, StudyConfig
+    from modeswitch.study.steps import run_step
 
     cfg = StudyConfig(output=str(tmp_path / "m"), model=str(tiny_models.target), draft_model=str(tiny_models.draft),
                       families=("short_prompt_short_output",), modes=("fp16_baseline", "continuous_batching"),
@@ -135,15 +136,15 @@ def test_the_study_measures_an_old_profiles_memory_again_and_reads_it_from_then_
     study = Study(cfg, log=said.append)
     assert study.steps()[:4] == ["model", "profile", "memory", "costmodel"]
     assert study.needs("quality") == ["model"]  # the sweep reads no measurement
-    study._step_profile()
+    run_step(study, "profile")
     path = tmp_path / "m" / "profile.parquet"
-    assert study._step_memory()["memory"] is None  # measured with the current method
+    assert run_step(study, "memory")["memory"] is None  # measured with the current method
     # the same profile as an older version wrote it: the old method's figures, no note
     prof = read_profile(path)
     prof["source"] = prof["source"].str.replace(f"; {MEMORY_NOTE}", "", regex=False)
     prof["peak_memory_mb"] = 1.0  # a figure no engine here holds: the pass must replace every row
     write_parquet(prof, path, overwrite=True)
-    got = study._step_memory()
+    got = run_step(study, "memory")
     assert got["replaced"] == len(prof)
     passed = read_profile(got["memory"])  # one trial of every (request, mode), not re-measured
     assert (passed["trial"] == 0).all() and (passed["attempt"].fillna(0) == 0).all()

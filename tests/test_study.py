@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from modeswitch.cli import app
 from modeswitch.dataset.errors import InputFileError
 from modeswitch.study import StudyConfig
+from modeswitch.study.steps import run_step
 
 TINY = """
 [study]
@@ -117,20 +118,21 @@ def test_an_interrupted_steps_time_counts_when_it_resumes(tmp_path, monkeypatch)
     """A profile stopped with Ctrl-C and resumed from its journal took both runs' time;
     the state's seconds say so, not the last run's alone."""
     from modeswitch.study import Study, StudyConfig
+    from modeswitch.study.steps import model as model_module
 
     cfg = tmp_path / "study.toml"
     cfg.write_text(TINY.format(out=tmp_path / "run", mlruns=tmp_path / "mlruns", model="m", draft="d"))
     study = Study(StudyConfig.from_toml(cfg), log=lambda *a: None)
     calls = []
 
-    def model_step(self):
+    def model_step(study):
         calls.append(1)
         time.sleep(0.2)
         if len(calls) == 1:
             raise KeyboardInterrupt
         return {"target": "m"}
 
-    monkeypatch.setattr(Study, "_step_model", model_step)
+    monkeypatch.setattr(model_module, "run", model_step)
     with pytest.raises(KeyboardInterrupt):
         study.run(["model"])
     saved = json.loads((tmp_path / "run" / "study_state.json").read_text())
@@ -235,14 +237,15 @@ def test_the_shipped_study_file_is_valid():
 def test_a_profile_too_small_for_the_cost_model_leaves_the_estimates_interpolated(tmp_path):
     # the cost model needs 6 requests of a (mode, condition); here one condition holds 5
     from modeswitch.study import Study
+    from modeswitch.study.steps.costmodel import read_costmodel
 
     said = []
     small = Study(StudyConfig(output=str(tmp_path / "small"), requests_per_family=5), log=said.append)
     small._profile = lambda: _profile_with(5)
-    got = small._step_costmodel()
+    got = run_step(small, "costmodel")
     assert got["costmodel"] is None and "at most 5 requests" in got["not_fitted"]
     assert any("interpolated" in line for line in said)
-    assert small._costmodel() is None
+    assert read_costmodel(small.out) is None
 
 
 def _profile_with(requests: int):
@@ -286,18 +289,18 @@ def test_the_quality_step_sweeps_drawn_requests_for_the_dataset(tiny_models, tmp
     assert "quality" not in Study(StudyConfig(output=str(tmp_path / "n")), log=lambda m: None).steps()
     swept = study.swept_requests()
     assert [r.family for r in swept] == ["short_prompt_short_output"] * 2 + ["long_prompt_short_output"] * 2
-    got = study._step_quality()
+    got = run_step(study, "quality")
     sweep = read_sweep(got["sweep"])
     assert set(sweep["request_id"]) == {r.id for r in swept} and set(sweep["mode"]) == {"fp16_baseline", "int8_quant"}
     assert set(got["requests_per_s"]) == {"fp16_baseline", "int8_quant"}
     assert (tmp_path / "q" / "quality_sweep_throughput.csv").exists()
-    assert study._step_quality()["requests"] == len(swept)  # finished: taken as it is
+    assert run_step(study, "quality")["requests"] == len(swept)  # finished: taken as it is
     # a second pass (sweep_repeats raised, --redo quality): the journal continues, the
     # one-pass table is kept aside
     journal = tmp_path / "q" / "quality_sweep.parquet.journal.jsonl"
     one_pass = journal.read_text().splitlines()
     twice = Study(dataclasses.replace(cfg, sweep_repeats=2), log=lambda m: None)
-    got = twice._step_quality()
+    got = run_step(twice, "quality")
     assert journal.read_text().splitlines()[:len(one_pass)] == one_pass
     assert len(journal.read_text().splitlines()) == 2 * len(one_pass) - 1
     assert (read_sweep(got["sweep"])["repeats"] == 2).all() and "flipped" in got
@@ -305,7 +308,7 @@ def test_the_quality_step_sweeps_drawn_requests_for_the_dataset(tiny_models, tmp
     assert len(list((tmp_path / "q").glob("quality_sweep_throughput.csv.previous-*"))) == 1
     # back to one pass: the first pass read from the journal, nothing run, nothing written over
     lines = len(journal.read_text().splitlines())
-    back = Study(cfg, log=lambda m: None)._step_quality()
+    back = run_step(Study(cfg, log=lambda m: None), "quality")
     assert len(journal.read_text().splitlines()) == lines
     assert (read_sweep(back["sweep"])["repeats"] == 1).all()
     pd.testing.assert_frame_equal(read_sweep(back["sweep"]).drop(columns="hardware"),
@@ -446,3 +449,33 @@ def test_the_study_variants_are_deltas_whose_identity_the_move_kept():
         assert "[profile]\nfamilies" not in path.read_text(), name  # a delta: the defaults not restated
     assert StudyConfig.from_toml(REPO / "study.toml").identity() == "6e77fa07b3709236"
     assert sorted(p.name for p in REPO.glob("*.toml")) == ["pyproject.toml", "study.toml"]
+
+
+def test_the_step_table_gives_the_order_and_what_each_step_reads(tmp_path):
+    """A step reads every step before it (of its own split, for a step run per split)
+    unless its entry names what it reads; the quality step is there only where the
+    study sweeps."""
+    from modeswitch.study import Study
+
+    study = Study(StudyConfig(output=str(tmp_path / "s"), swept_per_family=2, splits=("random", "group")),
+                  log=lambda m: None)
+    base = ["model", "profile", "memory", "costmodel", "labels", "quality", "dataset"]
+    assert study.steps() == [*base, "train:random", "train:group", "score:random", "score:group", "report"]
+    assert study.needs("model") == [] and study.needs("quality") == ["model"]
+    assert study.needs("dataset") == base[:-1] and study.needs("train:group") == base
+    assert study.needs("score:group") == [*base, "train:group"]
+    assert study.needs("report") == study.steps()[:-1]
+
+
+def test_every_step_is_a_module_of_its_own_with_a_run():
+    """The steps package holds one module per entry of STEPS, named as the step, whose
+    ``run`` takes the study (and the split, for a step run per split)."""
+    import inspect
+    import pkgutil
+
+    from modeswitch.study import steps
+
+    assert {m.name for m in pkgutil.iter_modules(steps.__path__)} == set(steps.STEPS)
+    for name, kind in steps.STEPS.items():
+        params = list(inspect.signature(steps.step_body(name)).parameters)
+        assert params == (["study", "split"] if kind.per_split else ["study"]), name

@@ -2,11 +2,15 @@
 
 Steps, each writing into the study folder: ``model`` (build or find the model),
 ``profile`` (every mode on every family, per-request drawn conditions, ``k``
-interleaved trials; its own journal resumes a half-done sweep), ``costmodel`` (fit
-and cross-validate), ``labels`` (the profiled requests, from their own trials),
+interleaved trials; its own journal resumes a half-done sweep), ``memory`` (memory
+measured again where the profile measured it the old way), ``costmodel`` (fit and
+cross-validate), ``labels`` (the profiled requests, from their own trials),
+``quality`` (where the study sweeps: measured quality for some drawn requests),
 ``dataset`` (profiled requests labelled ``measured`` plus drawn ones labelled from
 estimates), ``train:<split>`` and ``score:<split>`` for every split, and
-``report`` (the opening table across splits, findings, MLflow).
+``report`` (the opening table across splits, findings, MLflow). Each step's body is a
+module of its own in :mod:`modeswitch.study.steps`, whose ``STEPS`` table gives their
+order and what each reads; :class:`Study` keeps the run's state.
 
 Resumable: ``study_state.json`` records each finished step with its seconds and
 outputs (written atomically after the step). A rerun with the same settings skips
@@ -24,80 +28,27 @@ the report lists them.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-)
 
-import modeswitch.engine.models.resolve as model_resolve
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.features import reads_content
-from modeswitch.dataset.io import atomic_path, write_parquet
-from modeswitch.dataset.profile_memory import needs_remeasure, with_memory_from
-from modeswitch.dataset.profile_schema import read_profile
-from modeswitch.dataset.workloads import get_workload
-from modeswitch.dataset.workloads.conditions import draw_units, scaled
-from modeswitch.engine.backends import registry as backend_registry
-from modeswitch.engine.distributed import make_profiler
-from modeswitch.engine.hardware import hardware_string, other_kinds, recorded_hardware
-from modeswitch.engine.profiler import ProfileSpec
-from modeswitch.engine.profiler.journal import journal_identity
-from modeswitch.engine.profiler.plan import profiled_leads
-from modeswitch.engine.quality_sweep import (
-    FLIP_AT,
-    SweepSpec,
-    flipped_share,
-    read_sweep,
-    run_sweep,
-    sweep_passes,
-)
-from modeswitch.oracle import label_profile
-from modeswitch.oracle.costmodel import CostModel, enough_requests, fit_validated
-from modeswitch.oracle.training_table import build_training_table, profiled_requests
-from modeswitch.routers.scoring.run import ScoreConfig, score_routers
-from modeswitch.routers.training.table import (
-    TrainingTable,  # heavy (scikit-learn): only when run
-)
-from modeswitch.routers.training.trainer import TrainConfig, train
+from modeswitch.dataset.io import atomic_path
 from modeswitch.study import archive
 from modeswitch.study.config import LATER_FIELDS, TABLES, StudyConfig
-from modeswitch.study.report import write_study_report
+from modeswitch.study.other_hardware import other_hardware_note
+from modeswitch.study.requests import drawn_requests, swept_requests
+from modeswitch.study.steps import run_step, step_names, step_reads
+from modeswitch.study.steps.memory import profile_with_memory
+from modeswitch.study.steps.model import resolve_quietly
+from modeswitch.study.steps.profile import profile_spec
 
 STATE = "study_state.json"
-
-#: the memory pass of a profile measured with the old CPU memory method (``_step_memory``)
-MEMORY_PASS = "memory_pass.parquet"
-
-
-def _aside(path: Path, tag: str) -> Path:
-    """Rename ``path`` to ``<name>.<tag>`` (``-2``, ``-3``... where that is taken: two
-    moves within a second must not replace each other's) and return the new path."""
-    dest, k = path.with_name(f"{path.name}.{tag}"), 2
-    while dest.exists():
-        dest, k = path.with_name(f"{path.name}.{tag}-{k}"), k + 1
-    path.rename(dest)
-    return dest
-
-
-@dataclass
-class StepRecord:
-    name: str
-    seconds: float
-    finished: str
-    outputs: dict
 
 
 class Study:
@@ -192,31 +143,11 @@ class Study:
         if taken and self.cfg.swept_per_family and not self.done("quality"):
             self.log(f"the archive's quality sweep was not taken (it judged another number of passes than the "
                      f"{self.cfg.sweep_repeats} asked, or it has none): this study sweeps its own")
-        if "profile" in taken:
-            self._warn_other_kind()
-        if "quality" in taken:
-            self._warn_other_kind("quality")
+        for step in [x for x in ("profile", "quality") if x in taken]:  # measured elsewhere: say so
+            note = other_hardware_note(step, self.outputs(step), self.out, self.cfg.device)
+            if note:
+                self.log(note)
         return taken
-
-    def _warn_other_kind(self, step: str = "profile"):
-        """Say so when the profile (or the quality sweep) was measured on another kind of
-        machine than this one. Why: which mode is fastest depends on the CPU's kernels
-        (INT8 weight-only can be faster than the reference on one EPYC and slower on
-        another), and so does a lossy mode's output (the same requests swept on two
-        kinds of machine got other verdicts, while two passes on one machine agreed;
-        docs/results.md). Labels from there need not hold here, and the live check counts such violations as ``other_hardware``; ``--redo
-        profile`` (``--redo quality``) measures it here."""
-        if step == "profile":
-            path = self.outputs("profile").get("profile") or self.out / "profile.parquet"
-        else:
-            path = self.outputs("quality").get("sweep") or self.out / "quality_sweep.parquet"
-        here = hardware_string(self.cfg.device)
-        other = other_kinds(here, recorded_hardware(path))
-        if other:
-            what = "profile" if step == "profile" else "quality sweep"
-            self.log(f"the {what} was measured on another kind of machine ({'; '.join(other)}) than this "
-                     f"one ({here}): its labels need not hold here (the live check counts such "
-                     f"violations as other_hardware); --redo {step} measures it on this machine")
 
     def archive_to(self, dest) -> dict:
         """Keep this study's finished measuring steps in ``dest`` (:mod:`study.archive`)."""
@@ -226,19 +157,8 @@ class Study:
         return step in self.state["steps"]
 
     def needs(self, step: str) -> list[str]:
-        """The steps ``step`` reads the outputs of."""
-        base = ["model", "profile", "memory", "costmodel", "labels",
-                *(["quality"] if self.cfg.swept_per_family else []), "dataset"]
-        kind, _, split = step.partition(":")
-        if kind == "quality":  # the sweep draws its requests from the settings; it reads no measurement
-            return ["model"]
-        if kind in base:
-            return base[:base.index(kind)]
-        if kind == "train":
-            return base
-        if kind == "score":
-            return [*base, f"train:{split}"]
-        return [x for x in self.steps() if x != "report"]
+        """The steps ``step`` reads the outputs of (:data:`modeswitch.study.steps.STEPS`)."""
+        return step_reads(self.cfg, step)
 
     def forget(self, step: str):
         """Mark a step (or every ``kind:*`` step for ``kind``) and every step that reads
@@ -269,11 +189,8 @@ class Study:
         return self.state["steps"][step]["outputs"]
 
     def steps(self) -> list[str]:
-        s = ["model", "profile", "memory", "costmodel", "labels",
-             *(["quality"] if self.cfg.swept_per_family else []), "dataset"]
-        s += [f"train:{x}" for x in self.cfg.splits]
-        s += [f"score:{x}" for x in self.cfg.splits]
-        return s + ["report"]
+        """This study's steps, in the order they run (:data:`modeswitch.study.steps.STEPS`)."""
+        return step_names(self.cfg)
 
     # --------------------------------------------------------------- run
     def run(self, only: list[str] | None = None) -> dict:
@@ -299,9 +216,8 @@ class Study:
             # journal): the step's seconds count every run of it, not the last one only
             before = float(self.state.get("interrupted", {}).get(step, 0.0))
             t0 = time.perf_counter()
-            kind, _, arg = step.partition(":")
             try:
-                outputs = getattr(self, f"_step_{kind}")(*([arg] if arg else []))
+                outputs = run_step(self, step)
             except BaseException:  # Ctrl-C included: keep the time spent before re-raising
                 self.state.setdefault("interrupted", {})[step] = round(before + time.perf_counter() - t0, 1)
                 self._save_state()
@@ -321,257 +237,22 @@ class Study:
         self.log(f"study steps took {total / 60:.1f} min in all (this run and earlier ones)")
         return self.state
 
-    # ------------------------------------------------------------- steps
+    # ------------------------------------------------ what the steps read
     def _models(self):
-        return model_resolve.resolve_models(self.cfg.model, self.cfg.draft_model, None, None, lambda *a: None,
-                              modes=self.cfg.modes)
-
-    def _step_model(self) -> dict:
-        target, draft, card = model_resolve.resolve_models(self.cfg.model, self.cfg.draft_model, None, None, self.log,
-                                             modes=self.cfg.modes)
-        return {"target": str(target), "draft": str(draft) if draft else None,
-                "params": (card or {}).get("target_params")}
+        """The study's (target, draft, card), resolved without a word."""
+        return resolve_quietly(self.cfg)
 
     def profile_spec(self, target, draft):
-        c = self.cfg
-        return ProfileSpec(
-            model=str(target), draft_model=str(draft) if draft else None, backend=c.backend,
-            device=c.device, modes=list(c.modes) if c.modes else None, workloads=list(c.families),
-            requests=c.requests_per_family, trials=c.trials, max_remeasure=c.max_remeasure,
-            seed=c.seed, threads=c.threads, interleave=c.interleave,
-            conditions=c.condition_draw().to_dict(), length_scale=c.length_scale)
-
-    def _step_profile(self) -> dict:
-        target, draft, _ = self._models()
-        path = self.out / "profile.parquet"
-        profiler = make_profiler(self.profile_spec(target, draft), target, draft, path,
-                                 console=self.console, ray=self.ray)
-        df = profiler.run()
-        noise = profiler.noise_
-        return {"profile": str(path), "rows": len(df), "units": int(df["request_id"].nunique()),
-                "modes": int(df["mode"].nunique()),
-                "contended_share": float(df["contended"].mean()) if "contended" in df else None,
-                "noise_floor_median_cv": {str(k): float(v) for k, v in noise["median_cv"].items()}
-                if noise is not None and "median_cv" in noise else {}}
-
-    def _step_memory(self) -> dict:
-        """Memory measured again where the profile measured it the old way (on CPU,
-        rows without the memory note: ``dataset.profile_memory``): the profile's requests once more
-        in every mode, one trial each, no re-measurement (memory needs no timing
-        hygiene; this pass's timings are not used). Its own journal resumes it. A
-        profile measured with the current method needs nothing."""
-        profile = read_profile(self.out / "profile.parquet")
-        stale = needs_remeasure(profile)
-        if not stale.any():
-            return {"memory": None, "why": "the profile measured memory with the current method"}
-        if backend_registry.get_backend(self.cfg.backend).child_processes:
-            self.log(f"memory: the {self.cfg.backend} backend computes in child processes, whose freed memory "
-                     "this process cannot release; its CPU memory stays as the profile measured it")
-            return {"memory": None, "why": f"{self.cfg.backend} engines compute in child processes"}
-        target, draft, _ = self._models()
-        path = self.out / MEMORY_PASS
-        spec = dataclasses.replace(self.profile_spec(target, draft), trials=1, max_remeasure=0)
-        self.log(f"memory: {int(stale.sum())} profile rows measured memory the old way (allocator history, "
-                 f"weights only); measuring it again: {path.name}")
-        t0 = time.perf_counter()
-        df = make_profiler(spec, target, draft, path, console=self.console, ray=self.ray).run()
-        seconds = time.perf_counter() - t0
-        merged = with_memory_from(profile, df, path)
-        ratio = _memory_ratios(merged)
-        self.log(f"memory pass: {df['request_id'].nunique()} requests x {df['mode'].nunique()} modes in "
-                 f"{seconds / 60:.1f} min; median peak vs the reference: "
-                 + ", ".join(f"{m} {r:.2f}x" for m, r in ratio.items()))
-        return {"memory": str(path), "rows": len(df), "replaced": int(stale.sum()),
-                "median_ratio": {str(m): float(r) for m, r in ratio.items()}}
+        return profile_spec(self.cfg, target, draft)
 
     def _profile(self):
         """The profile, with its memory from the memory pass where it was measured again."""
-        profile = read_profile(self.out / "profile.parquet")
-        memory = self.out / MEMORY_PASS
-        if needs_remeasure(profile).any() and memory.exists():
-            profile = with_memory_from(profile, read_profile(memory), memory)
-        return profile
-
-    def _step_costmodel(self) -> dict:
-        profile = self._profile()
-        why = enough_requests(profile)
-        if why:  # as `--costmodel auto` does: the estimates are interpolated instead
-            self.log(f"cost model: not fitted ({why}); estimates are interpolated (raise "
-                     "[profile] requests_per_family for one)")
-            return {"costmodel": None, "not_fitted": why}
-        cm = fit_validated(profile, seed=self.cfg.seed, source=str(self.out / "profile.parquet"))
-        path = cm.save(self.out / "costmodel.json", overwrite=True)
-        v = cm.validation
-        lat = v[v["metric"] == "latency_ms"].set_index("mode")["mape_costmodel"]
-        ttft = v[v["metric"] == "ttft_ms"].set_index("mode")["mape_costmodel"]
-        self.log(f"cost model: latency MAPE median {lat.median():.1%} (worst {lat.idxmax()} "
-                 f"{lat.max():.1%}); TTFT median {ttft.median():.1%}")
-        return {"costmodel": str(path), "latency_mape": {k: float(x) for k, x in lat.items()},
-                "ttft_mape": {k: float(x) for k, x in ttft.items()}}
-
-    def _costmodel(self):
-        """The step's cost model, or None where the profile was too small to fit one."""
-        path = self.out / "costmodel.json"
-        return CostModel.load(path) if path.exists() else None
-
-    def _step_labels(self) -> dict:
-        labels, cand, skipped = label_profile(self._profile(), self.cfg.constraint_set(),
-                                              source=str(self.out / "profile.parquet"))
-        path = self.out / "labels.parquet"
-        write_parquet(labels.reset_index(), path, overwrite=True)
-        write_parquet(cand, self.out / "labels.candidates.parquet", overwrite=True)
-        counts = labels["label"].value_counts()
-        self.log("measured labels: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-        return {"labels": str(path), "n": len(labels), "skipped": len(skipped),
-                "counts": {str(k): int(v) for k, v in counts.items()}}
+        return profile_with_memory(self.out)
 
     def drawn_requests(self) -> list:
-        """The requests labelled from estimates: the profile's families at the same scale
-        and condition draw, ids namespaced apart from the profiled ones."""
-        c = self.cfg
-        if c.drawn_requests <= 0:
-            return []
-        per = max(1, c.drawn_requests // len(c.families))
-        draw = c.condition_draw()
-        out = []
-        for i, name in enumerate(c.families):
-            w = scaled(get_workload(name), c.length_scale)
-            for du in draw_units(w, per, draw, seed=10_000 + c.seed * 100 + i, with_companions=False):
-                out.append(dataclasses.replace(du.request, id=f"draw-{du.request.id}"))
-        return out
+        """The requests labelled from estimates (:func:`modeswitch.study.requests.drawn_requests`)."""
+        return drawn_requests(self.cfg)
 
     def swept_requests(self) -> list:
-        """The drawn requests the quality step measures: each family's first
-        ``swept_per_family`` of its random draw."""
-        per: dict[str, list] = {}
-        for r in self.drawn_requests():
-            if len(per.setdefault(r.family, [])) < self.cfg.swept_per_family:
-                per[r.family].append(r)
-        return [r for rs in per.values() for r in rs]
-
-    def _step_quality(self) -> dict:
-        """Measured quality for drawn requests: the reference and every lossy mode,
-        batched and untimed (engine.quality_sweep); the dataset step takes each swept
-        request's own ROUGE-L and accuracy, marked ``measured (sweep)``."""
-        target, draft, _ = self._models()
-        c = self.cfg
-        path = self.out / "quality_sweep.parquet"
-        swept = self.swept_requests()
-        spec = SweepSpec(model=str(target), requests=tuple(swept),
-                         draft_model=str(draft) if draft else None, backend=c.backend, device=c.device,
-                         modes=tuple(c.modes) if c.modes else None, threads=c.threads,
-                         arrival_groups=c.sweep_arrival_groups, repeats=c.sweep_repeats)
-        if path.exists():
-            old_frame = read_sweep(path)
-            same = set(old_frame["request_id"].astype(str)) == {r.id for r in swept}
-            if same and sweep_passes(old_frame) == c.sweep_repeats:  # finished before the state was saved
-                return {"sweep": str(path), "requests": int(old_frame["request_id"].nunique())}
-            # a redo with other settings: keep the old sweep aside, never overwrite it. Its
-            # journal stays where only the passes changed (more passes continue it)
-            journal = path.with_name(path.name + ".journal.jsonl")
-            kept = journal_identity(journal) == spec.identity()
-            throughput_csv = self.out / "quality_sweep_throughput.csv"
-            stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-            for old in (path, throughput_csv) + (() if kept else (journal,)):
-                if old.exists():
-                    _aside(old, f"previous-{stamp}")
-            n = sweep_passes(old_frame)
-            why = (f"judged {n} pass{'es' * (n != 1)}, {c.sweep_repeats} asked" if same else "swept other requests")
-            self.log(f"quality sweep: {path.name} {why}; kept aside as .previous-{stamp}; "
-                     + ("its journal continues" if kept else "sweeping anew (no journal of these settings here)"))
-        t0 = time.perf_counter()
-        frame, throughput = run_sweep(spec, path, log=self.log)
-        seconds = time.perf_counter() - t0
-        with atomic_path(self.out / "quality_sweep_throughput.csv", overwrite=True) as tmp:
-            throughput.to_csv(tmp, index=False)
-        n = sweep_passes(frame)
-        self.log(f"quality sweep: {frame['request_id'].nunique()} requests x {frame['mode'].nunique()} modes "
-                 f"({n} pass{'es' * (n != 1)}), {seconds / 60:.1f} min this "
-                 "run; requests/s per mode over every pass "
-                 + ", ".join(f"{r.mode} {r.requests_per_s:.2f}" for r in throughput.itertuples()))
-        flipped = flipped_share(frame) if c.sweep_repeats > 1 else float("nan")
-        if not math.isnan(flipped):  # repeats, and lossy rows
-            self.log(f"quality sweep: the {c.sweep_repeats} repeats disagree on ROUGE-L >= {FLIP_AT} for "
-                     f"{flipped:.1%} of (request, lossy mode) pairs")
-        return {"sweep": str(path), "requests": int(frame["request_id"].nunique()),
-                **({"flipped": flipped} if not math.isnan(flipped) else {}),
-                "requests_per_s": {r.mode: float(r.requests_per_s) for r in throughput.itertuples()}}
-
-    def _step_dataset(self) -> dict:
-        profile = self._profile()
-        reqs = self.drawn_requests() + profiled_requests(profile)
-        sweep = self.out / "quality_sweep.parquet"
-        table = build_training_table(profile, reqs, self.cfg.constraint_set(),
-                                     source=str(self.out / "profile.parquet"), costmodel=self._costmodel(),
-                                     quality=read_sweep(sweep) if self.cfg.swept_per_family else None,
-                                     content_model=self.outputs("model")["target"]
-                                     if reads_content(self.cfg.feature_set) or self.cfg.confidence else None,
-                                     confidence=self.cfg.confidence, device=self.cfg.device,
-                                     threads=self.cfg.threads,
-                                     built_from=profiled_leads(dataclasses.asdict(
-                                         self.profile_spec(*self._models()[:2]))))
-        path = self.out / "train.parquet"
-        write_parquet(table, path, overwrite=True)
-        src = table["label_source"].value_counts()
-        self.log(f"training table: {len(table)} requests; label source "
-                 + ", ".join(f"{k} {v}" for k, v in src.items()))
-        return {"table": str(path), "n": len(table),
-                "label_source": {str(k): int(v) for k, v in src.items()},
-                "labels": {str(k): int(v) for k, v in table["label"].value_counts().items()}}
-
-    def _table(self):
-        """The study's training table (train.parquet), as training and scoring read it."""
-        return TrainingTable.read(self.out / "train.parquet")
-
-    def _step_train(self, split: str) -> dict:
-        c = self.cfg
-        families = {"routers": list(c.routers)} if c.routers else {}
-        cfg = TrainConfig(feature_set=c.feature_set, split=split, test_size=c.test_size,
-                          trials=c.tuning_trials, seed=42 + c.seed, mlruns=c.mlruns, labels=c.labels,
-                          target_violation_rate=c.target_violation_rate, certificate=c.certificate,
-                          router_params={k: dict(v) for k, v in c.router_params.items()},
-                          tuning_objective=c.tuning_objective, lofo_tuning=c.lofo_tuning,
-                          workers=c.workers, **families)
-        if self.console is None:
-            res = train(self._table(), cfg, None)
-        else:
-            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TimeRemainingColumn(), console=self.console, transient=True) as bar:
-                res = train(self._table(), cfg, bar)
-        return {"runs": {r.router: r.run_id for r in res.itertuples()},
-                "test_oracle_match": {r.router: float(r.test_oracle_match) for r in res.itertuples()}}
-
-    def _step_score(self, split: str) -> dict:
-        c = self.cfg
-        out = self.out / f"score-{split}"
-        if out.exists() and any(out.iterdir()):  # an interrupted earlier attempt, or a redo
-            kind = "previous" if f"score:{split}" in self.state.get("redone", []) else "incomplete"
-            aside = _aside(out, f"{kind}-{datetime.now():%Y%m%d-%H%M%S}")
-            self.log(f"moved the unfinished report {out} aside to {aside}")
-        runs = list(self.outputs(f"train:{split}")["runs"].values())
-        table = self._table()
-        cfg = ScoreConfig(mlruns=c.mlruns, run_ids=runs, decisions=c.decisions, live=c.live,
-                          live_per_family=c.live_per_family,
-                          live_trials=c.live_trials, live_threads=c.threads, live_max_remeasure=c.max_remeasure,
-                          model=c.model, draft_model=c.draft_model,
-                          device=c.device, backend=c.backend, seed=c.seed, name=f"{c.name}-{split}",
-                          labels=c.labels, profile_plan=dataclasses.asdict(self.profile_spec(*self._models()[:2])))
-        res = score_routers(table, cfg, out, progress=self.log if self.console is None else None)
-        return {"report": str(out), "mlflow_run_id": res["mlflow_run_id"],
-                "live_requests": None if res["live_per"] is None else int(res["live_per"]["request_id"].nunique()),
-                "live_estimate_mape_pct": res["live_figures"].get("estimate_mape_pct"),
-                **{f"live_{k}": v for k, v in res["live_figures"].items()
-                   if k.startswith(("estimate_mape_pct_", "estimate_median_signed_pct_", "estimate_pairs_"))}}
-
-    def _step_report(self) -> dict:
-        return write_study_report(self)
-
-
-def _memory_ratios(profile) -> dict:
-    """Per mode, the median over requests of its peak memory / the reference's."""
-    peak = profile.groupby(["request_id", "mode"])["peak_memory_mb"].median().unstack("mode")
-    ref = str(profile["reference_mode"].dropna().iloc[0])
-    if ref not in peak:
-        return {}
-    ratio = peak.div(peak[ref], axis=0).median()
-    return {m: float(r) for m, r in ratio.drop(ref).sort_values().items() if math.isfinite(r)}
+        """The drawn requests the quality step measures."""
+        return swept_requests(self.cfg)
