@@ -44,16 +44,21 @@ class ArchConfig:
 class BuildRecipe:
     """Everything that determines the built models (hashed into the cache key)."""
 
-    vocab_size: int = 4096
-    corpus_bytes: int = 6_000_000
+    # ``--model tiny``'s sizes: a build of under a minute on 2 cores. The training steps
+    # are nearly all of its compute (the vocabulary's output layer and softmax a large
+    # part of each step), so the model, vocabulary and step counts are kept small; the
+    # corpus holds about as many tokens as the target's steps read, since tokenizing
+    # text that no step reaches costs seconds for nothing
+    vocab_size: int = 1024
+    corpus_bytes: int = 1_000_000
     seq_len: int = 128
     batch_size: int = 16
     lr: float = 4e-3
     seed: int = 0
-    target: ArchConfig = field(default_factory=lambda: ArchConfig(256, 4, 704, 4))
-    target_steps: int = 200
-    draft: ArchConfig = field(default_factory=lambda: ArchConfig(128, 2, 352, 2))
-    draft_steps: int = 200
+    target: ArchConfig = field(default_factory=lambda: ArchConfig(128, 2, 352, 2))
+    target_steps: int = 150
+    draft: ArchConfig = field(default_factory=lambda: ArchConfig(64, 1, 176, 2))
+    draft_steps: int = 150
     #: stop a stage early if it runs this long (recorded in the card); None: never. Off by
     #: default: a capped stage trains a model that depends on the machine's load, under a
     #: cache key that does not say so (the test fixture's target stopped at 103 of 150
@@ -66,7 +71,8 @@ class BuildRecipe:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-#: A few-second recipe for tests: same code path, tiny sizes.
+#: The test suite's recipe: ``--model tiny``'s code path and model sizes, with a smaller
+#: vocabulary and corpus and a shorter context.
 TEST_RECIPE = BuildRecipe(
     vocab_size=512, corpus_bytes=400_000, seq_len=128, batch_size=16, lr=4e-3,
     target=ArchConfig(128, 2, 352, 2, 2048), target_steps=150,
@@ -157,17 +163,35 @@ def _eval(target, draft, stream, recipe: BuildRecipe, n_windows: int = 8) -> dic
             "draft_acceptance_rate": round(agree, 4), "target_median_top1_top2_logit_gap": round(gap, 3)}
 
 
+#: torch threads for the build, as for SmolLM2's draft: one. These matrices are small, so
+#: a second thread gains little on an idle machine, and on a 2-core machine shared with
+#: anything else two OpenMP threads wait on each other and the build runs several times
+#: slower. The models are the same on any thread count.
+BUILD_THREADS = 1
+
+
 def build_models(cache_dir: Path | None = None, recipe: BuildRecipe = BuildRecipe(),
-                 force: bool = False, progress=None, log=print) -> BuiltModels:
+                 force: bool = False, progress=None, log=print,
+                 threads: int = BUILD_THREADS) -> BuiltModels:
     """Build (or reuse) the default target and draft models; return their folders."""
     import torch  # lazy: torch is heavy
 
     cache_dir = Path(cache_dir or default_cache_dir()) / "models" / f"tiny-{recipe.key()}"
-    target_dir, draft_dir = cache_dir / "target", cache_dir / "draft"
     card_path = cache_dir / CARD
     if card_path.exists() and not force:
-        return BuiltModels(target_dir, draft_dir, json.loads(card_path.read_text()))
+        return BuiltModels(cache_dir / "target", cache_dir / "draft", json.loads(card_path.read_text()))
+    before_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _build(cache_dir, recipe, progress, log)
+    finally:
+        torch.set_num_threads(before_threads)
 
+
+def _build(cache_dir: Path, recipe: BuildRecipe, progress, log) -> BuiltModels:
+    import torch  # lazy: torch is heavy
+
+    target_dir, draft_dir = cache_dir / "target", cache_dir / "draft"
     torch.manual_seed(recipe.seed)
     t0 = time.perf_counter()
     text = stdlib_text(recipe.corpus_bytes)
@@ -191,6 +215,7 @@ def build_models(cache_dir: Path | None = None, recipe: BuildRecipe = BuildRecip
         "recipe": asdict(recipe),
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
         "corpus_sha256_16": corpus_hash(text),
         "target_params": sum(p.numel() for p in target.parameters()),
         "draft_params": sum(p.numel() for p in draft.parameters()),
