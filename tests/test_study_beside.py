@@ -125,3 +125,26 @@ def test_two_kinds_of_machine_are_said_to_differ(archived, tmp_path):
     this["hardware"] = "Intel Xeon (2 cores; isa avx2, avx512f)"
     md = "\n".join(side_by_side_section(this, ARCHIVE, Constraints(), tmp_path))
     assert "different kinds of machine" in md
+
+
+def test_the_beside_step_runs_only_beside_another_backends_study(tmp_path):
+    """--beside with the same model's study on another backend adds the step (reading
+    the model and the profile) before the report; beside a study of this backend, or a
+    folder without a profile, it does not."""
+    from modeswitch.study import Study
+    from modeswitch.study.config import StudyConfig
+
+    cfg = StudyConfig(output=str(tmp_path / "s"), backend="llamacpp", splits=("group",))
+    study = Study(cfg, log=lambda m: None, beside=ARCHIVE)
+    assert study.steps()[-2:] == ["beside", "report"]
+    assert study.needs("beside") == ["model", "profile"] and "beside" in study.needs("report")
+    for other in (Study(cfg.replace(backend="transformers"), log=lambda m: None, beside=ARCHIVE),
+                  Study(cfg, log=lambda m: None, beside=tmp_path)):
+        assert "beside" not in other.steps()
+
+
+def test_the_beside_spec_keeps_the_modes_both_measure():
+    spec = ProfileSpec(model="m", backend="llamacpp", modes=["fp16_baseline", "int8_quant", "awq_4bit"])
+    assert beside_spec(spec, {}, ["int8_quant", "fp16_baseline", "int8_weight_only"]).modes == \
+        ["fp16_baseline", "int8_quant"]
+    assert beside_spec(ProfileSpec(model="m"), {}, ["b", "a"]).modes == ["a", "b"]

@@ -23,10 +23,10 @@ import pandas as pd
 from modeswitch.dataset.errors import InputFileError
 from modeswitch.dataset.io import write_csv
 from modeswitch.dataset.workloads.conditions import ConditionDraw
-from modeswitch.engine.distributed import make_profiler
 from modeswitch.oracle.mode_table import mode_table
 from modeswitch.study.markdown import md_table
 
+#: where the ``beside`` step (:mod:`modeswitch.study.steps.beside`) writes its profile
 BESIDE_PROFILE = "beside_profile.parquet"
 #: the columns that make two profiles' rows the same request (the prompt's length too, within
 #: ``PROMPT_SLACK`` tokens: each backend counts the same text with its own tokenizer)
@@ -50,14 +50,20 @@ def other_settings(other_dir: Path) -> dict:
                          f"no {' or '.join(SETTINGS)}: cannot tell which requests it measured")
 
 
-def beside_spec(spec, other: dict):
-    """This study's profile spec on the other study's requests."""
+def beside_spec(spec, other: dict, other_modes=None):
+    """This study's profile spec on the other study's requests, in the modes both
+    measure (``other_modes``: the other profile's; the ones it lacks could not be set
+    beside anything)."""
     try:
         draw = ConditionDraw.from_dict(other.get("conditions") or {}).to_dict()
     except (TypeError, ValueError) as exc:
         raise InputFileError(None, None, "conditions", f"the other study's: {exc}") from None
+    modes = spec.modes
+    if other_modes is not None:
+        theirs = sorted(map(str, other_modes))
+        modes = theirs if modes is None else [m for m in modes if m in theirs]
     return dataclasses.replace(
-        spec, workloads=list(other.get("families") or spec.workloads),
+        spec, workloads=list(other.get("families") or spec.workloads), modes=modes,
         requests=int(other.get("requests_per_family", spec.requests)), seed=int(other.get("seed", spec.seed)),
         conditions=draw, length_scale=float(other.get("length_scale", spec.length_scale)))
 
@@ -73,17 +79,17 @@ def same_requests(a: pd.DataFrame, b: pd.DataFrame) -> set[str]:
     return set(j.loc[close, "request_id"].astype(str))
 
 
-def profile_beside(study, other_dir: Path) -> dict:
-    """The ``beside`` step: this backend on the other study's requests (resumable)."""
+def wants_beside_profile(cfg, other_dir) -> bool:
+    """Whether ``other_dir`` is a study of the same model on another backend with a
+    profile to measure this backend again on (an unreadable folder: no)."""
     other_dir = Path(other_dir)
-    other = pd.read_parquet(other_dir / "profile.parquet")
-    target, draft, _ = study._models()
-    spec = beside_spec(study.profile_spec(target, draft), other_settings(other_dir))
-    path = study.out / BESIDE_PROFILE
-    df = make_profiler(spec, target, draft, path, console=study.console).run()
-    same = same_requests(df, other)
-    return {"beside_profile": str(path), "other": str(other_dir), "rows": len(df),
-            "requests": int(df["request_id"].nunique()), "same_requests": len(same)}
+    if not (other_dir / "profile.parquet").exists():
+        return False
+    try:
+        other = other_settings(other_dir)
+    except (InputFileError, ValueError):
+        return False
+    return other.get("model") == cfg.model and other.get("backend") != cfg.backend
 
 
 def side_by_side(this: pd.DataFrame, other: pd.DataFrame, constraints) -> tuple[pd.DataFrame, int]:

@@ -40,6 +40,7 @@ from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.features import reads_content
 from modeswitch.dataset.io import atomic_path
 from modeswitch.study import archive
+from modeswitch.study.beside import wants_beside_profile
 from modeswitch.study.config import LATER_FIELDS, TABLES, StudyConfig
 from modeswitch.study.other_hardware import other_hardware_note
 from modeswitch.study.requests import drawn_requests, swept_requests
@@ -60,6 +61,9 @@ class Study:
         #: another study's folder the report sets its figures beside (not a study setting:
         #: it changes what the report shows, not what is measured)
         self.beside = beside
+        #: the other study's folder where this backend is measured again on its requests
+        #: (step ``beside``): one of the same model on another backend, else None
+        self.beside_requests = beside if beside is not None and wants_beside_profile(cfg, beside) else None
         #: :class:`engine.distributed.RayOptions`: profile over Ray (None: in this process);
         #: how the cells are spread is not a study setting, so it is not in ``cfg``
         self.ray = ray
@@ -158,7 +162,7 @@ class Study:
 
     def needs(self, step: str) -> list[str]:
         """The steps ``step`` reads the outputs of (:data:`modeswitch.study.steps.STEPS`)."""
-        return step_reads(self.cfg, step)
+        return step_reads(self.cfg, step, self)
 
     def forget(self, step: str):
         """Mark a step (or every ``kind:*`` step for ``kind``) and every step that reads
@@ -190,7 +194,7 @@ class Study:
 
     def steps(self) -> list[str]:
         """This study's steps, in the order they run (:data:`modeswitch.study.steps.STEPS`)."""
-        return step_names(self.cfg)
+        return step_names(self.cfg, study=self)
 
     # --------------------------------------------------------------- run
     def run(self, only: list[str] | None = None) -> dict:

@@ -28,7 +28,8 @@ class StepKind:
     ``per_split``: run once per split as ``<name>:<split>``. ``reads``: the steps whose
     outputs it reads; None reads every step before it (for a step run per split, those
     of its own split). ``when``: a setting that must be set (non-zero) for the step to be
-    part of the study.
+    part of the study, looked up on the settings, else on the study (a choice of the
+    run that is not a setting, such as ``--beside``).
     """
 
     name: str
@@ -48,32 +49,38 @@ STEPS: dict[str, StepKind] = {s.name: s for s in (
     StepKind("dataset"),
     StepKind("train", per_split=True),
     StepKind("score", per_split=True),
+    # this backend measured again on another backend's study's requests (--beside)
+    StepKind("beside", reads=("model", "profile"), when="beside_requests"),
     StepKind("report"),
 )}
 
 
-def step_names(cfg, kinds=None) -> list[str]:
+def step_names(cfg, kinds=None, study=None) -> list[str]:
     """The study's steps in order (of ``kinds`` only, where given): each step whose
-    ``when`` setting is set, once per split of ``cfg.splits`` for a step run per split."""
+    ``when`` is set, once per split of ``cfg.splits`` for a step run per split."""
     out = []
     for kind in STEPS.values():
-        if (kinds is not None and kind.name not in kinds) or (kind.when and not getattr(cfg, kind.when)):
+        if (kinds is not None and kind.name not in kinds) or (kind.when and not _set(kind.when, cfg, study)):
             continue
         out += [f"{kind.name}:{s}" for s in cfg.splits] if kind.per_split else [kind.name]
     return out
 
 
-def step_reads(cfg, step: str) -> list[str]:
+def _set(name: str, cfg, study) -> bool:
+    return bool(getattr(cfg, name)) if hasattr(cfg, name) else bool(getattr(study, name, None))
+
+
+def step_reads(cfg, step: str, study=None) -> list[str]:
     """The steps ``step`` reads the outputs of (a name no step has: every step but the
     last, as the last one reads)."""
     kind, _, split = step.partition(":")
     entry = STEPS.get(kind)
     if entry is None:
-        return step_names(cfg)[:-1]
+        return step_names(cfg, study=study)[:-1]
     if entry.reads is not None:
         return list(entry.reads)
     earlier = list(STEPS)[:list(STEPS).index(kind)]
-    return [x for x in step_names(cfg, earlier)
+    return [x for x in step_names(cfg, earlier, study)
             if not entry.per_split or not STEPS[x.partition(":")[0]].per_split or x.partition(":")[2] == split]
 
 
