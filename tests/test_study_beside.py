@@ -3,6 +3,7 @@ section at a violation budget."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -41,6 +42,25 @@ def test_the_beside_spec_draws_the_archived_requests(archived):
         row = shapes.loc[rid]
         assert (r.expected_output_tokens, r.concurrent_requests, r.memory_pressure) == \
             (row["expected_output_tokens"], row["concurrent_requests"], row["memory_pressure"])
+
+
+def test_the_beside_spec_keeps_the_archived_requests_this_study_could_draw(archived):
+    """A study whose arrival groups stop at 4 measures the archive's requests with
+    groups of at most 4, under the ids the archive gave them; a plan without the cap
+    keeps the identity it had before the cap existed."""
+    ours = {"concurrency": [1, 2, 4], "concurrency_weights": [0.6, 0.2, 0.2]}
+    spec = ProfileSpec(model="m", backend="llamacpp", requests=12, trials=1, threads=1, seed=0,
+                       length_scale=0.25, conditions=ours)
+    capped = beside_spec(spec, other_settings(ARCHIVE))
+    assert capped.max_concurrency == 4
+    kept = {u.requests[0].id: len(u.requests) for u in build_units(capped)}
+    shapes = archived.drop_duplicates("request_id").set_index("request_id")["concurrent_requests"]
+    assert kept == {rid: int(n) for rid, n in shapes.items() if n <= 4}
+    assert 0 < len(kept) < len(shapes)
+    uncapped = beside_spec(dataclasses.replace(spec, conditions={}), other_settings(ARCHIVE))
+    assert uncapped.max_concurrency is None
+    assert uncapped.identity() == dataclasses.replace(uncapped, max_concurrency=None).identity() \
+        != dataclasses.replace(uncapped, max_concurrency=16).identity()
 
 
 def test_a_folder_without_settings_is_refused_by_name(tmp_path):

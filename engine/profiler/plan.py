@@ -63,6 +63,9 @@ class ProfileSpec:
     conditions: dict | None = None
     #: every family's prompt, output and prefix lengths times this
     length_scale: float = 1.0
+    #: measure only the drawn units whose arrival group is at most this large (the others
+    #: are drawn all the same, so the kept ones keep their ids); None: every unit
+    max_concurrency: int | None = None
 
     def __post_init__(self):
         """Refuse counts and scales no run could use before anything is measured."""
@@ -70,7 +73,7 @@ class ProfileSpec:
         count("trials", self.trials)
         count("max_remeasure", self.max_remeasure, minimum=0)
         count("benchmark_requests", self.benchmark_requests, minimum=0)
-        for name in ("batch_size", "threads"):
+        for name in ("batch_size", "threads", "max_concurrency"):
             if getattr(self, name) is not None:
                 count(name, getattr(self, name))
         finite("length_scale", self.length_scale, positive=True)
@@ -81,7 +84,7 @@ class ProfileSpec:
         d = asdict(self)
         # fields added later enter the identity only when set, so journals written
         # before they existed still resume
-        for key, default in (("conditions", None), ("length_scale", 1.0)):
+        for key, default in (("conditions", None), ("length_scale", 1.0), ("max_concurrency", None)):
             if d[key] == default:
                 del d[key]
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -119,6 +122,8 @@ def build_units(spec: ProfileSpec) -> list[Unit]:
         # the draft was distilled on the corpus's draft split: those prompts are no evaluation
         for r in read_benchmark(path, spec.benchmark_requests, seed=spec.seed, skip=in_draft_split):
             units.append(Unit(r.id, r.family, [r]))
+    if spec.max_concurrency is not None:
+        units = [u for u in units if len(u.requests) <= spec.max_concurrency]
     return units
 
 

@@ -53,7 +53,7 @@ def other_settings(other_dir: Path) -> dict:
 def beside_spec(spec, other: dict, other_modes=None):
     """This study's profile spec on the other study's requests, in the modes both
     measure (``other_modes``: the other profile's; the ones it lacks could not be set
-    beside anything)."""
+    beside anything) and at the arrival group sizes this study draws."""
     try:
         draw = ConditionDraw.from_dict(other.get("conditions") or {}).to_dict()
     except (TypeError, ValueError) as exc:
@@ -65,7 +65,18 @@ def beside_spec(spec, other: dict, other_modes=None):
     return dataclasses.replace(
         spec, workloads=list(other.get("families") or spec.workloads), modes=modes,
         requests=int(other.get("requests_per_family", spec.requests)), seed=int(other.get("seed", spec.seed)),
-        conditions=draw, length_scale=float(other.get("length_scale", spec.length_scale)))
+        conditions=draw, length_scale=float(other.get("length_scale", spec.length_scale)),
+        max_concurrency=_largest_group(spec, draw))
+
+
+def _largest_group(spec, other_draw: dict) -> int | None:
+    """This study's largest arrival group, where the other study drew larger ones: those
+    units are left out (each costs this backend as much as its whole group) and the rest
+    keep the ids the other study gave them. None: every unit of the other study."""
+    if spec.conditions is None:
+        return None
+    ours = max(ConditionDraw.from_dict(spec.conditions).concurrency)
+    return ours if max(other_draw["concurrency"]) > ours else None
 
 
 def same_requests(a: pd.DataFrame, b: pd.DataFrame) -> set[str]:
