@@ -24,7 +24,7 @@ from modeswitch.dataset.errors import InputFileError
 from modeswitch.dataset.io import write_csv
 from modeswitch.dataset.workloads.conditions import ConditionDraw
 from modeswitch.oracle.mode_table import mode_table
-from modeswitch.study.markdown import md_table
+from modeswitch.study.markdown import md_table, passing_cell, value_cell
 
 #: where the ``beside`` step (:mod:`modeswitch.study.steps.beside`) writes its profile
 BESIDE_PROFILE = "beside_profile.parquet"
@@ -117,10 +117,10 @@ def side_by_side(this: pd.DataFrame, other: pd.DataFrame, constraints) -> tuple[
         ra = ta.loc[mode] if mode in ta.index else None
         rb = tb.loc[mode] if mode in tb.index else None
         rows.append({"mode": mode,
-                     f"latency ratio ({a})": _get(ra, "latency_ratio"),
-                     f"latency ratio ({b})": _get(rb, "latency_ratio"),
-                     f"ROUGE-L ({a})": _get(ra, "rouge_l_mean"), f"ROUGE-L ({b})": _get(rb, "rouge_l_mean"),
-                     f"families passing ({a})": _passing(ra), f"families passing ({b})": _passing(rb)})
+                     f"latency ratio ({a})": value_cell(ra, "latency_ratio"),
+                     f"latency ratio ({b})": value_cell(rb, "latency_ratio"),
+                     f"ROUGE-L ({a})": value_cell(ra, "rouge_l_mean"), f"ROUGE-L ({b})": value_cell(rb, "rouge_l_mean"),
+                     f"families passing ({a})": passing_cell(ra), f"families passing ({b})": passing_cell(rb)})
     return pd.DataFrame(rows), len(ids)
 
 
@@ -162,11 +162,3 @@ def _when(profile: pd.DataFrame) -> str:
         return ""
     days = pd.to_datetime(profile["measured_at"].dropna(), utc=True, format="ISO8601").dt.date
     return f"{days.min()}" if days.min() == days.max() else f"{days.min()} to {days.max()}"
-
-
-def _get(row, col) -> float:
-    return float("nan") if row is None or col not in row or pd.isna(row[col]) else float(row[col])
-
-
-def _passing(row) -> str:
-    return "-" if row is None else f"{int(row['families_passing'])}/{int(row['families'])}"

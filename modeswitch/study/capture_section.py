@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from modeswitch.routers.scoring.capture import capture_and_violations
 from modeswitch.study.markdown import md_table
 
 #: the violation budget the section judges captures at
@@ -39,11 +40,8 @@ def split_capture(report: Path) -> tuple[pd.DataFrame, dict]:
     for name, g in pr.groupby("router", sort=False):
         if name in NOT_ROUTERS:
             continue
-        best = (g["reference_latency_ms"] - g["oracle_latency_ms"]).sum()
-        saved = (g["reference_latency_ms"] - g["latency_ms"]).sum()
-        row = {"router": name, "requests": len(g),
-               "capture": saved / best if best > 1e-12 else np.nan,
-               "violations": float(g["violates_any"].astype(bool).mean())}
+        capture, violations = capture_and_violations(g)
+        row = {"router": name, "requests": len(g), "capture": capture, "violations": violations}
         fam = by_family[by_family["router"] == name] if by_family is not None else pd.DataFrame()
         row["certified"] = bool(len(fam))
         row["families_met"] = f"{int(fam['met'].astype(bool).sum())}/{len(fam)}" if len(fam) else "-"

@@ -16,3 +16,14 @@ def md_table(df: pd.DataFrame) -> str:
                                        else (f"{v:.3g}" if isinstance(v, float) else str(v))
                                        for v in row) + " |")
     return "\n".join(lines)
+
+
+def value_cell(row, col) -> float:
+    """A mode-table row's ``col`` as a float for :func:`md_table` (NaN, shown "-", where the
+    row or the value is missing)."""
+    return float("nan") if row is None or col not in row or pd.isna(row[col]) else float(row[col])
+
+
+def passing_cell(row) -> str:
+    """A mode-table row's families passing, as "passing/families" ("-" without a row)."""
+    return "-" if row is None else f"{int(row['families_passing'])}/{int(row['families'])}"

@@ -23,6 +23,7 @@ from modeswitch.engine.models.cache import CARD
 from modeswitch.oracle.mode_table import format_mode_table, mode_table
 from modeswitch.oracle.quality_floor import self_consistency_floor
 from modeswitch.study.markdown import md_table as _md
+from modeswitch.study.markdown import passing_cell, value_cell
 
 
 def model_lines(profile: pd.DataFrame, model_dir: str | None, draft_dir: str | None) -> list[str]:
@@ -94,9 +95,9 @@ def beside_section(this: pd.DataFrame, this_fig: pd.DataFrame, other_dir: Path) 
         a = tm.loc[m] if m in tm.index else None
         b = om.loc[m] if m in om.index else None
         rows.append({"mode": m,
-                     "latency ratio (this)": _f(a, "latency_ratio"), "latency ratio (other)": _f(b, "latency_ratio"),
-                     "ROUGE-L (this)": _f(a, "rouge_l_mean"), "ROUGE-L (other)": _f(b, "rouge_l_mean"),
-                     "families passing (this)": _pass(a), "families passing (other)": _pass(b)})
+                     "latency ratio (this)": value_cell(a, "latency_ratio"), "latency ratio (other)": value_cell(b, "latency_ratio"),
+                     "ROUGE-L (this)": value_cell(a, "rouge_l_mean"), "ROUGE-L (other)": value_cell(b, "rouge_l_mean"),
+                     "families passing (this)": passing_cell(a), "families passing (other)": passing_cell(b)})
     md = ["## Beside another study", "", f"The other study: `{other_dir}` (its report: "
           f"`{other_dir / 'README.md'}`).", "", _md(pd.DataFrame(rows)), ""]
     of = pd.read_csv(other_fig)
@@ -108,12 +109,3 @@ def beside_section(this: pd.DataFrame, this_fig: pd.DataFrame, other_dir: Path) 
         order = keys + [f"{c} ({w})" for c in cols for w in ("this", "other")]
         md += ["Per split and router, offline and live:", "", _md(j[order]), ""]
     return md
-
-
-def _f(row, col) -> float:
-    return float("nan") if row is None or col not in row or pd.isna(row[col]) else float(row[col])
-
-
-def _pass(row) -> str:
-    return "-" if row is None else f"{int(row['families_passing'])}/{int(row['families'])}"
-
