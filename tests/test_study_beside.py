@@ -15,6 +15,7 @@ from modeswitch.oracle import Constraints
 from modeswitch.study.beside import (
     beside_spec,
     other_settings,
+    same_backend_elsewhere,
     same_requests,
     side_by_side,
     side_by_side_section,
@@ -168,3 +169,33 @@ def test_the_beside_spec_keeps_the_modes_both_measure():
     assert beside_spec(spec, {}, ["int8_quant", "fp16_baseline", "int8_weight_only"]).modes == \
         ["fp16_baseline", "int8_quant"]
     assert beside_spec(ProfileSpec(model="m"), {}, ["b", "a"]).modes == ["a", "b"]
+
+
+def test_the_same_backend_on_another_machine_says_whether_each_direction_agrees(archived, tmp_path):
+    """An archive of this backend and design from another kind of machine is set beside
+    as it is: both machines' columns, and per mode whether it is faster on both."""
+    from modeswitch.study.config import StudyConfig
+
+    here = archived.copy()
+    here["hardware"] = "Intel Xeon (2 cores; isa avx2, avx512f)"
+    ref = here["mode"] == "fp16_baseline"
+    slower = here["mode"] == "gptq_4bit"
+    # on this machine GPTQ takes twice the reference's (median) latency on every request
+    ref_ms = here[ref].groupby("request_id")["latency_ms"].median()
+    here.loc[slower, "latency_ms"] = 2 * here.loc[slower, "request_id"].map(ref_ms).to_numpy()
+    assert same_backend_elsewhere(StudyConfig(model="smollm2", backend="transformers"), ARCHIVE)
+    assert not same_backend_elsewhere(StudyConfig(model="smollm2", backend="llamacpp"), ARCHIVE)
+    assert not same_backend_elsewhere(StudyConfig(model="tiny", backend="transformers"), ARCHIVE)
+
+    table, n = side_by_side(here, archived, Constraints())
+    t = table.set_index("mode")
+    assert n == archived["request_id"].nunique()
+    assert t.loc["gptq_4bit", "latency ratio (transformers, here)"] == pytest.approx(2.0)
+    theirs = t.loc["gptq_4bit", "latency ratio (transformers, other machine)"]
+    assert t.loc["gptq_4bit", "direction agrees"] == ("no" if theirs < 0.98 else "yes" if theirs > 1.02 else "-")
+    assert t.loc["fp16_baseline", "direction agrees"] == "-"  # the reference: a ratio of 1
+    md = "\n".join(side_by_side_section(here, ARCHIVE, Constraints(), tmp_path))
+    assert "direction agrees" in md and "different kinds of machine" in md
+    # one kind of machine: no direction column
+    same_kind, _ = side_by_side(archived.copy(), archived, Constraints())
+    assert "direction agrees" not in same_kind

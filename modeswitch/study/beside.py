@@ -9,7 +9,10 @@ and the settings in its ``archive.json`` or ``study_state.json``) names which re
 it measured; the ``beside`` step measures this study's backend on exactly those
 (same families, count, seed, conditions and length scale, this study's modes, trials
 and threads) into ``beside_profile.parquet``, and the report sets the two per-mode
-tables side by side on the requests whose shapes agree in both.
+tables side by side on the requests whose shapes agree in both. A study of the same
+backend and design measured on another kind of machine (an archive from there) needs
+no step: its requests are this study's, and the report sets the two machines' modes
+side by side, saying mode by mode whether the speed-up's direction agrees.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from modeswitch.dataset.errors import InputFileError
@@ -33,6 +37,8 @@ BESIDE_PROFILE = "beside_profile.parquet"
 SHAPE = ("request_id", "family", "expected_output_tokens", "shared_prefix_tokens",
          "concurrent_requests", "memory_pressure")
 PROMPT_SLACK = 2
+#: a latency ratio this close to 1 has no direction to agree on
+FLAT = 0.02
 #: the settings files a study folder (state) or an archive keeps its config in
 SETTINGS = ("archive.json", "study_state.json")
 
@@ -93,14 +99,28 @@ def same_requests(a: pd.DataFrame, b: pd.DataFrame) -> set[str]:
 def wants_beside_profile(cfg, other_dir) -> bool:
     """Whether ``other_dir`` is a study of the same model on another backend with a
     profile to measure this backend again on (an unreadable folder: no)."""
+    other = _same_model_study(cfg, other_dir)
+    return other is not None and other.get("backend") != cfg.backend
+
+
+def same_backend_elsewhere(cfg, other_dir) -> bool:
+    """Whether ``other_dir`` is a study of this model on this backend with a profile (the
+    same design measured on another kind of machine, say): set beside as it is."""
+    other = _same_model_study(cfg, other_dir)
+    return other is not None and other.get("backend") == cfg.backend
+
+
+def _same_model_study(cfg, other_dir) -> dict | None:
+    """The settings of ``other_dir`` where it is a study of this model with a profile;
+    None otherwise (an unreadable folder included)."""
     other_dir = Path(other_dir)
     if not (other_dir / "profile.parquet").exists():
-        return False
+        return None
     try:
         other = other_settings(other_dir)
     except (InputFileError, ValueError):
-        return False
-    return other.get("model") == cfg.model and other.get("backend") != cfg.backend
+        return None
+    return other if other.get("model") == cfg.model else None
 
 
 def side_by_side(this: pd.DataFrame, other: pd.DataFrame, constraints) -> tuple[pd.DataFrame, int]:
@@ -111,7 +131,8 @@ def side_by_side(this: pd.DataFrame, other: pd.DataFrame, constraints) -> tuple[
         return pd.DataFrame(), 0
     ta = mode_table(this[this["request_id"].astype(str).isin(ids)], constraints).set_index("mode")
     tb = mode_table(other[other["request_id"].astype(str).isin(ids)], constraints).set_index("mode")
-    a, b = _name(this), _name(other)
+    a, b = column_names(this, other)
+    kinds_differ = _kinds(this) != _kinds(other)
     rows = []
     for mode in list(ta.index) + [m for m in tb.index if m not in ta.index]:
         ra = ta.loc[mode] if mode in ta.index else None
@@ -121,13 +142,31 @@ def side_by_side(this: pd.DataFrame, other: pd.DataFrame, constraints) -> tuple[
                      f"latency ratio ({b})": value_cell(rb, "latency_ratio"),
                      f"ROUGE-L ({a})": value_cell(ra, "rouge_l_mean"), f"ROUGE-L ({b})": value_cell(rb, "rouge_l_mean"),
                      f"families passing ({a})": passing_cell(ra), f"families passing ({b})": passing_cell(rb)})
+        if kinds_differ:
+            rows[-1]["direction agrees"] = _direction_agrees(value_cell(ra, "latency_ratio"),
+                                                             value_cell(rb, "latency_ratio"))
     return pd.DataFrame(rows), len(ids)
+
+
+def column_names(this: pd.DataFrame, other: pd.DataFrame) -> tuple[str, str]:
+    """What the table calls each study: its backend, or, where both ran one backend (the
+    same design on two kinds of machine), "here" and "other machine"."""
+    a, b = _name(this), _name(other)
+    return (a, b) if a != b else (f"{a}, here", f"{b}, other machine")
+
+
+def _direction_agrees(ra: float, rb: float) -> str:
+    """Whether a mode is faster (ratio below 1) or not on both machines: "yes", "no", or
+    "-" where either ratio is missing or within 2 % of 1 (no direction to speak of)."""
+    if not (np.isfinite(ra) and np.isfinite(rb)) or abs(ra - 1) < FLAT or abs(rb - 1) < FLAT:
+        return "-"
+    return "yes" if (ra < 1) == (rb < 1) else "no"
 
 
 def side_by_side_section(this: pd.DataFrame, other_dir: Path, constraints, out: Path) -> list[str]:
     """The report's section (and ``side_by_side.csv``), or a line saying why there is none."""
     other_dir = Path(other_dir)
-    head = ["## Beside another backend, same requests", ""]
+    head = ["## Beside another study, same requests", ""]
     if not (other_dir / "profile.parquet").exists():
         return head + [f"`{other_dir}` holds no `profile.parquet`.", ""]
     other = pd.read_parquet(other_dir / "profile.parquet")
@@ -138,10 +177,12 @@ def side_by_side_section(this: pd.DataFrame, other_dir: Path, constraints, out: 
     hw = [f"- {_name(p)}: " + "; ".join(_kinds(p)) + (f", measured {_when(p)}" if _when(p) else "")
           for p in (this, other) if "hardware" in p]
     differ = (["The two ran on different kinds of machine: a mode's direction may differ by kernels "
-               "alone, so read the columns as two machines' answers, not one machine's."]
+               "alone, so read the columns as two machines' answers, not one machine's; \"direction "
+               f"agrees\" says whether the mode is faster (or slower) than its reference on both ("
+               f"\"-\": a ratio within {FLAT:.0%} of 1)."]
               if _kinds(this) != _kinds(other) else [])
     return head + [
-        f"Both backends on the same {n} requests (`{other_dir}`'s), each mode against its own backend's "
+        f"Both studies on the same {n} requests (`{other_dir}`'s), each mode against its own study's "
         "reference: median latency ratio (below 1 is faster), mean ROUGE-L against that reference, "
         "families in which the study's rule accepts the mode (`side_by_side.csv`). The machines:", "",
         *hw, "", *differ, *([""] if differ else []), md_table(table.round(3)), ""]

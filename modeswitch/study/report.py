@@ -14,7 +14,7 @@ import pandas as pd
 from modeswitch.dataset.io import atomic_path
 from modeswitch.routers.risk_control import min_calibration, upper_bound
 from modeswitch.routers.training.tracking import git_commit, setup
-from modeswitch.study.beside import BESIDE_PROFILE, side_by_side_section
+from modeswitch.study.beside import BESIDE_PROFILE, same_backend_elsewhere, side_by_side_section
 from modeswitch.study.capture_section import capture_section
 from modeswitch.study.markdown import md_table as _md
 from modeswitch.study.modes_section import beside_section, modes_section
@@ -204,6 +204,8 @@ def _beside(study, modes: pd.DataFrame, fig: pd.DataFrame) -> list[str]:
     if (study.out / BESIDE_PROFILE).exists():
         md += side_by_side_section(pd.read_parquet(study.out / BESIDE_PROFILE), other,
                                    study.cfg.constraint_set(), study.out)
+    elif same_backend_elsewhere(study.cfg, other):
+        md += side_by_side_section(study._profile(), other, study.cfg.constraint_set(), study.out)
     return md
 
 
