@@ -4,16 +4,15 @@ Kernels were chosen by measuring (``bench/quant_kernels.py`` keeps the kernel co
 ``bench/modes_cpu.py`` the whole modes end to end):
 
 * INT8: ``torch.ao.quantization.quantize_dynamic`` (int8 weights, activations
-  quantized per batch on the fly; fbgemm kernels). torchao's int8-dynamic path
-  was 2-4x slower than fp32 on this kind of CPU.
+  quantized per batch on the fly; fbgemm kernels). Not torchao's int8-dynamic path:
+  on CPU it ran slower than fp32.
 * 4-bit weight-only: round-to-nearest, **symmetric**, group size 128 (GPTQ's usual
   one; 64 or 32 where a layer's width is no multiple of 128, e.g. SmolLM2's 576), run
   by ``torch.ops.aten._weight_int4pack_mm_for_cpu``. Not asymmetric group-32: the
   default model's weights come from a Q4_1 GGUF, which already lies on that grid, so
   re-quantising to it reproduced them exactly and the mode looked free. That kernel takes bf16
-  activations: with fp32 activations it takes a path 3-12x slower
-  (``bench/quant_kernels.py``: 84.6 vs 31.9 us at 256x256, 1238 vs 107 us at
-  1024x1024, one row). We cast in and out.
+  activations: with fp32 activations it takes a path several times slower
+  (``bench/quant_kernels.py`` measures both). We cast in and out.
   This is the CPU analogue of GPTQ/AWQ checkpoints, not GPTQ itself: no
   calibration data, no error compensation.
 """
@@ -66,8 +65,9 @@ def int4_group(k: int, preferred: int = 128) -> int:
 class Int8WeightOnlyLinear(nn.Module):
     """y = x W^T with W stored as int8 per output channel (symmetric, absmax / 127);
     ``aten._weight_int8pack_mm`` dequantises on the fly. Activations go in as bf16: the
-    kernel's fp32 path is about 19x slower (968 vs 51 us for one 576x1536 row here,
-    the fp32 matmul 52 us), its bf16 path 0.3 % off the fp32 product.
+    kernel's fp32 path is an order of magnitude slower than its bf16 one
+    (``bench/quant_kernels.py``), whose product stays within a fraction of a percent of
+    the fp32 one.
     Weight-only int8 is near-lossless in the literature (arXiv 2407.09141), unlike
     dynamic W8A8, which also rounds every activation to 8 bits."""
 

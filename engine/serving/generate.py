@@ -375,10 +375,9 @@ class _Detokenizer:
     text is the whole response's decode): one call per token, which holds back a token
     that ends inside a character until the next completes it (a step that fails, as
     tokenizers' "Invalid prefix encountered" can, sends the rest of the stream to an
-    exact whole decode per token): 72 us per 32-token stream against
-    388 us for the window below (``bench/stream_detokenize.py``, the tiny model's
-    tokenizer, one process), which was 0.45 ms of the server's ~5.4 ms of CPU per
-    request at 64 in flight.
+    exact whole decode per token): several times cheaper than the window below
+    (``bench/stream_detokenize.py`` compares the two), and detokenising is a visible
+    share of the server's CPU per request when many streams are in flight.
 
     Otherwise it decodes a short window (vLLM's incremental scheme): the text of
     ``ids[prefix:]`` minus that of ``ids[prefix:read]``. Decoding from a token a few

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-#: seconds; fine near the serving path's targets (2 us p50, 10 us p99): a quantile read
-#: from /metrics is interpolated inside its bucket, so a coarse one there would blur a
-#: figure the server is judged by; 1-2.5-5 steps above 1 ms, where the load, arrival and
-#: generation stages fall (with 0.1 / 1 / 10 s alone, a generation's p50 read 550 ms
-#: whatever it was)
+#: seconds; fine near the serving path's microsecond targets (a router decision): a
+#: quantile read from /metrics is interpolated inside its bucket, so a coarse one there
+#: would blur a figure the server is judged by; 1-2.5-5 steps above 1 ms, where the load,
+#: arrival and generation stages fall (decade-wide buckets alone would read a
+#: generation's p50 as the middle of its decade whatever it was)
 FINE_BUCKETS = (1e-7, 2.5e-7, 5e-7, 7.5e-7, 1e-6, 1.25e-6, 1.5e-6, 1.75e-6, 2e-6, 2.25e-6, 2.5e-6, 3e-6, 4e-6,
                 5e-6, 7.5e-6, 9e-6, 1e-5, 1.1e-5, 1.25e-5, 1.5e-5, 2e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3,
                 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
