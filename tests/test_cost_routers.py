@@ -437,7 +437,7 @@ def test_shape_cost_features_keep_content_out_of_the_latency_and_limit_heads(cls
     router, fed the whole row, decides as the pipeline; ``log-shape``: no raw token
     count either, the log columns only."""
     from modeswitch.dataset.content_features import CONTENT_FEATURES
-    from modeswitch.routers.families.cost import RAW_COUNT_FEATURES
+    from modeswitch.routers.families.cost_strategies import RAW_COUNT_FEATURES
 
     train = _with_content(synthetic_table(600, seed=31, fast_energy_above=400), 1)
     names = None

@@ -26,6 +26,11 @@ Decisions: ``route(request)`` goes through the pipeline (milliseconds);
 (:meth:`fitted_state` describes it for :mod:`routers.compiler`): the linear one as one matrix of
 weights, the LightGBM one as one ensemble of every model's trees under a region
 tree, each one C call per decision with the same answers.
+
+Switches: ``risk_score``, ``limit_risk``, ``risk_calibration``, ``cost_features``,
+``quality_rows`` and ``cost_regimes`` stay string parameters; each value names a small
+strategy in :mod:`~modeswitch.routers.families.cost_strategies`, looked up on use, that
+does what the value means.
 """
 
 from __future__ import annotations
@@ -43,12 +48,25 @@ from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.model_selection import GroupKFold, KFold
 from sklearn.utils.validation import check_is_fitted
 
-from modeswitch.dataset.content_features import CONTENT_FEATURES
 from modeswitch.dataset.features import CATEGORICAL_FEATURES, _shape, feature_columns
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.modes import reference_mode
-from modeswitch.oracle.sweep_quality import PROFILE, RISK, SWEEP
 from modeswitch.routers.families.base import LearnedRouter, column_prep
+from modeswitch.routers.families.cost_strategies import (
+    COST_INPUTS,
+    COST_REGIMES,
+    QUALITY_ROWS,
+    RISK_CALIBRATIONS,
+    RISK_LIMITS,
+    RISK_SCORES,
+    CostInputs,
+    CostRegime,
+    QualityRows,
+    RiskCalibration,
+    RiskLimit,
+    RiskScore,
+    resolve,
+)
 from modeswitch.routers.families.lightgbm_params import LightGBMParameters
 from modeswitch.routers.families.logistic_params import LogisticParameters
 from modeswitch.routers.families.readers import lightgbm_trees
@@ -70,12 +88,9 @@ RATIO_LIMITS = ("energy", "memory")
 MIN_ROWS = 8
 
 
-#: what the latency, energy and memory heads may read (``cost_features``)
-COST_FEATURES = ("all", "shape", "log-shape")
-#: feature set A's raw token counts, each with a log-scale twin in the set
-#: (``log_prompt_tokens``, ``log_expected_output_tokens``, and their difference for the
-#: ratio), masked from the cost heads under ``cost_features="log-shape"``
-RAW_COUNT_FEATURES = ("prompt_tokens", "expected_output_tokens", "output_prompt_ratio")
+#: what the latency, energy and memory heads may read (``cost_features``; each value's
+#: columns: :data:`~modeswitch.routers.families.cost_strategies.COST_INPUTS`)
+COST_FEATURES = tuple(COST_INPUTS)
 
 
 class _Constant:
@@ -184,7 +199,7 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     shape (tokens, concurrency, shared prefix); content columns let a latency model learn
     its training families apart, which does not carry to a new family. ``log-shape``:
     ``shape`` without the raw token counts that have log-scale twins in feature set A
-    (:data:`RAW_COUNT_FEATURES`). Why: a linear head extrapolates; on raw counts a new
+    (:data:`~modeswitch.routers.families.cost_strategies.RAW_COUNT_FEATURES`). Why: a linear head extrapolates; on raw counts a new
     family of long answers to short prompts lies 12 standard deviations out in
     ``output_prompt_ratio`` (the training families reach 6.6) and gets speed-ups its
     modes do not have (continuous batching predicted 3x faster on average where it is 1.25x
@@ -245,6 +260,28 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
                 "max_risk": trial.suggest_float("max_risk", 0.02, 0.6, log=True),
                 "limit_gate": trial.suggest_float("limit_gate", 0.15, 0.6)}
 
+    # -- each switch's strategy, looked up from its string on use (cost_strategies): a
+    # fitted router stores none, so a saved one loads (skops) and decides as before ------
+    @property
+    def _limit_risk_strategy(self) -> RiskLimit:
+        return resolve(RISK_LIMITS, "limit_risk", self.limit_risk, type(self).__name__)
+
+    @property
+    def _risk_calibration_strategy(self) -> RiskCalibration:
+        return resolve(RISK_CALIBRATIONS, "risk_calibration", self.risk_calibration, type(self).__name__)
+
+    @property
+    def _risk_score_strategy(self) -> RiskScore:
+        return resolve(RISK_SCORES, "risk_score", self.risk_score, type(self).__name__)
+
+    @property
+    def _cost_features_strategy(self) -> CostInputs:
+        return resolve(COST_INPUTS, "cost_features", self.cost_features, type(self).__name__)
+
+    @property
+    def _quality_rows_strategy(self) -> QualityRows:
+        return resolve(QUALITY_ROWS, "quality_rows", self.quality_rows, type(self).__name__)
+
     # ------------------------------------------------------------- fitting
     def _prep(self, X) -> ColumnTransformer:
         wanted = list(feature_columns(self.feature_set))
@@ -263,16 +300,10 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         if not hasattr(X, "columns"):
             raise ValueError(f"{type(self).__name__}.fit needs the training table (per-mode cost columns)")
         X = X.reset_index(drop=True)
-        if self.limit_risk not in ("classifier", "ratio"):
-            raise ValueError(f"{type(self).__name__}: limit_risk={self.limit_risk!r}; known: 'classifier', 'ratio'")
-        if self.risk_calibration not in ("none", "family-held-out"):
-            raise ValueError(f"{type(self).__name__}: risk_calibration={self.risk_calibration!r}; known: "
-                             "'none', 'family-held-out'")
-        if self.risk_score not in ("probability", "margin"):
-            raise ValueError(f"{type(self).__name__}: risk_score={self.risk_score!r}; known: 'probability', 'margin'")
-        if self.cost_features not in COST_FEATURES:
-            raise ValueError(f"{type(self).__name__}: cost_features={self.cost_features!r}; known: "
-                             + ", ".join(repr(c) for c in COST_FEATURES))
+        # the switches' strategies, each resolved before any work: an unknown value is
+        # refused naming the known ones (quality_rows once the table's columns are read)
+        limit, _, _, cost_inputs = (self._limit_risk_strategy, self._risk_calibration_strategy,
+                                    self._risk_score_strategy, self._cost_features_strategy)
         for name in ("quality_gate", "limit_gate"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{type(self).__name__}: {name}={getattr(self, name)!r} must lie in [0, 1]")
@@ -284,8 +315,8 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         w = None if sample_weight is None else np.asarray(sample_weight, dtype=float)
         self.prep_ = self._prep(X).fit(X)
         F = self.prep_.transform(X)
-        Fc = self._cost_inputs(F)
-        quality_rows = self._quality_rows(X)
+        Fc = cost_inputs.inputs(F, self._feature_names())  # the latency, energy and memory heads' rows
+        quality_rows = self._quality_rows_strategy.rows(X, type(self).__name__)  # the quality heads'
         lat_ref = X[f"latency_ms__{ref}"].to_numpy(float)
         self.ratio_models_, self.risk_models_ = {}, {}
         for m in modes:
@@ -302,9 +333,8 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
                 v = X[col].astype("boolean").fillna(True).to_numpy(bool) if col in X else np.zeros(len(X), bool)
                 rows = quality_rows if c == "quality" else slice(None)
                 inputs = F if c == "quality" else Fc
-                model = None
-                if c in RATIO_LIMITS and self.limit_risk == "ratio" and not unmeasured.any():
-                    model = self._fit_ratio_risk(inputs, X, f"{c}_ratio__{m}", v, w)
+                model = (limit.fit(self, inputs, X, f"{c}_ratio__{m}", v, w, unmeasured)
+                         if c in RATIO_LIMITS else None)
                 if model is None:
                     groups = X["family"].astype(str).to_numpy()[rows] if "family" in X else None
                     model = self._fit_clf(inputs[rows], (v | unmeasured)[rows], None if w is None else w[rows],
@@ -318,42 +348,9 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         self.set_risk_threshold(float(self.max_risk))
         return self
 
-    def _cost_inputs(self, F: np.ndarray) -> np.ndarray:
-        """The rows the latency, energy and memory heads learn from: ``F`` itself, or with
-        ``cost_features="shape"`` every content column set to 0 (``log-shape``: the raw
-        token counts too). A constant column is one no LightGBM split and no ridge weight
-        reads (its weight stays 0 under the penalty), so the fitted heads take the whole
-        row when deciding and ignore the masked columns."""
-        if self.cost_features == "all":
-            return F
-        masked = set(CONTENT_FEATURES) | (set(RAW_COUNT_FEATURES) if self.cost_features == "log-shape" else set())
-        names = [n.split("__", 1)[-1] for n in self.prep_.get_feature_names_out()]
-        drop = [i for i, n in enumerate(names) if n in masked]
-        if not drop:
-            return F
-        Fc = np.array(F, dtype=float, copy=True)
-        Fc[:, drop] = 0.0
-        return Fc
-
-    def _quality_rows(self, X):
-        """The rows the quality heads learn from (``quality_rows``)."""
-        how = self.quality_rows
-        if how not in ("all", "measured", "auto"):
-            raise ValueError(f"{type(self).__name__}: quality_rows={how!r}; known: 'auto', 'all', 'measured'")
-        basis = X["quality_basis"] if "quality_basis" in X.columns else None
-        measured = None if basis is None else basis.isin((SWEEP, PROFILE)).to_numpy()
-        if how == "auto":  # a fold without measured rows: every row
-            inferred = any(c.startswith(f"{RISK}__") for c in X.columns)
-            how = "measured" if inferred and measured is not None and measured.any() else "all"
-        if how == "all":
-            return slice(None)
-        if measured is None:
-            raise ValueError(f"{type(self).__name__}: quality_rows='measured' needs the training "
-                             "table's quality_basis column")
-        if not measured.any():
-            raise ValueError(f"{type(self).__name__}: quality_rows='measured', but no row's quality "
-                             "was measured (build the table with a quality sweep)")
-        return measured
+    def _feature_names(self) -> list[str]:
+        """The input columns' feature names (the column preparation's prefixes dropped)."""
+        return [n.split("__", 1)[-1] for n in self.prep_.get_feature_names_out()]
 
     def _fit_reg(self, F, t, w):
         if len(t) < MIN_ROWS:
@@ -388,9 +385,7 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         if len(v) < MIN_ROWS or v.all() or not v.any():
             return _Constant(v.mean() if len(v) else 1.0)
         clf = self._classifier().fit(F, v, sample_weight=w)
-        if self.risk_calibration == "none" or groups is None or len(set(groups)) < 2:
-            return clf
-        return self._calibrate(clf, F, v, w, groups)
+        return self._risk_calibration_strategy.calibrate(self, clf, F, v, w, groups)
 
     def _calibrate(self, clf, F, v, w, groups):
         """``clf`` recalibrated on logits for families it did not see (``risk_calibration``)."""
@@ -417,7 +412,7 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     def loosest_threshold(self) -> float:
         # under the margin score a looser threshold than 0.5 admits only modes predicted
         # slower than the reference, which the argmin never picks over it: no change
-        return 0.5 if self.risk_score == "margin" else self.max_risk_ceiling
+        return self._risk_score_strategy.loosest_threshold(self.max_risk_ceiling)
 
     def risk_scores(self, X) -> np.ndarray:
         """What the threshold is compared with: every other mode's risk score (its largest
@@ -427,9 +422,9 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
 
     def set_risk_threshold(self, threshold: float | None):
         """Decide with ``threshold`` from now on (None: nothing certified, the reference)."""
-        self.threshold_ = self.strictest_threshold if threshold is None else float(threshold)
-        if self.risk_score == "margin":  # a mode failing a gate scores 1: no threshold may admit it
-            self.threshold_ = min(self.threshold_, self.loosest_threshold())
+        threshold = self.strictest_threshold if threshold is None else float(threshold)
+        # under the margin score capped at 0.5: a mode failing a gate scores 1, never admitted
+        self.threshold_ = self._risk_score_strategy.usable_threshold(threshold, self.max_risk_ceiling)
         return self
 
     # ------------------------------------------------------------ deciding
@@ -451,17 +446,13 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         n = F.shape[0]
         ratio = np.zeros((n, len(self.modes_)))
         risk = np.zeros((n, len(self.modes_)))
-        margin = self.risk_score == "margin"
+        score, gates = self._risk_score_strategy, self._gates()
         for j, m in enumerate(self.modes_):
             if m == self.reference_:
                 continue
             ratio[:, j] = self._regress(self.ratio_models_[m], F)
             heads = [self._risk(self.risk_models_[m][c], F) for c in CONSTRAINTS]
-            if margin:  # the speed-up margin where every gate passes, else never admitted
-                passes = np.all([h <= g for h, g in zip(heads, self._gates())], axis=0)
-                risk[:, j] = np.where(passes, expit(ratio[:, j]), 1.0)
-            else:
-                risk[:, j] = np.max(heads, axis=0)
+            risk[:, j] = score.score(ratio[:, j], heads, gates)
         return ratio, risk
 
     def _gates(self) -> tuple[float, ...]:
@@ -522,18 +513,10 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     def explain(self, X) -> list[tuple[str, str]]:
         ratio, risk = self.scores(X)
         idx = self._decide(ratio, risk, self.threshold_)
-        out = []
+        score, out = self._risk_score_strategy, []
         for i, j in enumerate(idx):
             m = self.modes_[j]
-            if self.risk_score == "margin":
-                limit = self.threshold_ / (1 - self.threshold_) if 0 < self.threshold_ < 1 else 0.0
-                why = (f"predicted {np.exp(ratio[i, j]):.2f}x the reference's latency <= {limit:.3g}x, every "
-                       "risk within its gate" if m != self.reference_
-                       else f"no mode predicted at most {limit:.3g}x the reference's latency within its gates")
-            else:
-                why = (f"predicted {np.exp(ratio[i, j]):.2f}x the reference's latency, risk "
-                       f"{risk[i, j]:.2f} <= {self.threshold_:.3g}" if m != self.reference_
-                       else f"no faster mode predicted safe (threshold {self.threshold_:.3g})")
+            why = score.explain(ratio[i, j], risk[i, j], self.threshold_, m == self.reference_)
             out.append((m, f"{type(self).__name__}: {why}"))
         return out
 
@@ -544,7 +527,7 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
         return tags
 
     def feature_importances(self) -> pd.Series:
-        names = [n.split("__", 1)[-1] for n in self.prep_.get_feature_names_out()]
+        names = self._feature_names()
         vals = np.zeros(len(names))
         for mdl in self.ratio_models_.values():
             if hasattr(mdl, "feature_importances_"):
@@ -567,14 +550,14 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
             raise ValueError(f"compiled cost-predicting routers take numbers only (feature set {self.feature_set} "
                              "has categories)")
         modes = list(self.modes_)
-        margin = self.risk_score == "margin"
+        score = self._risk_score_strategy
         # under the margin score each mode has one more risk output, its latency ratio
         # itself (allowed: logistic(ratio) <= threshold), and every constraint's logit is
         # shifted so that the threshold's cut stands for the head's fixed gate
-        M, C = len(modes), len(CONSTRAINTS) + margin
+        M, C = len(modes), len(CONSTRAINTS) + score.ratio_output
         thr = float(self.threshold_)
         cut = cut_logit(thr)
-        gates = self._gates() if margin else (thr,) * len(CONSTRAINTS)
+        gates = score.compiled_gates(self._gates(), thr)
         bias = np.zeros(M * (1 + C))
         fitted = []  # (output, model, scale, offset): the output is scale x the model's raw score + offset
         for j, m in enumerate(modes):
@@ -582,10 +565,10 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
                 continue
             outputs = [(j, self.ratio_models_[m], None)]
             outputs += [(M + j * C + c, self.risk_models_[m][name], gates[c]) for c, name in enumerate(CONSTRAINTS)]
-            if margin:
+            if score.ratio_output:
                 outputs.append((M + j * C + len(CONSTRAINTS), self.ratio_models_[m], None))
             for k, mdl, gate in outputs:
-                shift = 0.0 if gate is None or not margin or not np.isfinite(cut) else cut - cut_logit(gate)
+                shift = 0.0 if gate is None else score.logit_shift(cut, gate)
                 if gate is not None and (isinstance(mdl, _Constant) or not np.isfinite(shift)):
                     value = mdl.value if isinstance(mdl, _Constant) else (0.0 if gate >= 1 else 1.0)
                     bias[k] = -np.inf if value <= gate else np.inf  # compared with its gate here, once
@@ -647,11 +630,6 @@ class LinearCostRouter(LogisticParameters, CostPredictingRouter):
         return LinearModel(W, bias, np.asarray(sc.mean_, float), np.asarray(sc.scale_, float))
 
 
-#: ``cost_regimes`` -> the split every tree of a LightGBM latency head takes first
-#: (feature, threshold; LightGBM's forced split), None for none
-COST_REGIMES = {"none": None, "concurrency": ("concurrent_requests", 1.5)}
-
-
 class LightGBMCostRouter(LightGBMParameters, CostPredictingRouter):
     """LightGBM regressor per mode for the latency ratio, LightGBM classifier per
     (mode, constraint) for the risk.
@@ -679,22 +657,19 @@ class LightGBMCostRouter(LightGBMParameters, CostPredictingRouter):
         super().__init__(**shared)
         self.cost_regimes = cost_regimes
 
+    @property
+    def _cost_regimes_strategy(self) -> CostRegime:
+        return resolve(COST_REGIMES, "cost_regimes", self.cost_regimes, type(self).__name__)
+
     def fit(self, X, y=None, sample_weight=None):
         """:meth:`CostPredictingRouter.fit`, the latency heads with ``cost_regimes``'
         forced splits (LightGBM reads them from a file, written for the fit's length;
         the fitted boosters keep its name among their parameters and are never refitted)."""
-        if self.cost_regimes not in COST_REGIMES:
-            raise ValueError(f"{type(self).__name__}: cost_regimes={self.cost_regimes!r}; known: "
-                             + ", ".join(repr(c) for c in COST_REGIMES))
-        split = COST_REGIMES[self.cost_regimes]
+        split = self._cost_regimes_strategy.forced_split(
+            self.feature_set, f"{type(self).__name__}: cost_regimes={self.cost_regimes!r}")
         if split is None:
             return super().fit(X, y, sample_weight)
-        feature, threshold = split
-        numeric = [c for c in feature_columns(self.feature_set) if c not in CATEGORICAL_FEATURES]
-        if feature not in numeric:
-            raise ValueError(f"{type(self).__name__}: cost_regimes={self.cost_regimes!r} splits on "
-                             f"{feature}, which feature set {self.feature_set} lacks")
-        column = numeric.index(feature)  # the numeric columns come first, in order (column_prep)
+        column, threshold = split  # the numeric columns come first, in order (column_prep)
         with tempfile.TemporaryDirectory(prefix="modeswitch-regimes-") as d:
             path = Path(d) / "forced_splits.json"
             path.write_text(json.dumps({"feature": column, "threshold": float(threshold)}))
