@@ -76,6 +76,9 @@ EXCLUDED = {
                             "reference mode, the one every label and cost is relative to; "
                             "not a serving choice",
     ("score", "name"): "the report's name is its folder's name (--output)",
+    ("profile", "max_concurrency"): "the study's beside step sets it, to measure another study's "
+                                    "requests only at the arrival groups this study draws; a "
+                                    "profile of its own draws its groups from its conditions",
 }
 
 
