@@ -57,11 +57,12 @@ class Backed:
 
 BACKED = {
     "serve": Backed("modeswitch.engine.serving:ServerConfig",
+                    renamed={"checkpoints": "--checkpoint"},
                     resolved={"model_path": "--model", "draft_path": "--draft-model"}),
     "train": Backed("modeswitch.routers.training.trainer:TrainConfig",
                     none_means_default={"routers": "--routers"}),
     "score": Backed("modeswitch.routers.scoring.run:ScoreConfig",
-                    renamed={"run_ids": "--run", "compiled": "--compile"},
+                    renamed={"run_ids": "--run", "compiled": "--compile", "checkpoints": "--checkpoint"},
                     none_means_default={"live_requests": "--live-requests"}),
     "profile": Backed("modeswitch.engine.profiler:ProfileSpec",
                       renamed={"checkpoints": "--checkpoint"},
@@ -252,7 +253,7 @@ SET_ALL = {
                "--memory-budget-mb", "2.5", "--one-at-a-time", "--max-body-bytes", "1000",
                "--max-in-flight", "3", "--context-tokens", "512", "--header-timeout-s", "2.5",
                "--body-timeout-s", "3.5", "--max-connections-per-peer", "7", "--max-receiving-bodies", "9",
-               "--raw-completions", "--admin-key", "a", "--feedback-window-s", "5"]],
+               "--raw-completions", "--admin-key", "a", "--feedback-window-s", "5", "--checkpoint", "int8=/ckpt"]],
     "profile": [["profile", "--backend", "vllm", "--device", "cuda", "--modes", "fp16_baseline",
                  "--workloads", "batch_pressure", "--requests", "2", "--trials", "2", "--max-remeasure", "1", "--seed", "1",
                  "--benchmarks", "b.jsonl", "--benchmark-requests", "3", "--batch-size", "4",
@@ -271,7 +272,7 @@ SET_ALL = {
                "--live-threads", "2", "--live-max-remeasure", "1", "--model", "/m",
                "--draft-model", "/d", "--device", "cuda", "--backend", "vllm", "--mlruns", "m2",
                "--seed", "1", "--labels", "measured", "--tracking-uri", "http://127.0.0.1:5999", "--no-frontier",
-               "--no-adaptive"]],
+               "--no-adaptive", "--checkpoint", "gptq_4bit=/ckpt"]],
 }
 #: what each command hands its config to, patched where the command module looks it up
 CONSUMER = {"serve": "modeswitch.cli.serve.supported_modes", "profile": "modeswitch.engine.profiler.Profiler",

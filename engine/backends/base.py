@@ -63,6 +63,12 @@ class BackendCapabilities:
 
 
 # ------------------------------------------------------------------ the engine interface
+#: the keys of ``EngineSettings.checkpoints``: the quantized modes' weights (a vLLM
+#: pre-quantized checkpoint, a llama.cpp GGUF type or file) and, on llama.cpp, the
+#: reference's (F16 instead of F32, say)
+CHECKPOINT_KEYS = ("int8", "gptq_4bit", "awq_4bit", "reference")
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """What every engine of one backend is built with: one model on one machine.
@@ -77,7 +83,8 @@ class EngineSettings:
     device: str = "cpu"
     #: torch threads (transformers); None: torch's choice
     threads: int | None = None
-    #: pre-quantized checkpoints of the quantized modes, e.g. {"int8": PATH} (vLLM)
+    #: weights per format, keyed by ``CHECKPOINT_KEYS``: pre-quantized checkpoints of the
+    #: quantized modes, e.g. {"int8": PATH} (vLLM), or GGUF types or files (llama.cpp)
     checkpoints: dict = field(default_factory=dict)
     #: fraction of accelerator memory taken before the engine starts (vLLM on CUDA)
     memory_pressure: float = 0.0

@@ -31,6 +31,9 @@ class ServerConfig:
     draft_path: str | None = None
     backend: str = "transformers"
     device: str = "cpu"
+    #: weights per format (``EngineSettings.checkpoints``): vLLM's pre-quantized
+    #: checkpoints of the quantized modes, llama.cpp's GGUF types
+    checkpoints: dict = field(default_factory=dict)
     api_key: str | None = None
     #: ``POST /admin/feedback`` needs this key (not the API key); None: feedback is off
     admin_key: str | None = None
@@ -88,7 +91,7 @@ class ServerConfig:
                                  f"({_LARGEST:,})")
 
     def engine_settings(self) -> EngineSettings:
-        return EngineSettings(self.model_path, self.draft_path, self.device)
+        return EngineSettings(self.model_path, self.draft_path, self.device, checkpoints=dict(self.checkpoints))
 
 
 #: the fields that must be positive and finite (their option is --<field-name>)

@@ -41,6 +41,7 @@ from modeswitch.dataset.errors import InputError, InputFileError
 from modeswitch.dataset.io import USER_ERRNOS
 from modeswitch.dataset.registry import RegistrationError, UnknownNameError
 from modeswitch.display import err_console
+from modeswitch.engine.backends.base import CHECKPOINT_KEYS
 
 DEBUG_ENV = "MODESWITCH_DEBUG"
 #: the help panel of research options (modeswitch.experimental): below the core ones
@@ -141,6 +142,23 @@ def _split(values: list[str] | None) -> list[str]:
     for v in values or []:
         out.extend(p.strip() for p in v.split(",") if p.strip())
     return out
+
+
+CheckpointOption = Annotated[list[str] | None, typer.Option(
+    "--checkpoint", help="Weights per format, KEY=VALUE with KEY int8, gptq_4bit, awq_4bit (or, on llama.cpp, "
+    "reference); repeatable. vLLM: a pre-quantized checkpoint (`modeswitch model quantize` makes them); "
+    "llama.cpp: a GGUF type (F16, Q8_0, Q4_K_M, Q4_0) or a .gguf file.")]
+
+
+def parse_checkpoints(items: list[str] | None) -> dict[str, str]:
+    """``--checkpoint KEY=VALUE`` options (repeated or comma-separated) as a mapping."""
+    checkpoints = {}
+    for item in _split(items):
+        key, sep, value = item.partition("=")
+        if not sep or key not in CHECKPOINT_KEYS or not value:
+            raise InputError(f"--checkpoint {item!r}: expected KEY=VALUE with KEY one of {', '.join(CHECKPOINT_KEYS)}")
+        checkpoints[key] = value
+    return checkpoints
 
 
 #: choices fixed by the code that consumes them; tests/test_cli_options.py checks

@@ -17,6 +17,7 @@ from rich.progress import Progress
 
 import modeswitch.engine.models.resolve as model_resolve
 from modeswitch.cli.common import (
+    CheckpointOption,
     RayAddress,
     RayCpus,
     RayFlag,
@@ -26,6 +27,7 @@ from modeswitch.cli.common import (
     backend_names,
     deferred_help,
     friendly_errors,
+    parse_checkpoints,
     ray_options,
 )
 from modeswitch.cli.model import describe_card
@@ -39,11 +41,6 @@ from modeswitch.engine.profiler import ProfileSpec
 
 #: this module's commands; modeswitch.cli.lazy imports the module when one of them runs
 app = typer.Typer(add_completion=False)
-
-#: --checkpoint KEY: the quantized modes a vLLM checkpoint can stand for; llama.cpp also
-#: takes the reference's weights (a GGUF type such as F16, or a GGUF file)
-CHECKPOINT_KEYS = ("int8", "gptq_4bit", "awq_4bit", "reference")
-
 
 def _short(name: str) -> str:
     """Compact column labels for wide mode x family tables."""
@@ -75,7 +72,7 @@ def profile_cmd(
     watts_per_core: Annotated[float, typer.Option(help="CPU energy estimate, where no power meter is read: watts per busy core.")] = 4.0,
     cache_dir: Annotated[Path | None, typer.Option(help="Model cache folder.")] = None,
     interleave: Annotated[bool, typer.Option(help="Keep all engines loaded; measure each request in every mode back to back.")] = False,
-    checkpoint: Annotated[list[str] | None, typer.Option(help="Weights per format, KEY=VALUE with KEY int8, gptq_4bit, awq_4bit (or, on llama.cpp, reference). vLLM: a pre-quantized checkpoint; llama.cpp: a GGUF type (F16, Q8_0, Q4_K_M, Q4_0) or a .gguf file.")] = None,
+    checkpoint: CheckpointOption = None,
     conditions: Annotated[Path | None, typer.Option(help="TOML file whose [conditions] table draws each request's concurrency, shared prefix and memory pressure across families (default: each family's own fixed condition).")] = None,
     length_scale: Annotated[float, typer.Option(help="Every family's prompt, output and prefix lengths times this.")] = 1.0,
     ray: RayFlag = False,
@@ -84,12 +81,7 @@ def profile_cmd(
     ray_cpus_per_worker: RayCpus = None,
 ):
     """Measure modes on workloads and write a validated, resumable profile table."""
-    checkpoints = {}
-    for item in _split(checkpoint):
-        key, sep, path = item.partition("=")
-        if not sep or key not in CHECKPOINT_KEYS:
-            raise InputError(f"--checkpoint {item!r}: expected KEY=VALUE with KEY one of {', '.join(CHECKPOINT_KEYS)}")
-        checkpoints[key] = path
+    checkpoints = parse_checkpoints(checkpoint)
     if backend == "vllm" and interleave:
         raise InputError("--interleave keeps every engine loaded; the vLLM backend runs one engine at a time")
     if quick:

@@ -17,12 +17,14 @@ import typer
 from modeswitch.cli.common import (
     ADVANCED,
     TRACKING_HELP,
+    CheckpointOption,
     Labels,
     _split,
     backend_name,
     backend_names,
     deferred_help,
     friendly_errors,
+    parse_checkpoints,
 )
 from modeswitch.dataset.errors import InputError
 from modeswitch.display import console, fmt, frame_table
@@ -52,6 +54,7 @@ def score_cmd(
     model: Annotated[str | None, typer.Option(help="Engine model for --live: " + MODEL_HELP)] = None,
     draft_model: Annotated[str | None, typer.Option(help="Draft checkpoint for --live.")] = None,
     device: Annotated[str, typer.Option(help="Device for --live: cpu or cuda.")] = "cpu",
+    checkpoint: CheckpointOption = None,
     compile_routers: Annotated[bool, typer.Option("--compile/--no-compile", help="Route with compiled routers or the scikit-learn pipelines.")] = True,
     decisions: Annotated[int, typer.Option(help="Single decisions timed per router.")] = 20_000,
     pipeline_decisions: Annotated[int, typer.Option(help="Single decisions timed per scikit-learn pipeline (slower; at most --decisions).")] = 300,
@@ -72,7 +75,8 @@ def score_cmd(
                       decisions=decisions, pipeline_decisions=pipeline_decisions, live=live,
                       live_requests=live_requests, live_per_family=live_per_family, live_trials=live_trials,
                       live_threads=live_threads, live_max_remeasure=live_max_remeasure, model=model, draft_model=draft_model,
-                      device=device, backend=backend, seed=seed, name=out.name, labels=labels,
+                      device=device, backend=backend, checkpoints=parse_checkpoints(checkpoint), seed=seed,
+                      name=out.name, labels=labels,
                       frontier=frontier, adaptive=adaptive,
                       profile_plan=_profile_plan(profile_plan, training) if live else None)
     with console.status("scoring") as status:

@@ -18,10 +18,12 @@ import uvicorn
 import modeswitch.engine.models.resolve as model_resolve
 from modeswitch.cli.common import (
     ADVANCED,
+    CheckpointOption,
     backend_name,
     backend_names,
     deferred_help,
     friendly_errors,
+    parse_checkpoints,
     reading,
 )
 from modeswitch.dataset.errors import InputError
@@ -54,6 +56,7 @@ def serve_cmd(
     model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
     draft_model: Annotated[str | None, typer.Option(help="Draft checkpoint for speculative decoding.")] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    checkpoint: CheckpointOption = None,
     host: Annotated[str, typer.Option(help="Bind address (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free one).")] = 8000,
     api_key: Annotated[str | None, typer.Option(envvar="MODESWITCH_API_KEY", help="Require 'Authorization: Bearer KEY' (better: $MODESWITCH_API_KEY or --api-key-file; argv is visible to every user).")] = None,
@@ -80,7 +83,8 @@ def serve_cmd(
 ):
     """Serve an OpenAI-compatible API with the router in front of one engine per mode."""
     # every limit checked before any work (the model path is filled in once resolved)
-    cfg = ServerConfig(model_path=str(model), backend=backend, device=device, served_name=served_name,
+    cfg = ServerConfig(model_path=str(model), backend=backend, device=device,
+                       checkpoints=parse_checkpoints(checkpoint), served_name=served_name,
                        max_tokens_limit=max_tokens_limit, route_budget_us=route_budget_us,
                        memory_budget_mb=memory_budget_mb, batch_across_requests=batch_across_requests,
                        max_body_bytes=max_body_bytes, max_in_flight=max_in_flight, context_tokens=context_tokens,

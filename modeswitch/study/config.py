@@ -22,6 +22,7 @@ from pydantic import TypeAdapter, ValidationError
 from modeswitch.dataset.errors import InputError, InputFileError
 from modeswitch.dataset.limits import count, finite, requests_fit
 from modeswitch.dataset.workloads.conditions import ConditionDraw
+from modeswitch.engine.backends.base import CHECKPOINT_KEYS
 from modeswitch.oracle import Constraints
 from modeswitch.routers.certificates import CERTIFICATES
 from modeswitch.routers.registry import check_router_params
@@ -37,7 +38,7 @@ DEFAULT_FAMILIES = (
 #: TOML table -> the fields it sets (a field belongs to exactly one table)
 TABLES = {
     "study": ("name", "output", "seed", "mlruns"),
-    "model": ("model", "draft_model", "backend", "device"),
+    "model": ("model", "draft_model", "backend", "device", "checkpoints"),
     "profile": ("families", "modes", "requests_per_family", "trials", "max_remeasure",
                 "length_scale", "interleave", "threads"),
     "dataset": ("drawn_requests", "swept_per_family", "sweep_arrival_groups", "sweep_repeats", "confidence"),
@@ -51,7 +52,7 @@ LATER_FIELDS = {"target_violation_rate": 0.01, "certificate": "pooled", "swept_p
                 "sweep_arrival_groups": False, "sweep_repeats": 1,
                 "confidence": False, "router_params": {}, "tuning_objective": "regret",
                 # studies before it tuned leave-one-family-out once, on every row
-                "lofo_tuning": "pooled", "workers": 1}
+                "lofo_tuning": "pooled", "workers": 1, "checkpoints": {}}
 #: tables holding a mapping handed on as it is (checked by their own owners)
 MAPPINGS = ("conditions", "constraints")
 
@@ -69,6 +70,9 @@ class StudyConfig:
     draft_model: str | None = None
     backend: str = "transformers"
     device: str = "cpu"
+    #: weights per format (``EngineSettings.checkpoints``): the vLLM backend's
+    #: pre-quantized checkpoints (`modeswitch model quantize`), llama.cpp's GGUF types
+    checkpoints: dict[str, str] = field(default_factory=dict)
     families: tuple[str, ...] = DEFAULT_FAMILIES
     #: None: every mode the backend supports
     modes: tuple[str, ...] | None = None
@@ -129,6 +133,10 @@ class StudyConfig:
         bad = [s for s in self.splits if s not in SPLITS]
         if bad:
             raise ValueError(f"train.splits: unknown split(s) {', '.join(bad)}; choose from {', '.join(SPLITS)}")
+        bad = [k for k in self.checkpoints if k not in CHECKPOINT_KEYS]
+        if bad:
+            raise ValueError(f"model.checkpoints: unknown key(s) {', '.join(bad)}; choose from "
+                             f"{', '.join(CHECKPOINT_KEYS)}")
         # every number finite, in range and within what this machine can hold, before any
         # step starts (length_scale = inf or requests_per_family = 1e20 failed in the profile)
         for name in ("requests_per_family", "trials", "live_trials", "tuning_trials", "decisions", "workers",

@@ -104,7 +104,7 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
              device: str = "cpu", reference: str | None = None, progress=None,
              watts_per_core: float = 4.0, backend: str = "transformers",
              trials: int = 1, threads: int | None = None, max_remeasure: int = 2,
-             replay: dict | None = None) -> pd.DataFrame:
+             replay: dict | None = None, checkpoints: dict | None = None) -> pd.DataFrame:
     """Run each request ``trials`` times in the reference mode and every chosen mode on
     ``backend`` (any registered one); one row per (request, mode, trial, attempt), with
     the trial's CPU share, the machine's other load and the contention flag.
@@ -114,6 +114,9 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
     sweep, each trial with no attempt clean by :class:`modeswitch.engine.noise.ContentionRule`
     is measured again, in stream order, up to ``max_remeasure`` more times, as the
     profiler does.
+
+    ``checkpoints``: the weights per format the engines load (``EngineSettings.checkpoints``),
+    which should be the profile's.
 
     ``replay``: request id -> (the requests, the primers) the profiler ran for that
     unit (:func:`modeswitch.engine.profiler.plan.profiled_units`). A table row holds the unit's measured shape (prompt
@@ -127,7 +130,8 @@ def run_live(stream: list[Request], decisions: dict[str, list[str]], model_path,
         raise InputError("the live stream repeats request ids: " + ", ".join(sorted({i for i in ids if ids.count(i) > 1})))
     be = registry.get_backend(backend)
     settings = EngineSettings(str(model_path), str(draft_path) if draft_path else None, device,
-                              threads=int(threads) if threads else None, max_context=context_for(stream))
+                              threads=int(threads) if threads else None, checkpoints=dict(checkpoints or {}),
+                              max_context=context_for(stream))
     reference = reference or reference_mode().name
     needed = [reference] + sorted({m for picks in decisions.values() for m in picks} - {reference})
     _, _, skipped = be.plan(settings, needed)

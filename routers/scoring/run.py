@@ -84,6 +84,9 @@ class ScoreConfig:
     draft_model: str | None = None
     device: str = "cpu"
     backend: str = "transformers"
+    #: weights per format live (``EngineSettings.checkpoints``: vLLM's pre-quantized
+    #: checkpoints, llama.cpp's GGUF types); empty: the profile plan's, as it was measured
+    checkpoints: dict = field(default_factory=dict)
     seed: int = 0
     name: str | None = None
     #: score on all rows or only measured labels (as the routers were trained: `train --labels`)
@@ -97,6 +100,12 @@ class ScoreConfig:
     #: measured request runs with the prompts the profiler built for it (a study passes
     #: it); None: rebuilt from the table's row, whose prompts may differ
     profile_plan: dict | None = None
+
+
+def live_checkpoints(cfg: ScoreConfig) -> dict:
+    """The weights per format the live engines load: as asked, else the profile plan's
+    (the live check measures what the table measured)."""
+    return dict(cfg.checkpoints or (cfg.profile_plan or {}).get("checkpoints") or {})
 
 
 def live_threads(cfg: ScoreConfig, meta: dict) -> tuple[int | None, str]:
@@ -511,7 +520,7 @@ def score_live_step(s: Scoring, cfg: ScoreConfig, context: dict, say) -> LiveSco
             "table's rows, which may differ from the profiled ones")
     runs = run_live(stream, decisions, target, draft, cfg.device, progress=say, backend=cfg.backend,
                     trials=cfg.live_trials, threads=threads, max_remeasure=cfg.live_max_remeasure,
-                    replay=replay)
+                    replay=replay, checkpoints=live_checkpoints(cfg))
     here, profiled = hardware_string(cfg.device), profile_hardware(s.table.meta)
     other = bool(other_kinds(here, profiled))
     if other:

@@ -26,7 +26,8 @@ def profile_spec(cfg, target, draft) -> ProfileSpec:
     the score step record what the profile was measured with)."""
     return ProfileSpec(
         model=str(target), draft_model=str(draft) if draft else None, backend=cfg.backend,
-        device=cfg.device, modes=list(cfg.modes) if cfg.modes else None, workloads=list(cfg.families),
+        device=cfg.device, checkpoints=dict(cfg.checkpoints), modes=list(cfg.modes) if cfg.modes else None,
+        workloads=list(cfg.families),
         requests=cfg.requests_per_family, trials=cfg.trials, max_remeasure=cfg.max_remeasure,
         seed=cfg.seed, threads=cfg.threads, interleave=cfg.interleave,
         conditions=cfg.condition_draw().to_dict(), length_scale=cfg.length_scale)
