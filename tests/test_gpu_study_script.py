@@ -54,10 +54,13 @@ def test_the_plan_prints_every_step_and_runs_none(model_dir, tmp_path):
     got = sh("--plan", "--out", out, "--draft", model_dir, model_dir)
     assert got.returncode == 0, got.stderr
     steps = [line.split("]")[0].removeprefix("+ [") for line in got.stdout.splitlines() if line.startswith("+ [")]
-    assert steps == ["venv", "install", "gpu-check", "study", "export", "serve", "report"]
+    assert steps == ["venv", "install", "gpu-check", "quantize", "study", "profile-quantized", "export", "serve",
+                     "report"]
     assert "-e .[gpu]" in got.stdout and f"study run --config {out}/study.toml" in got.stdout
-    # no quantize command in this version: said, and the quantized modes left out
-    assert "no `modeswitch model quantize`" in got.stdout and "profile-quantized" not in got.stdout
+    # every checkpoint made by `model quantize`, then profiled beside the reference
+    quantize = next(x for x in got.stdout.splitlines() if x.startswith("+ [quantize]"))
+    assert "--checkpoint int8 --checkpoint gptq_4bit --checkpoint awq_4bit" in quantize
+    assert f"--paths-json {out}/checkpoints.json" in quantize
     assert not out.exists()  # nothing written
     # the study settings it prints are studies/gpu.toml with the model and folders set, and load
     toml = "\n".join(line.removeprefix("#   ") for line in got.stdout.splitlines() if line.startswith("#   "))
@@ -77,7 +80,9 @@ def test_the_plan_profiles_quantized_modes_from_given_checkpoints(model_dir, tmp
     assert got.returncode == 0, got.stderr
     line = next(x for x in got.stdout.splitlines() if x.startswith("+ [profile-quantized]"))
     assert f"--checkpoint int8={model_dir}" in line and "--backend vllm --device cuda" in line
-    assert f"{tmp_path}/o/quantized.parquet" in got.stdout.splitlines()[-1]  # in the report
+    # the given checkpoint is not made again; the others are
+    quantize = next(x for x in got.stdout.splitlines() if x.startswith("+ [quantize]"))
+    assert "--checkpoint gptq_4bit --checkpoint awq_4bit" in quantize and "--checkpoint int8" not in quantize
 
 
 def test_the_report_is_made_from_a_recorded_profile(tmp_path):

