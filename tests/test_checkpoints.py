@@ -8,7 +8,7 @@ import pytest
 
 from modeswitch.dataset.errors import InputFileError
 from modeswitch.dataset.requests import Request
-from modeswitch.engine.backends.base import CHECKPOINT_KEYS
+from modeswitch.engine.modes.config import CHECKPOINT_KEYS
 from modeswitch.engine.serving import ServerConfig
 from modeswitch.routers.scoring import live
 from modeswitch.routers.scoring.run import ScoreConfig, live_checkpoints

@@ -60,6 +60,21 @@ def test_model_build_takes_the_environments_model(env_model):
     assert res.exit_code != 0 and str(env_model) in res.output, res.output
 
 
+def test_model_quantize_takes_the_environments_model(monkeypatch, env_model):
+    """Given no --model, the checkpoints are made from the environment's folder."""
+    import modeswitch.engine.models.compressed as compressed
+
+    folders = []
+
+    def build(folder, key, *args, **kwargs):
+        folders.append(folder)
+        raise SystemExit(3)
+
+    monkeypatch.setattr(compressed, "build_compressed", build)
+    res = runner.invoke(app, ["model", "quantize", "--checkpoint", "int8"])
+    assert res.exit_code == 3 and folders == [env_model], res.output
+
+
 def test_every_command_with_model_is_covered():
     """A command that grows a --model option is added above."""
     from modeswitch.cli.lazy import COMMANDS, load_command
@@ -74,4 +89,5 @@ def test_every_command_with_model_is_covered():
 
     for name in COMMANDS:
         walk(load_command(name), name)
-    assert found == {"serve", "profile", "quality-sweep", "score", "model build"}, found
+    assert found == {"serve", "profile", "quality-sweep", "score", "model build",
+                     "model quantize"}, found

@@ -63,12 +63,6 @@ class BackendCapabilities:
 
 
 # ------------------------------------------------------------------ the engine interface
-#: the keys of ``EngineSettings.checkpoints``: the quantized modes' weights (a vLLM
-#: pre-quantized checkpoint, a llama.cpp GGUF type or file) and, on llama.cpp, the
-#: reference's (F16 instead of F32, say)
-CHECKPOINT_KEYS = ("int8", "gptq_4bit", "awq_4bit", "reference")
-
-
 @dataclass(frozen=True)
 class EngineSettings:
     """What every engine of one backend is built with: one model on one machine.

@@ -65,7 +65,7 @@ def without_accelerator_no_pinning() -> None:
     accelerator, and pinning raises where there is none ("Cannot access accelerator
     device"); with nothing to copy to, the pinning is skipped."""
     import torch  # the quantize environment's
-    from llmcompressor.pipelines.cache import IntermediatesCache
+    from llmcompressor.pipelines.cache import IntermediatesCache  # the quantize environment's
 
     if not torch.accelerator.is_available():
         IntermediatesCache.pin_memory = lambda self, *args, **kwargs: None

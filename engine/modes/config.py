@@ -19,6 +19,10 @@ Quantization = Literal["none", "int8", "int8_weight_only", "gptq_4bit", "awq_4bi
 KVCacheDtype = Literal["auto", "fp8", "int8", "int4"]
 Batching = Literal["none", "continuous"]
 Phase = Literal["prefill", "decode", "both", "memory", "throughput"]
+#: the keys of a run's weights per format (``EngineSettings.checkpoints``): the quantized
+#: modes' weights (a vLLM pre-quantized checkpoint, a llama.cpp GGUF type or file) and, on
+#: llama.cpp, the reference's (F16 instead of F32, say)
+CHECKPOINT_KEYS = ("int8", "gptq_4bit", "awq_4bit", "reference")
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from modeswitch.dataset.errors import InputError, InputFileError
 from modeswitch.dataset.io import USER_ERRNOS
 from modeswitch.dataset.registry import RegistrationError, UnknownNameError
 from modeswitch.display import err_console
-from modeswitch.engine.backends.base import CHECKPOINT_KEYS
+from modeswitch.engine.modes.config import CHECKPOINT_KEYS
 
 DEBUG_ENV = "MODESWITCH_DEBUG"
 #: the help panel of research options (modeswitch.experimental): below the core ones

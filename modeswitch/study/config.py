@@ -22,7 +22,7 @@ from pydantic import TypeAdapter, ValidationError
 from modeswitch.dataset.errors import InputError, InputFileError
 from modeswitch.dataset.limits import count, finite, requests_fit
 from modeswitch.dataset.workloads.conditions import ConditionDraw
-from modeswitch.engine.backends.base import CHECKPOINT_KEYS
+from modeswitch.engine.modes.config import CHECKPOINT_KEYS
 from modeswitch.oracle import Constraints
 from modeswitch.routers.certificates import CERTIFICATES
 from modeswitch.routers.registry import check_router_params
