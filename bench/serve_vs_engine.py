@@ -6,10 +6,9 @@ vLLM: vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``; th
 same engine settings (both from :func:`engine.backends.vllm_backend.engine_args` for
 MODE), both started once; at each concurrency level ``--rounds`` bursts of the same
 completion requests (streamed, so the first token is timed) alternate between them,
-back to back, so each round's pair of bursts meets the same machine (this machine's
-speed drifts by up to 1.8x over minutes: one server's throughput at 16 in flight ranged
-22-39 req/s over five rounds when each round restarted the servers,
-``--restart-each-round``). Prints per level the median over rounds of each server's
+back to back, so each round's pair of bursts meets the same machine (a shared
+machine's speed drifts over minutes by more than the difference measured; rounds that
+restart the servers, ``--restart-each-round``, drift most). Prints per level the median over rounds of each server's
 throughput, TTFT and latency p50/p99 and the ratios modeswitch / vLLM, then the
 per-round paired ratios (throughput, latency p50, TTFT p50) with a bootstrap
 interval. Before a level's rounds each server gets ``--warmup`` unmeasured bursts at

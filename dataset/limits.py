@@ -1,8 +1,8 @@
 """Range checks for the numbers a user sets (options, TOML values), run before any work.
 
-A value outside its range used to be taken and fail later, with a traceback, after
-minutes of work (``length_scale = inf`` in the profile step) or never (a server with a
-negative memory budget refused every request). These checks say which value and why
+Why: a value outside its range, taken as it is, fails later, with a traceback, after
+minutes of work (``length_scale = inf`` in the profile step), or never fails and
+quietly does harm (a server with a negative memory budget refuses every request). These checks say which value and why
 in one line: not finite, not positive, or more than this machine can hold.
 """
 

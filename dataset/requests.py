@@ -2,10 +2,9 @@
 
 A :class:`Request` is a plain frozen dataclass: reading its fields costs tens of
 nanoseconds. Building one through its ``__init__`` does not: a frozen dataclass sets
-each of its 13 fields through ``object.__setattr__``: 1.70 us p50 in a hot loop and
-7.3 us with the caches a busy server leaves (``bench/serving_path.py``, one run), more
-than the routing decision it feeds, so the server builds its requests as
-:func:`serving_request` does (0.38 / 3.8 us in the same run; the server's
+each of its fields through ``object.__setattr__``, which costs more than the routing
+decision it feeds (``bench/serving_path.py`` times both), so the server builds its
+requests as :func:`serving_request` does, without ``__init__`` (the server's
 ``modeswitch.engine.serving.routing.route`` inlines its body). Validation happens where untrusted data enters, in
 :func:`read_requests`, through pydantic (errors name file, row and field); code that
 builds requests itself can call :func:`validate_request`.

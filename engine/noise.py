@@ -1,11 +1,11 @@
 """Measurement hygiene: CPU time per trial, the contention rule, thread calibration,
 and the noise floor of a profile.
 
-Why: on a small shared machine one request in one mode ran anywhere from 0.78 s
-to 14.1 s across interleaved trials with torch on two threads, because whenever
-anything else takes a core the OpenMP threads wait on each other. The process
-CPU time per wall second tells those trials apart (about 2.0 clean with two
-threads, 1.0-1.4 contended; one thread: about 1.0 clean, lower when it has to
+Why: on a small shared machine one request in one mode can take many times longer
+in one interleaved trial than in the next with torch on two threads, because
+whenever anything else takes a core the OpenMP threads wait on each other. The
+process CPU time per wall second tells those trials apart (near the thread count
+clean, well below it contended; one thread: near 1 clean, lower when it has to
 share its core), so every trial records both clocks and is judged by
 :class:`ContentionRule`. Contended trials are re-measured up to a limit and keep
 their flag when it persists; the oracle and the cost model read the median of a
@@ -91,13 +91,12 @@ class ContentionRule:
     * the rest of the machine kept more than ``max_other_load`` cores busy during
       it (:attr:`TrialClock.other_load`): on a small machine a neighbour slows a
       single-threaded engine through shared caches and memory bandwidth without
-      taking CPU time from it (measured here: the same batch units ran 1.9-2.2 s in
-      one pass and 2.9-4.1 s in the pass a test run shared the machine with, at CPU
-      share 1.0); or
+      taking CPU time from it (the same units run markedly slower in a pass another
+      process shares the machine with, at a full CPU share); or
     * its wall time is more than ``max_wall_ratio`` x the median wall time of all
-      that (unit, mode)'s trials (a slowdown neither clock showed: on this 2-core VM
-      whole passes over a family ran 15-25 % slower for tens of seconds at CPU share
-      1.01 and no other load, while clean trials of one unit agree within 1-10 %).
+      that (unit, mode)'s trials (a slowdown neither clock shows: on a 2-core VM whole
+      passes over a family can run slower for tens of seconds at a full CPU share and
+      no other load, while clean trials of one unit agree far more closely).
       Needs at least three trials, so the median is one of the majority: one slow
       trial among three is caught, and one fast trial never flags the other two.
 
@@ -253,7 +252,7 @@ THREAD_RULE = ("each candidate count runs the same short request in interleaved 
                "largest count whose parallel efficiency (p80 wall at 1 thread / p80 wall at n "
                f"threads / n) is at least {MIN_PARALLEL_EFFICIENCY} wins: threads that barely "
                "speed a step up mostly wait on each other, and waiting threads are what a "
-               "neighbour on a shared machine turns into an 18x slowdown")
+               "neighbour on a shared machine turns into a manyfold slowdown")
 
 
 def calibrate_threads(probe, set_threads, candidates, reps: int = 5,

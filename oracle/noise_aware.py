@@ -1,8 +1,8 @@
 """The oracle's noise rule: a mode replaces a safer one only when its gain is
 beyond measurement noise, and a limit is met only when the interval meets it.
 
-Why: on this machine one unit's trials differ by 5-15 %, so a mode 3 % faster in
-the median of three trials is not faster, and a mode at 0.99x the reference's
+Why: one unit's trials differ by several per cent on a small machine, so a mode
+a few per cent faster in the median of three trials is not faster, and a mode at 0.99x the reference's
 energy on medians may be at 1.02x on the next run. Labels chosen on such noise
 teach a router to flip between modes for nothing, and call a mode safe on one
 lucky trial.

@@ -141,8 +141,8 @@ class TransformersEngine:
         a prefix-caching mode. Left to itself, transformers sizes it
         from free memory, on CPU 60 % of the machine's RAM per engine, so two such
         engines in one process (``profile --interleave``, the server) exhaust the
-        machine as their pages are touched (a 14-engine interleaved profile was killed
-        by the OOM killer at 19.6 GB)."""
+        machine as their pages are touched (an interleaved profile of every mode is
+        then killed by the OOM killer)."""
         from transformers import ContinuousBatchingConfig  # lazy: transformers pulls torch
 
         page = 256
@@ -463,9 +463,9 @@ def machine_memory_for_paged_cache() -> None:
     Why: transformers (5.24 on) caps the memory it believes a CPU process may use at the
     total of the NUMA nodes its cpuset allows, less the process's resident size. Some
     sandboxes and containers report one node far smaller than the memory the process
-    can use (here: node 0 reads 7.8 GB on a 24 GB machine, every byte of it usable), so
-    an interleaved profile holding a dozen engines (about 8 GB resident) was refused a
-    2 GB cache with "more than available memory 79633612". The cache's size is ours
+    can use (one node reads a third of the machine's memory, all of which is usable), so
+    an interleaved profile holding a dozen engines is refused its cache with "more than
+    available memory". The cache's size is ours
     (:meth:`TransformersEngine._cb_config` fixes its blocks and batch tokens); the check
     that remains should ask the kernel what is free (``psutil.virtual_memory``). Wraps
     the module's function once; other devices are left as transformers reads them."""

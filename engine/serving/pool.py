@@ -198,14 +198,14 @@ class EnginePool:
 class PrefixTracker:
     """Longest prompt prefix shared with a recent prompt (the router's shared-prefix feature).
 
-    Why not compare with every recent prompt: that was 128 numpy comparisons per request,
-    ~0.4 ms p50 under load, 100x the routing decision itself. Prompts are indexed by
+    Why not compare with every recent prompt: that is one numpy comparison per recent
+    prompt and request, far dearer than the routing decision itself. Prompts are indexed by
     chained hashes of their ``min_tokens``-token blocks (the key of block k covers tokens
     0 .. k*B); a new prompt probes its own keys until one is missing, then is compared
     once, token by token, with the latest prompt holding the last key found. The answer
     is exact for that prompt, and never more than ``min_tokens - 1`` short of the longest
     prefix any recent prompt shares (one that diverges inside the next block); prefixes
-    shorter than ``min_tokens`` count as 0, as before."""
+    shorter than ``min_tokens`` count as 0."""
 
     def __init__(self, max_prompts: int = 128, min_tokens: int = 16):
         self.max_prompts = max_prompts

@@ -13,13 +13,11 @@ times this function warm and cold, and what it records). The features and the
 decision share one frame, the memory pressure is read from the state (kept current
 off the serving path), and the checks and metrics come after the window. What is
 left is the router's ``Request`` (also the engine's input), built inline (a call to
-``modeswitch.dataset.requests.serving_request`` was one more frame: in a one-process A/B the
-``features`` stage took 0.71x the time cold, 0.87x warm, inlined), and its answer.
-Under ``bench/serve_vs_engine.py``'s 64-in-flight load (``make bench-serve``, four
-runs of 5-7 rounds on one day) the server's histograms put ``serving_route`` at a
-median over rounds of 1.64, 1.72, 1.44 and 2.63 us p50 and 7.5, 7.5, 7.4 and 9.4 us
-p99: the machine's state moves it more than the code left in the window does (in the
-1.44 run: ``features`` 0.99-1.65 us p50, the fixed-mode decision 0.37-0.59 us).
+``modeswitch.dataset.requests.serving_request`` would be one more frame, and a frame costs
+more cold than warm), and its answer. Under load (``make bench-serve``) the server's
+histograms time ``serving_route`` and each of its stages; between runs the machine's
+state moves them more than the code left in the window does (figures in
+docs/results.md).
 """
 
 from __future__ import annotations

@@ -209,7 +209,7 @@ def parse_json(raw: bytes):
 def parse_body(raw: bytes, model: type[BaseModel], context: int | None = None) -> BaseModel:
     """A request body as ``model``, or the 400 naming what is wrong. A conversation with
     more messages than the context has tokens is refused before its messages are
-    validated (validating 270,000 took 1 s): every message costs its role's markup, at
+    validated (validating hundreds of thousands takes seconds): every message costs its role's markup, at
     least one token, so it could never fit. Runs off the event loop for large bodies."""
     data = parse_json(raw)
     messages = data.get("messages") if isinstance(data, dict) else None

@@ -98,9 +98,8 @@ def _profile_kinds(study) -> str:
 def _other_kind(oracle: pd.DataFrame, kinds) -> str:
     """Where the oracle's live violations include labels measured on another kind of
     machine than the live check's (``other_hardware``), how many, and the profile's
-    machines (``kinds()``): a label is only as good as the machine it was measured on (the
-    INT8 and GPTQ modes ran 25-40 % slower against the reference on an AVX2 EPYC than on
-    a 1 MiB-L2 one), so the reader must see that the live check compared two machines,
+    machines (``kinds()``): a label is only as good as the machine it was measured on (a
+    quantized mode's ratio to the reference follows the CPU's kernels), so the reader must see that the live check compared two machines,
     not a label with its own measurement."""
     col = "live_violations_other_hardware"
     n = oracle[col].iloc[0] if len(oracle) and col in oracle else math.nan

@@ -1,6 +1,6 @@
 """Compiled routers: a learned decision for the price of a few comparisons.
 
-The study's learned routers cost 4.5-50 ms per decision because each went through
+ModeSwitch-LLM's learned routers (arXiv 2605.23057) cost milliseconds per decision because each went through
 a pandas row and a scikit-learn pipeline. :func:`compile` turns a fitted router
 into data for a small C kernel (``routers/compiler/native/kernels.c``, built once with the
 system C compiler against this Python's headers and cached; it is both a CPython

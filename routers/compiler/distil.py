@@ -4,7 +4,7 @@ Why: the region tree (:mod:`modeswitch.routers.compiler.router`) decides most re
 ensemble with one short walk, but on the study's own tables a many-output ensemble
 (a cost-predicting LightGBM: one latency output per mode and one risk output per mode
 and constraint, thousands of trees) leaves boxes undecided, and each decision there
-sums thousands of trees: 36 µs p50 against the rule's 0.64 µs. The decision itself
+sums thousands of trees, tens of times the rule's cost. The decision itself
 is simple (a mode per box of a handful of features), so one tree can hold it.
 
 How: the ensemble's own decisions label its training sample (``FittedState.sample``,

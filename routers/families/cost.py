@@ -200,13 +200,11 @@ class CostPredictingRouter(ClassifierMixin, LearnedRouter):
     its training families apart, which does not carry to a new family. ``log-shape``:
     ``shape`` without the raw token counts that have log-scale twins in feature set A
     (:data:`~modeswitch.routers.families.cost_strategies.RAW_COUNT_FEATURES`). Why: a linear head extrapolates; on raw counts a new
-    family of long answers to short prompts lies 12 standard deviations out in
-    ``output_prompt_ratio`` (the training families reach 6.6) and gets speed-ups its
-    modes do not have (continuous batching predicted 3x faster on average where it is 1.25x
-    faster, and at threshold 0.3 half the requests it was admitted on broke a limit),
-    while on the log columns it stays near the training range (per-request CPU study,
-    cost_linear held out of short_prompt_long_output: 34 % violations with ``shape``,
-    0 % with ``log-shape``). Trees split on ranks, so for them it changes nothing. The
+    family of long answers to short prompts lies many standard deviations out in
+    ``output_prompt_ratio`` and gets speed-ups its modes do not have, so requests are
+    admitted to modes that break a limit, while on the log columns it stays near the
+    training range (docs/results.md holds the held-out-family runs that showed it).
+    Trees split on ranks, so for them it changes nothing. The
     quality heads read every column: content is what tells which output flips."""
 
     #: defaults of parameters added later, read by get_params on routers saved before them

@@ -10,12 +10,9 @@ per-request columns (:data:`Parts`): a mean is ``sum(x) / count`` (:func:`mean_p
 a speedup ``sum(reference latency) / sum(latency)`` (:func:`ratio_parts`). So one
 definition gives the point estimate (:func:`family_weighted`) and the resamples
 (:func:`family_bootstrap`), and a resample is two sums over drawn row indices, done
-for a block of resamples at once in numpy. Why: one pandas frame per resample cost
-2.0-3.7 s for one router's live intervals (840 requests, 7 families, 1,000 resamples)
-against 0.05-0.07 s here (43-53x in two runs), with the same intervals
-(``bench/score_intervals.py``); the
-tests' tiny study (``tests/test_study.py``) took 164 s before, 52 s after (``pytest
---durations``), nearly all of the difference its three score steps.
+for a block of resamples at once in numpy. Why: one pandas frame per resample is
+tens of times slower for the same intervals (``bench/score_intervals.py`` times both),
+and a study's score steps draw thousands of resamples per router.
 
 NaN is skipped as pandas' ``mean()`` and ``quantile()`` skip it; an infinite value
 (an energy ratio over a reference that read 0 J) is kept, as there.

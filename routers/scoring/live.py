@@ -32,7 +32,7 @@ error, so users see how far the oracle's estimates can be trusted.
 Trials and intervals: every request runs ``trials`` times in every mode it needs,
 trial-major and mode-interleaved (trial t of all modes back to back), under the
 profiler's measurement hygiene: the profile's thread count (``threads``; two torch
-threads on a 2-core machine slow up to 18x whenever anything else takes a core),
+threads on a 2-core machine slow manyfold whenever anything else takes a core),
 each trial's CPU share and the machine's other load recorded, trials flagged by the
 profiler's :class:`modeswitch.engine.noise.ContentionRule` measured again after the sweep (up
 to ``max_remeasure`` more attempts). Per (request, mode) the median of its clean trials counts

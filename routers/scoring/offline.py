@@ -24,9 +24,9 @@ An unmeasured pick is never free: it is a violation *and* it is charged the
 reference's costs (latency, energy ratio 1, memory ratio 1, the reference's
 quality) plus the router's overhead, as if the request had fallen back to the
 reference (``charged``). Summing the reference latency over every request but the
-pick's only where it exists rewarded a router for picking modes nobody measured
-(on the A100 sweep's group split, 5.74x for the random forest against the
-oracle's 1.86x); every ratio here is taken over rows that have both sides.
+pick's only where it exists would reward a router for picking modes nobody measured
+(a router could then beat the oracle); every ratio here is taken over rows that have
+both sides.
 
 Aggregates exist per workload family, overall with equal family weights (the mean
 of the family values: five benchmark requests do not vanish among 600 synthetic

@@ -74,7 +74,7 @@ class ScoreConfig:
     #: interleaved trials per (request, mode) live; medians and intervals over them
     live_trials: int = 3
     #: the engines' threads live; None: the profile's (recorded in the training table),
-    #: else 1 on CPU (two OpenMP threads on a small machine slow up to 18x when anything
+    #: else 1 on CPU (two OpenMP threads on a small machine slow manyfold when anything
     #: else takes a core; see engine.noise), the backend's own choice on CUDA
     live_threads: int | None = None
     #: times a contended live trial is measured again

@@ -1,11 +1,10 @@
 """The decision a router serves, as tuning sees it: its picks and what each one costs.
 
-Why: tuning used to score the scikit-learn model's predictions as if deciding were
-free, while the score and the server run the compiled decision (distilled where an
-ensemble would walk too many trees: :func:`modeswitch.routers.compiler.compile_state`) and pay
-its time on every request. A model better on paper but slower than its picks are
-worth then won the search (a 200-round cost LightGBM: 59.7 µs per decision against
-the rule's 0.73 µs). Here each trial's first fold model is compiled as it would serve,
+Why: the score and the server run the compiled decision (distilled where an ensemble
+would walk too many trees: :func:`modeswitch.routers.compiler.compile_state`) and pay its
+time on every request; scored as if deciding were free, a model better on paper but
+slower than its picks are worth (a LightGBM of hundreds of rounds) would win the
+search. Here each trial's first fold model is compiled as it would serve,
 scored on the picks that path makes, and timed on the fold's own requests as the
 score times it (one decision from a raw request, p50); the trial's other folds pay
 the same cost (it follows the hyperparameters, not the fold).
