@@ -77,6 +77,27 @@ class PromptCorpus:
                              f"(it has {', '.join(sorted(self.suites))})")
         return tuple(q for s in names for q in self.suites[s])
 
+    def draft_questions(self, salt: str, want: int, take=None) -> list[tuple[Request, object]]:
+        """Up to ``want`` questions of the draft split, suites taken in turn (by name),
+        each suite in a fixed order hashed from ``salt`` and the question's id, as
+        (question, what ``take`` made of it). ``take(q)`` returns None to skip ``q``
+        (the same suite's next question is tried); without it every question is kept.
+        The draft's distillation prompts and vLLM checkpoints' calibration set are
+        drawn so, each with its own salt."""
+        take = take or (lambda q: q)
+        queues = [sorted(qs, key=lambda q: hashlib.sha256(f"{salt}:{q.id}".encode()).hexdigest())
+                  for _, qs in sorted(self.draft_split.items())]
+        out: list[tuple[Request, object]] = []
+        while len(out) < want and any(queues):
+            for queue in queues:
+                while queue and len(out) < want:
+                    q = queue.pop(0)
+                    made = take(q)
+                    if made is not None:
+                        out.append((q, made))
+                        break
+        return out
+
 
 @lru_cache(maxsize=4)
 def load_corpus(folder: Path | None = None) -> PromptCorpus:

@@ -64,3 +64,35 @@ def test_an_evaluation_leaves_out_the_drafts_distillation_prompts(tmp_path):
     units = build_units(ProfileSpec(model="m", workloads=["short_prompt_short_output"], requests=1,
                                     benchmarks=[str(f)], benchmark_requests=100))
     assert {u.id for u in units if u.family == "s"} == set(ids) - held
+
+
+def test_draft_questions_take_suites_in_turn_and_skip_within_a_suite():
+    """Suites in turn by name, each in its salted hashed order; a question ``take`` skips
+    gives way to the same suite's next, so every suite keeps its turn."""
+    import hashlib
+    from pathlib import Path
+
+    from modeswitch.dataset.prompt_corpus import PromptCorpus
+    from modeswitch.dataset.requests import Request
+
+    def q(suite, i, text):
+        return Request(id=f"{suite}{i}", prompt_tokens=1, expected_output_tokens=1, prompt=text,
+                       benchmark_suite=suite, evaluation_mode="external_judge")
+
+    split = {"b": tuple(q("b", i, "x" * (10 if i % 2 else 1)) for i in range(6)),
+             "a": tuple(q("a", i, "y") for i in range(6))}
+    corpus = PromptCorpus(Path("."), {}, split)
+
+    def order(suite, salt):
+        return sorted(split[suite], key=lambda r: hashlib.sha256(f"{salt}:{r.id}".encode()).hexdigest())
+
+    every = corpus.draft_questions("s", 4)
+    assert [r.id for r, _ in every] == [order("a", "s")[0].id, order("b", "s")[0].id,
+                                        order("a", "s")[1].id, order("b", "s")[1].id]
+    assert [r.id for r, _ in corpus.draft_questions("t", 3)] != [r.id for r, _ in corpus.draft_questions("s", 3)]
+    short = corpus.draft_questions("s", 6, lambda r: len(r.prompt) if len(r.prompt) == 1 else None)
+    assert [r.benchmark_suite for r, _ in short] == ["a", "b", "a", "b", "a", "b"]
+    assert all(made == 1 for _, made in short)
+    assert [r.id for r, _ in short if r.benchmark_suite == "b"] == \
+        [r.id for r in order("b", "s") if len(r.prompt) == 1]
+    assert len(corpus.draft_questions("s", 99)) == 12  # as many as there are

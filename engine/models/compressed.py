@@ -59,16 +59,8 @@ class Calibration:
 
     def texts(self, corpus: PromptCorpus | None = None) -> tuple[list[str], list[str]]:
         """(prompts, their question ids): never a question a profile measures."""
-        corpus = corpus or load_corpus()
-        queues = [sorted(qs, key=lambda q: hashlib.sha256(f"calibration:{self.seed}:{q.id}".encode()).hexdigest())
-                  for _, qs in sorted(corpus.draft_split.items())]
-        texts, ids = [], []
-        while len(texts) < self.samples and any(queues):
-            for queue in queues:
-                if queue and len(texts) < self.samples:
-                    q = queue.pop(0)
-                    texts.append(q.prompt)
-                    ids.append(q.id)
+        drawn = (corpus or load_corpus()).draft_questions(f"calibration:{self.seed}", self.samples)
+        texts, ids = [q.prompt for q, _ in drawn], [q.id for q, _ in drawn]
         if len(texts) < self.samples:
             raise InputError(f"calibration: the draft split holds {len(texts)} prompts, {self.samples} asked")
         return texts, ids

@@ -144,20 +144,13 @@ def split_prompts(tokenizer, recipe: DraftRecipe, corpus=None) -> tuple[list[lis
                                                       tokenize=True, return_dict=True)["input_ids"])
         return list(tokenizer(text, add_special_tokens=True)["input_ids"])
 
-    def order(q):
-        return hashlib.sha256(f"draft-order:{q.id}".encode()).hexdigest()
+    def fitting(q):  # the prompt's ids, where they fit the recipe
+        ids = encode(q.prompt)
+        return ids if len(ids) <= recipe.max_prompt_tokens else None
 
-    queues = [sorted(qs, key=order) for _, qs in sorted(corpus.draft_split.items())]
-    want, out, ids_seen = recipe.train_prompts + recipe.held_out_prompts, [], []
-    while len(out) < want and any(queues):
-        for queue in queues:
-            while queue and len(out) < want:
-                q = queue.pop(0)
-                ids = encode(q.prompt)
-                if len(ids) <= recipe.max_prompt_tokens:
-                    out.append(ids)
-                    ids_seen.append(q.id)
-                    break
+    want = recipe.train_prompts + recipe.held_out_prompts
+    drawn = corpus.draft_questions("draft-order", want, fitting)
+    out, ids_seen = [ids for _, ids in drawn], [q.id for q, _ in drawn]
     if len(out) < want:
         raise ValueError(f"the corpus's draft split has {len(out)} prompts of at most "
                          f"{recipe.max_prompt_tokens} tokens; the recipe wants {want}")
