@@ -48,6 +48,7 @@ def test_example_b_scores_a_custom_knn_router_beside_the_built_in_ones(profile_f
     assert "does not describe its fitted KNeighborsClassifier" in out
 
 
+@pytest.mark.slow  # trains, exports and serves (make test-slow)
 def test_example_c_exports_the_champion_and_queries_the_served_model(profile_file, tmp_path, tiny_models):
     out = _run([str(ROOT / "examples" / "export_and_query.py"), "--profiles", str(profile_file),
                 "--requests", "200", "--mlruns", str(tmp_path / "mlruns"), "--serve",

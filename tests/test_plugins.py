@@ -106,6 +106,7 @@ def backend_plugin(tmp_path, monkeypatch):
         yield mod
 
 
+@pytest.mark.slow  # the whole pipeline for one plugin (make test-slow)
 def test_a_router_family_in_one_file_trains_scores_exports_and_serves(router_plugin, tmp_path,
                                                                         tiny_models):
     import mlflow

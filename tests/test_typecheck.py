@@ -15,6 +15,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("mypy") is None,
                                 reason="mypy is not installed (pip install -e '.[dev]')")
 
 
+@pytest.mark.slow  # mypy without its cache: minutes on a fresh clone (make test-slow)
 def test_mypy_resolves_the_installed_namespace():
     """The repository's own tree and cache (build/), so a second run is incremental."""
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "typecheck.py")],
