@@ -43,8 +43,8 @@ typecheck: $(STAMP)
 	$(BIN)/python scripts/typecheck.py $(MODULES)
 
 # The pipeline end to end, all measured for real: convert the default model
-# (SmolLM2-135M-Instruct, cached), profile every supported mode on every workload
-# family (--quick, the study's lengths / 4), label,
+# (SmolLM2-135M-Instruct, cached), profile the DEMO_MODES on every workload family
+# (--quick, the study's lengths / 4), label,
 # build a training table, train the four learned routers (a few Optuna trials,
 # tracked in mlruns/), score them against the rule baseline (offline + a short live
 # run), export the best as the registered `champion`, serve it behind the
