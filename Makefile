@@ -210,6 +210,10 @@ test-vllm: $(STAMP) $(VSTAMP) $(QSTAMP)
 VDEMO_MODES    := fp16_baseline,prefix_caching,chunked_prefill,continuous_batching,ngram_speculative_decoding,int8_quant,gptq_4bit,awq_4bit
 VDEMO_FAMILIES := short_prompt_short_output,long_prompt_short_output,shared_prefix_chat,batch_pressure
 VPORT ?= 8767
+# Room for every engine the champion routes to (1 GiB of KV cache each here): closing an
+# idle vLLM engine to stay within the default 4 GiB killed a busy one in the same server
+# (docs/gpus.md, "Known problems"), so the demo's server unloads none.
+VDEMO_BUDGET_MB ?= 16384
 demo-vllm: $(STAMP) $(VSTAMP) $(QSTAMP)
 	@mkdir -p $(RUN_DIR)
 	$(BIN)/modeswitch model quantize --python $(QVENV)/bin/python --paths-json $(RUN_DIR)/checkpoints.json \
@@ -230,7 +234,7 @@ demo-vllm: $(STAMP) $(VSTAMP) $(QSTAMP)
 	$(BIN)/modeswitch export --best oracle_match --mlruns $(RUN_DIR)/mlruns
 	@echo "starting the vLLM server on 127.0.0.1:$(VPORT) with models:/modeswitch-router@champion"
 	@VLLM_CPU_KVCACHE_SPACE=1 $(VVENV)/bin/modeswitch serve --backend vllm --port $(VPORT) --mlruns $(RUN_DIR)/mlruns \
-		$$(cat $(RUN_DIR)/checkpoints.args) > $(RUN_DIR)/serve.log 2>&1 & pid=$$!; \
+		--memory-budget-mb $(VDEMO_BUDGET_MB) $$(cat $(RUN_DIR)/checkpoints.args) > $(RUN_DIR)/serve.log 2>&1 & pid=$$!; \
 		trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null' EXIT; \
 		$(BIN)/python scripts/demo_requests.py --url http://127.0.0.1:$(VPORT)/v1 --wait 600 || \
 		{ echo "server log:"; tail -30 $(RUN_DIR)/serve.log; exit 1; }
