@@ -207,9 +207,9 @@ test-vllm: $(STAMP) $(VSTAMP) $(QSTAMP)
 VDEMO_MODES    := fp16_baseline,prefix_caching,chunked_prefill,continuous_batching,ngram_speculative_decoding,int8_quant,gptq_4bit,awq_4bit
 VDEMO_FAMILIES := short_prompt_short_output,long_prompt_short_output,shared_prefix_chat,batch_pressure
 VPORT ?= 8767
-# Room for every engine the champion routes to (1 GiB of KV cache each here): closing an
-# idle vLLM engine to stay within the default 4 GiB killed a busy one in the same server
-# (docs/gpus.md, "Known problems"), so the demo's server unloads none.
+# Room for every engine the champion routes to (1 GiB of KV cache each here), so the
+# demo's server keeps each one loaded: under the default 4 GiB it unloads the least
+# recently used, and a mode routed to again waits for a new engine (minutes on 2 cores).
 VDEMO_BUDGET_MB ?= 16384
 demo-vllm: $(STAMP) $(VSTAMP) $(QSTAMP)
 	@mkdir -p $(RUN_DIR)

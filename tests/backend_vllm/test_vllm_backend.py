@@ -148,7 +148,9 @@ def test_the_server_runs_vllm_on_its_own_event_loop(models):
     """``modeswitch serve --backend vllm``: the engine serves on the server's event loop (no
     loop thread of its own, no thread per request), concurrent requests to the batching
     mode share its batch, streamed tokens arrive as generated, and the greedy text is the
-    engine's own (as ``run`` gives it)."""
+    engine's own (as ``run`` gives it). Over its memory budget the pool closes the idle
+    engine, and that leaves the engine it loaded serving (closing one vLLM engine ends its
+    own engine core, not its neighbour's)."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -158,12 +160,15 @@ def test_the_server_runs_vllm_on_its_own_event_loop(models):
     from tests.helpers import start
 
     class Fixed:
+        mode = "continuous_batching"
+
         def route(self, request):
-            return "continuous_batching"
+            return self.mode
 
     target, draft = models
+    router = Fixed()
     cfg = ServerConfig(model_path=str(target), draft_path=str(draft), backend="vllm", max_tokens_limit=64)
-    app = create_app(lambda: Fixed(), cfg, supported_modes=["fp16_baseline", "continuous_batching"])
+    app = create_app(lambda: router, cfg, supported_modes=["fp16_baseline", "continuous_batching"])
     srv, th, port = start(app)
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
@@ -199,6 +204,14 @@ def test_the_server_runs_vllm_on_its_own_event_loop(models):
             time.sleep(0.05)
         assert eng.engine.get_num_unfinished_requests() == 0 and app.state.serving.in_flight == 0
         assert aborted
+        # room for one engine: routing to the reference loads it and closes the idle one
+        pool = app.state.serving.pool
+        pool.budget_mb = pool.base_mb + 1.5 * pool.memory_mb()["continuous_batching"]
+        router.mode = "fp16_baseline"
+        for _ in range(2):  # the first answer comes from the engine loaded as the other closed
+            ref = client.completions.create(model="modeswitch", prompt="def f(x):", max_tokens=12, temperature=0)
+            assert ref.choices[0].text == first.choices[0].text  # lossless: the same greedy text
+        assert pool.loaded() == ["fp16_baseline"] and pool.unloads == 1
     finally:
         srv.should_exit = True
         th.join(timeout=120)
