@@ -301,3 +301,8 @@ def test_findings_are_computed_from_the_tables():
     text = findings(head, live.reset_index())
     assert "the intervals overlap" in text[3] and "on 5.0% and 0.0%" in text[3]
     assert "rule baseline runs at 1.20x [1.10, 1.30], violating on 50.0%" in text[4]
+    # one trial of a few requests: point "intervals" a rounding apart are not compared
+    live.loc["safe", ["speedup", "speedup_low", "speedup_high"]] = 2.1512
+    live.loc["oracle", ["speedup", "speedup_low", "speedup_high"]] = 2.1478
+    text = findings(head, live.reset_index())
+    assert "too few requests for an interval" in text[3] and "overlap" not in text[3]

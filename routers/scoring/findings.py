@@ -34,10 +34,16 @@ def _ci(row, k):
 
 
 def _overlap(a, b, k) -> bool | None:
+    """Whether two rows' intervals of ``k`` overlap; None without two intervals to compare
+    (no bounds, or a point: too few requests to resample, where two points two hundredths
+    apart print alike and would read as "do not overlap")."""
     try:
-        return not (a[f"{k}_high"] < b[f"{k}_low"] or b[f"{k}_high"] < a[f"{k}_low"])
+        lows, highs = (a[f"{k}_low"], b[f"{k}_low"]), (a[f"{k}_high"], b[f"{k}_high"])
     except KeyError:
         return None
+    if any(hi <= lo for lo, hi in zip(lows, highs)):
+        return None
+    return not (highs[0] < lows[1] or highs[1] < lows[0])
 
 
 def _as_safe_as_the_safest(learned: pd.DataFrame, vcol: str | None) -> pd.DataFrame:
@@ -96,8 +102,9 @@ def findings(head: pd.DataFrame, live: pd.DataFrame | None = None) -> list[str]:
             noise = "violation_rate_beyond_noise" in lv
             out.append(
                 f"Live, {best_name} runs at {b['speedup']:.2f}x{_ci(b, 'speedup')} and the oracle's "
-                f"picks at {o['speedup']:.2f}x{_ci(o, 'speedup')}: the intervals "
-                f"{'overlap' if ov else 'do not overlap'}"
+                f"picks at {o['speedup']:.2f}x{_ci(o, 'speedup')}"
+                + ({True: ": the intervals overlap", False: ": the intervals do not overlap"}.get(ov,
+                   ": too few requests for an interval"))
                 + (f"; beyond noise they violate a constraint on {b['violation_rate_beyond_noise']:.1%} "
                    f"and {o['violation_rate_beyond_noise']:.1%} of requests"
                    if noise else "") + ".")
