@@ -6,7 +6,8 @@ vLLM: vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``; th
 same engine settings (both from :func:`engine.backends.vllm_backend.engine_args` for
 MODE), both started once; at each concurrency level ``--rounds`` bursts of the same
 completion requests (streamed, so the first token is timed) alternate between them,
-back to back, so each round's pair of bursts meets the same machine (a shared
+``--settle`` seconds apart (a vLLM worker spins on after a burst: quiet first, each
+burst has the machine to itself), so each round's pair of bursts meets the same machine (a shared
 machine's speed drifts over minutes by more than the difference measured; rounds that
 restart the servers, ``--restart-each-round``, drift most). Prints per level the median over rounds of each server's
 throughput, TTFT and latency p50/p99 and the ratios modeswitch / vLLM, then the
@@ -201,6 +202,9 @@ def main():
                     help="unmeasured bursts per server at each level before its rounds (a server's first "
                          "burst at a new level ran slow on this machine); with --restart-each-round, only "
                          "the start-up warm-up runs")
+    ap.add_argument("--settle", type=float, default=3.0,
+                    help="seconds of quiet before each burst: a vLLM worker keeps spinning for a "
+                         "while after its burst ends, which would fall on the other server's burst")
     ap.add_argument("--restart-each-round", action="store_true",
                     help="one server at a time, restarted every round (default: both up, and each level's "
                          "rounds alternate between them back to back, so each pair of bursts sees the same "
@@ -235,6 +239,7 @@ def main():
 
     def measure(name: str, url: str, lv: int, r: int):
         n = args.requests or max(256, 4 * lv)
+        time.sleep(args.settle)
         # new prompts every round (both servers of a round get the same ones): a repeated
         # prompt is a shared prefix to modeswitch's prefix index, which a router may act on
         res = asyncio.run(load(url, prompts_for(n, lv * 1000 + r), lv, args.max_tokens))
@@ -273,6 +278,7 @@ def main():
             for lv in levels:
                 for w in range(args.warmup):
                     for name, _ in (pair if w % 2 == 0 else pair[::-1]):
+                        time.sleep(args.settle)
                         res = asyncio.run(load(servers[name].url, prompts_for(max(64, 2 * lv), 10**6 + 10 * lv + w),
                                                lv, args.max_tokens))
                         if res["failed"]:
