@@ -214,7 +214,8 @@ VDEMO_FAMILIES := short_prompt_short_output,long_prompt_short_output,shared_pref
 VPORT ?= 8767
 # Room for every engine the champion routes to (1 GiB of KV cache each here), so the
 # demo's server keeps each one loaded: under the default 4 GiB it unloads the least
-# recently used, and a mode routed to again waits for a new engine (minutes on 2 cores).
+# recently used, and a mode routed to again waits for a new engine (27-37 s each for the
+# default model on 2 cores, the results log's Xeon AVX-512 runs).
 VDEMO_BUDGET_MB ?= 16384
 demo-vllm: $(STAMP) $(VSTAMP) $(QSTAMP)
 	@mkdir -p $(RUN_DIR)

@@ -64,7 +64,6 @@ def test_w4a16_on_cpu_depends_on_the_kernel_library_vllm_loads(monkeypatch):
     ckpts = {"int8": "a", "gptq_4bit": "b", "awq_4bit": "c"}
     for isa, offered in ((avx2, False), (avx512, False), (bf16, True)):
         monkeypatch.setattr(vb, "cpu_isa", lambda isa=isa: isa)
-        monkeypatch.setattr(vb, "native_bf16", lambda isa=isa: "avx512_bf16" in isa)
         caps = capabilities("cpu", ckpts)
         for key in ("gptq_4bit", "awq_4bit"):
             assert (key in caps.supported_modes()) is offered

