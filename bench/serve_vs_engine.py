@@ -12,8 +12,15 @@ machine's speed drifts over minutes by more than the difference measured; rounds
 restart the servers, ``--restart-each-round``, drift most). Prints per level the median over rounds of each server's
 throughput, TTFT and latency p50/p99 and the ratios modeswitch / vLLM, then the
 per-round paired ratios (throughput, latency p50, TTFT p50) with a bootstrap
-interval. Before a level's rounds each server gets ``--warmup`` unmeasured bursts at
-that level (1 by default).
+interval, and each server's CPU time per request: its own process (the front end:
+HTTP, routing, streaming) and its children (the engine). Throughput on a shared
+machine follows how its cores were shared out during a burst; the front end's CPU per
+request is the serving path's own cost, whatever the sharing. Before a level's rounds
+each server gets ``--warmup`` unmeasured bursts at that level (1 by default).
+
+The client reads the streams with aiohttp and ``json.loads`` per event (as vLLM's own
+serving bench does), keeps to one core (``--client-cpu``, the last), and shares the
+machine with the servers it measures: its cost per event is kept small.
 
 ``--backend transformers``: the same comparison of ``modeswitch serve`` against
 itself, ``--router mode:MODE`` against ``--router ROUTER`` (default the registered
@@ -39,8 +46,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+import aiohttp  # comes with MLflow (both venvs) and vLLM
 import numpy as np
-import openai
+import psutil
 
 from modeswitch.dataset.errors import InputError
 from modeswitch.dataset.requests import Request
@@ -82,7 +90,9 @@ class Server:
     def start(self, timeout: float = 600) -> float:
         t0 = time.time()
         self.fh = open(self.log, "a")
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self.fh, stderr=subprocess.STDOUT)
+        # every core for the server, whichever the bench's own process keeps to (--client-cpu)
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self.fh, stderr=subprocess.STDOUT,
+                                     preexec_fn=lambda: os.sched_setaffinity(0, ALL_CPUS))
         while time.time() - t0 < timeout:
             if self.proc.poll() is not None:
                 raise SystemExit(f"{self.name} exited ({self.proc.returncode}); its log: {self.log}")
@@ -92,6 +102,19 @@ class Server:
             except OSError:
                 time.sleep(0.5)
         raise SystemExit(f"{self.name} did not answer in {timeout} s; its log: {self.log}")
+
+    def cpu_seconds(self) -> tuple[float, float]:
+        """CPU seconds used so far by the server's own process (the front end: HTTP,
+        routing, streaming) and by its children (the engine's processes)."""
+        me = psutil.Process(self.proc.pid)
+        front = sum(me.cpu_times()[:2])
+        engine = 0.0
+        for child in me.children(recursive=True):
+            try:
+                engine += sum(child.cpu_times()[:2])
+            except psutil.NoSuchProcess:  # a helper that ended meanwhile
+                pass
+        return front, engine
 
     def stop(self):
         if self.proc is not None and self.proc.poll() is None:
@@ -104,34 +127,56 @@ class Server:
         self.fh.close()
 
 
+async def stream_one(session, url: str, prompt: str, max_tokens: int) -> tuple[float | None, int, str | None]:
+    """One streamed completion: (the time its first text arrived, its text chunks, the
+    mode it was routed to: modeswitch serve's first chunk says). Events are read as
+    lines and parsed with ``json.loads`` alone (vLLM's own serving bench reads them so
+    too): a client that builds a typed object per chunk takes a core's share that the
+    servers, on the same 2 cores, would otherwise have."""
+    body = {"model": "modeswitch", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "stream": True}
+    first, n, mode = None, 0, None
+    async with session.post(url + "/completions", json=body) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
+        async for line in resp.content:
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:].strip()
+            if data == b"[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"].get("message", chunk["error"]))
+            if mode is None and "modeswitch" in chunk:
+                mode = chunk["modeswitch"].get("mode")
+            choices = chunk.get("choices")
+            if choices and choices[0].get("text"):
+                first = first or time.perf_counter()
+                n += 1
+    return first, n, mode
+
+
 async def load(url: str, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
     """Every prompt once, at most ``concurrency`` in flight; streamed completions."""
-
-    # the client's own connection pool (up to 1,000 connections) holds 256 streams
-    client = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
     sem = asyncio.Semaphore(concurrency)
     ttft, lat, tokens, failures = [], [], [], []
     modes: dict[str, int] = {}  # modeswitch serve: the routed mode (its first chunk's field)
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                    timeout=aiohttp.ClientTimeout(total=600))
 
     async def one(p):
         async with sem:
             t0 = time.perf_counter()
-            first, n = None, 0
             try:
                 # greedy on both servers, so both generate the same tokens (to EOS or max_tokens)
-                stream = await client.completions.create(model="modeswitch", prompt=p, max_tokens=max_tokens,
-                                                         temperature=0.0, stream=True)
-                async for chunk in stream:
-                    routed = (chunk.model_extra or {}).get("modeswitch")
-                    if routed:
-                        modes[routed["mode"]] = modes.get(routed["mode"], 0) + 1
-                    if chunk.choices and chunk.choices[0].text:
-                        first = first or time.perf_counter()
-                        n += 1
+                first, n, mode = await stream_one(session, url, p, max_tokens)
             except Exception as exc:  # noqa: BLE001 - counted
                 failures.append(f"{type(exc).__name__}: {exc}")
                 return
             end = time.perf_counter()
+            if mode:
+                modes[mode] = modes.get(mode, 0) + 1
             ttft.append(((first or end) - t0) * 1000)
             lat.append((end - t0) * 1000)
             tokens.append(n)
@@ -139,16 +184,22 @@ async def load(url: str, prompts: list[str], concurrency: int, max_tokens: int) 
     base = url.rsplit("/v1", 1)[0]
     before = server_stages(base)
     t0 = time.perf_counter()
-    await asyncio.gather(*(one(p) for p in prompts))
+    try:
+        await asyncio.gather(*(one(p) for p in prompts))
+    finally:
+        await session.close()
     wall = time.perf_counter() - t0
-    await client.close()
-    return {"stages": stage_quantiles(before, server_stages(base)),"req_s": len(lat) / wall, "ttft_p50": np.percentile(ttft, 50) if ttft else float("nan"),
+    return {"stages": stage_quantiles(before, server_stages(base)), "req_s": len(lat) / wall,
+            "ttft_p50": np.percentile(ttft, 50) if ttft else float("nan"),
             "ttft_p99": np.percentile(ttft, 99) if ttft else float("nan"),
             "p50": np.percentile(lat, 50) if lat else float("nan"),
             "p99": np.percentile(lat, 99) if lat else float("nan"),
             "chunks": float(np.mean(tokens)) if tokens else float("nan"), "modes": modes,
             "failed": len(failures), "first_failure": failures[0] if failures else ""}
 
+
+ALL_CPUS = frozenset(os.sched_getaffinity(0))
+ME = psutil.Process()  # the bench's client
 
 ROUTING_STAGES = ("prefix", "features", "route", "serving_route")
 
@@ -209,9 +260,15 @@ def main():
                     help="one server at a time, restarted every round (default: both up, and each level's "
                          "rounds alternate between them back to back, so each pair of bursts sees the same "
                          "machine)")
+    ap.add_argument("--client-cpu", type=int, default=max(ALL_CPUS),
+                    help="the core the bench's client keeps to (-1: any) [the last: vLLM on CPU computes on "
+                         "the first cores and leaves the last to its front end; the client stays off the "
+                         "engine's cores as the front end does, whichever server it loads]")
     ap.add_argument("--mlruns", default=str(REPO / "mlruns"))
     ap.add_argument("--log-dir", default=None, help="server logs [a temporary folder]")
     args = ap.parse_args()
+    if args.client_cpu >= 0:
+        os.sched_setaffinity(0, {args.client_cpu})
 
     target, _, _ = resolve_models(args.model, None, None, None, print, modes=())
     levels = [int(x) for x in args.levels.split(",")]
@@ -237,16 +294,22 @@ def main():
         print(f"router {args.router} picks {mode} for most bench requests; compared with --router mode:{mode}")
     results = {name: {lv: [] for lv in levels} for name, _ in pair}
 
-    def measure(name: str, url: str, lv: int, r: int):
+    def measure(name: str, srv: Server, lv: int, r: int):
         n = args.requests or max(256, 4 * lv)
         time.sleep(args.settle)
         # new prompts every round (both servers of a round get the same ones): a repeated
         # prompt is a shared prefix to modeswitch's prefix index, which a router may act on
-        res = asyncio.run(load(url, prompts_for(n, lv * 1000 + r), lv, args.max_tokens))
+        cpu0, client0 = srv.cpu_seconds(), sum(ME.cpu_times()[:2])
+        res = asyncio.run(load(srv.url, prompts_for(n, lv * 1000 + r), lv, args.max_tokens))
+        cpu1, client1 = srv.cpu_seconds(), sum(ME.cpu_times()[:2])
+        done = max(1, n - res["failed"])
+        res["front_ms"], res["engine_ms"] = ((b - a) * 1000 / done for a, b in zip(cpu0, cpu1))
+        res["client_ms"] = (client1 - client0) * 1000 / done
         results[name][lv].append(res)
         print(f"round {r + 1} {name:<18} in flight {lv:>4}: {res['req_s']:7.2f} req/s, TTFT p50 "
               f"{res['ttft_p50']:7.0f} ms, latency p50 {res['p50']:7.0f} ms p99 {res['p99']:7.0f} ms, "
-              f"{res['chunks']:.1f} text chunks/request"
+              f"{res['chunks']:.1f} text chunks/request, CPU ms/request front end {res['front_ms']:.2f} "
+              f"engine {res['engine_ms']:.2f} client {res['client_ms']:.2f}"
               + (f", modes {res['modes']}" if len(res["modes"]) > 1 else "")
               + ("".join(f", {st} p50/p99 {q[0]:.2f}/{q[1]:.1f} us" for st, q in res["stages"].items())
                  if "serving_route" in res["stages"] else "")
@@ -267,7 +330,7 @@ def main():
                 srv = started(name, cmd)
                 try:
                     for lv in levels:
-                        measure(name, srv.url, lv, r)
+                        measure(name, srv, lv, r)
                 finally:
                     srv.stop()
     else:  # both up (the idle one waits on its socket), bursts alternating level by level
@@ -286,7 +349,7 @@ def main():
                                   f"{res['first_failure'][:80]})", flush=True)
                 for r in range(args.rounds):
                     for name, _ in (pair if r % 2 == 0 else pair[::-1]):
-                        measure(name, servers[name].url, lv, r)
+                        measure(name, servers[name], lv, r)
         finally:
             for srv in servers.values():
                 srv.stop()
@@ -317,6 +380,17 @@ def main():
         print(f"{lv:>9} in flight: throughput {thr.estimate:.2f} [{thr.low:.2f}, {thr.high:.2f}] "
               f"(rounds: {each}); p50 latency {p50.estimate:.2f} [{p50.low:.2f}, {p50.high:.2f}]; "
               f"TTFT p50 {ttft.estimate:.2f} [{ttft.low:.2f}, {ttft.high:.2f}]")
+    # CPU per request does not depend on how the machine's cores were shared out during a
+    # burst (throughput does): the front end's share is the serving path's own cost
+    print("\nCPU ms per request, median over rounds, a / b (front end: the server's own process; engine: its "
+          "children; the client: this bench):")
+    for lv in levels:
+        cpu = {n: {k: statistics.median(x[k] for x in results[n][lv]) for k in ("front_ms", "engine_ms", "client_ms")}
+               for n in (a, b)}
+        front = paired_ratio([x["front_ms"] for x in results[b][lv]], [x["front_ms"] for x in results[a][lv]])
+        print(f"{lv:>9} in flight: front end {cpu[a]['front_ms']:.2f} / {cpu[b]['front_ms']:.2f} (paired ratio "
+              f"{front.estimate:.2f} [{front.low:.2f}, {front.high:.2f}]); engine {cpu[a]['engine_ms']:.2f} / "
+              f"{cpu[b]['engine_ms']:.2f}; the client {cpu[a]['client_ms']:.2f} / {cpu[b]['client_ms']:.2f}")
     print(f"server logs: {logs}")
 
 
