@@ -413,6 +413,18 @@ class VllmEngine:
         return SamplingParams(max_tokens=req.expected_output_tokens, temperature=0.0, ignore_eos=ignore_eos,
                               output_kind=RequestOutputKind.DELTA, detokenize=False)
 
+    @staticmethod
+    def _prompt(ids: list[int]) -> dict:
+        """``ids`` as the engine input vLLM's own server hands ``generate`` (its renderer's
+        output): taken in on the loop. A raw ``{"prompt_token_ids": ...}`` goes through
+        vLLM's input processing in a worker thread, a hop per request there and back, and
+        is deprecated (vLLM warns it will be removed)."""
+        try:
+            from vllm.inputs.engine import tokens_input  # lazy: vLLM is optional (GPU only)
+        except ImportError:  # a vLLM without rendered inputs takes the raw prompt
+            return {"prompt_token_ids": list(ids)}
+        return tokens_input(list(ids))
+
     async def _one(self, req: Request, ids: list[int], ignore_eos: bool, t0: float, on_token):
         out_ids, times = [], []
         # closed at once when on_token raises (the server's client is gone): vLLM aborts the
@@ -455,7 +467,7 @@ class VllmEngine:
     async def _stream(self, req: Request, ids: list[int], ignore_eos: bool):
         """``req`` submitted to vLLM, its new token ids yielded as they come (empty outputs
         skipped); closing it aborts the request. ``_one`` and ``astream`` both read it."""
-        async with aclosing(self.engine.generate(prompt={"prompt_token_ids": list(ids)},
+        async with aclosing(self.engine.generate(prompt=self._prompt(ids),
                                                  sampling_params=self._params(req, ignore_eos),
                                                  request_id=f"{req.id}-{uuid.uuid4().hex[:8]}")) as stream:
             async for out in stream:
