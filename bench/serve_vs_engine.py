@@ -15,11 +15,12 @@ per-round paired ratios (throughput, latency p50, TTFT p50) with a bootstrap
 interval, and each server's CPU time per request: its own process (the front end:
 HTTP, routing, streaming) and its children (the engine). Throughput on a shared
 machine follows how its cores were shared out during a burst; the front end's CPU per
-request is the serving path's own cost, whatever the sharing. Before a level's rounds
+request, less so: it is the serving path's own cost. Before a level's rounds
 each server gets ``--warmup`` unmeasured bursts at that level (1 by default).
 
 The client reads the streams with aiohttp and ``json.loads`` per event (as vLLM's own
-serving bench does), keeps to one core (``--client-cpu``, the last), and shares the
+serving bench parses them), keeps to one core during bursts (``--client-cpu``, the
+last), and shares the
 machine with the servers it measures: its cost per event is kept small.
 
 ``--backend transformers``: the same comparison of ``modeswitch serve`` against
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import statistics
@@ -82,6 +84,8 @@ class Server:
     def __init__(self, name: str, cmd: list[str], port: int, env: dict, log: Path):
         self.name, self.cmd, self.port, self.env, self.log = name, cmd, port, env, log
         self.proc = None
+        #: CPU seconds last read per child process (:meth:`cpu_seconds`)
+        self.child_cpu: dict[int, float] = {}
 
     @property
     def url(self) -> str:
@@ -90,9 +94,7 @@ class Server:
     def start(self, timeout: float = 600) -> float:
         t0 = time.time()
         self.fh = open(self.log, "a")
-        # every core for the server, whichever the bench's own process keeps to (--client-cpu)
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self.fh, stderr=subprocess.STDOUT,
-                                     preexec_fn=lambda: os.sched_setaffinity(0, ALL_CPUS))
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self.fh, stderr=subprocess.STDOUT)
         while time.time() - t0 < timeout:
             if self.proc.poll() is not None:
                 raise SystemExit(f"{self.name} exited ({self.proc.returncode}); its log: {self.log}")
@@ -105,16 +107,16 @@ class Server:
 
     def cpu_seconds(self) -> tuple[float, float]:
         """CPU seconds used so far by the server's own process (the front end: HTTP,
-        routing, streaming) and by its children (the engine's processes)."""
+        routing, streaming) and by its children (the engine's processes). A child that has
+        ended keeps the time last read for it, so the total never goes back."""
         me = psutil.Process(self.proc.pid)
         front = sum(me.cpu_times()[:2])
-        engine = 0.0
         for child in me.children(recursive=True):
             try:
-                engine += sum(child.cpu_times()[:2])
-            except psutil.NoSuchProcess:  # a helper that ended meanwhile
+                self.child_cpu[child.pid] = sum(child.cpu_times()[:2])
+            except psutil.NoSuchProcess:  # ended meanwhile: its last reading stands
                 pass
-        return front, engine
+        return front, sum(self.child_cpu.values())
 
     def stop(self):
         if self.proc is not None and self.proc.poll() is None:
@@ -130,12 +132,13 @@ class Server:
 async def stream_one(session, url: str, prompt: str, max_tokens: int) -> tuple[float | None, int, str | None]:
     """One streamed completion: (the time its first text arrived, its text chunks, the
     mode it was routed to: modeswitch serve's first chunk says). Events are read as
-    lines and parsed with ``json.loads`` alone (vLLM's own serving bench reads them so
+    lines and parsed with ``json.loads`` alone (vLLM's own serving bench parses them so
     too): a client that builds a typed object per chunk takes a core's share that the
-    servers, on the same 2 cores, would otherwise have."""
+    servers, on the same 2 cores, would otherwise have. The body is read to its end (so
+    the connection is kept for the next request); one without ``[DONE]`` failed."""
     body = {"model": "modeswitch", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
             "stream": True}
-    first, n, mode = None, 0, None
+    first, n, mode, done = None, 0, None, False
     async with session.post(url + "/completions", json=body) as resp:
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
@@ -144,7 +147,8 @@ async def stream_one(session, url: str, prompt: str, max_tokens: int) -> tuple[f
                 continue
             data = line[6:].strip()
             if data == b"[DONE]":
-                break
+                done = True
+                continue
             chunk = json.loads(data)
             if "error" in chunk:
                 raise RuntimeError(chunk["error"].get("message", chunk["error"]))
@@ -154,11 +158,17 @@ async def stream_one(session, url: str, prompt: str, max_tokens: int) -> tuple[f
             if choices and choices[0].get("text"):
                 first = first or time.perf_counter()
                 n += 1
+    if not done:
+        raise RuntimeError("the stream ended without [DONE]")
     return first, n, mode
 
 
-async def load(url: str, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
-    """Every prompt once, at most ``concurrency`` in flight; streamed completions."""
+async def load(url: str, prompts: list[str], concurrency: int, max_tokens: int, *,
+               server: Server | None = None, client_cpu: int | None = None) -> dict:
+    """Every prompt once, at most ``concurrency`` in flight; streamed completions.
+    ``server``: its CPU time and the client's are read right around the burst (CPU ms
+    per completed request: ``front_ms``, ``engine_ms``, ``client_ms``); ``client_cpu``:
+    the core the client's thread keeps to during the burst."""
     sem = asyncio.Semaphore(concurrency)
     ttft, lat, tokens, failures = [], [], [], []
     modes: dict[str, int] = {}  # modeswitch serve: the routed mode (its first chunk's field)
@@ -183,22 +193,44 @@ async def load(url: str, prompts: list[str], concurrency: int, max_tokens: int) 
 
     base = url.rsplit("/v1", 1)[0]
     before = server_stages(base)
-    t0 = time.perf_counter()
-    try:
-        await asyncio.gather(*(one(p) for p in prompts))
-    finally:
-        await session.close()
-    wall = time.perf_counter() - t0
+    cpu = {}
+    with kept_to(client_cpu):
+        if server is not None:
+            cpu["before"] = (*server.cpu_seconds(), sum(ME.cpu_times()[:2]))
+        t0 = time.perf_counter()
+        try:
+            await asyncio.gather(*(one(p) for p in prompts))
+        finally:
+            await session.close()
+        wall = time.perf_counter() - t0
+        if server is not None:
+            cpu["after"] = (*server.cpu_seconds(), sum(ME.cpu_times()[:2]))
+    done = max(1, len(lat))
+    per_request = {k: (b - a) * 1000 / done
+                   for k, a, b in zip(("front_ms", "engine_ms", "client_ms"), cpu.get("before", ()), cpu.get("after", ()))}
     return {"stages": stage_quantiles(before, server_stages(base)), "req_s": len(lat) / wall,
             "ttft_p50": np.percentile(ttft, 50) if ttft else float("nan"),
             "ttft_p99": np.percentile(ttft, 99) if ttft else float("nan"),
             "p50": np.percentile(lat, 50) if lat else float("nan"),
             "p99": np.percentile(lat, 99) if lat else float("nan"),
             "chunks": float(np.mean(tokens)) if tokens else float("nan"), "modes": modes,
-            "failed": len(failures), "first_failure": failures[0] if failures else ""}
+            "failed": len(failures), "first_failure": failures[0] if failures else "", **per_request}
 
 
-ALL_CPUS = frozenset(os.sched_getaffinity(0))
+@contextlib.contextmanager
+def kept_to(cpu: int | None):
+    """The calling thread (the client's event loop) on core ``cpu`` meanwhile; None: as it was."""
+    if cpu is None or cpu < 0:
+        yield
+        return
+    was = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, was)
+
+
 ME = psutil.Process()  # the bench's client
 
 ROUTING_STAGES = ("prefix", "features", "route", "serving_route")
@@ -260,15 +292,13 @@ def main():
                     help="one server at a time, restarted every round (default: both up, and each level's "
                          "rounds alternate between them back to back, so each pair of bursts sees the same "
                          "machine)")
-    ap.add_argument("--client-cpu", type=int, default=max(ALL_CPUS),
-                    help="the core the bench's client keeps to (-1: any) [the last: vLLM on CPU computes on "
-                         "the first cores and leaves the last to its front end; the client stays off the "
-                         "engine's cores as the front end does, whichever server it loads]")
+    ap.add_argument("--client-cpu", type=int, default=max(os.sched_getaffinity(0)),
+                    help="the core the bench's client keeps to (-1: any) during bursts [the last: vLLM on CPU binds "
+                         "its compute threads to the first cores; the client stays off them, whichever server "
+                         "it loads]")
     ap.add_argument("--mlruns", default=str(REPO / "mlruns"))
     ap.add_argument("--log-dir", default=None, help="server logs [a temporary folder]")
     args = ap.parse_args()
-    if args.client_cpu >= 0:
-        os.sched_setaffinity(0, {args.client_cpu})
 
     target, _, _ = resolve_models(args.model, None, None, None, print, modes=())
     levels = [int(x) for x in args.levels.split(",")]
@@ -299,12 +329,8 @@ def main():
         time.sleep(args.settle)
         # new prompts every round (both servers of a round get the same ones): a repeated
         # prompt is a shared prefix to modeswitch's prefix index, which a router may act on
-        cpu0, client0 = srv.cpu_seconds(), sum(ME.cpu_times()[:2])
-        res = asyncio.run(load(srv.url, prompts_for(n, lv * 1000 + r), lv, args.max_tokens))
-        cpu1, client1 = srv.cpu_seconds(), sum(ME.cpu_times()[:2])
-        done = max(1, n - res["failed"])
-        res["front_ms"], res["engine_ms"] = ((b - a) * 1000 / done for a, b in zip(cpu0, cpu1))
-        res["client_ms"] = (client1 - client0) * 1000 / done
+        res = asyncio.run(load(srv.url, prompts_for(n, lv * 1000 + r), lv, args.max_tokens, server=srv,
+                               client_cpu=args.client_cpu))
         results[name][lv].append(res)
         print(f"round {r + 1} {name:<18} in flight {lv:>4}: {res['req_s']:7.2f} req/s, TTFT p50 "
               f"{res['ttft_p50']:7.0f} ms, latency p50 {res['p50']:7.0f} ms p99 {res['p99']:7.0f} ms, "
@@ -343,7 +369,7 @@ def main():
                     for name, _ in (pair if w % 2 == 0 else pair[::-1]):
                         time.sleep(args.settle)
                         res = asyncio.run(load(servers[name].url, prompts_for(max(64, 2 * lv), 10**6 + 10 * lv + w),
-                                               lv, args.max_tokens))
+                                               lv, args.max_tokens, client_cpu=args.client_cpu))
                         if res["failed"]:
                             print(f"  (warm-up of {name} at {lv} in flight: {res['failed']} failed: "
                                   f"{res['first_failure'][:80]})", flush=True)
@@ -380,8 +406,8 @@ def main():
         print(f"{lv:>9} in flight: throughput {thr.estimate:.2f} [{thr.low:.2f}, {thr.high:.2f}] "
               f"(rounds: {each}); p50 latency {p50.estimate:.2f} [{p50.low:.2f}, {p50.high:.2f}]; "
               f"TTFT p50 {ttft.estimate:.2f} [{ttft.low:.2f}, {ttft.high:.2f}]")
-    # CPU per request does not depend on how the machine's cores were shared out during a
-    # burst (throughput does): the front end's share is the serving path's own cost
+    # CPU per request depends less than throughput on how the machine's cores were shared
+    # out during a burst: the front end's share is the serving path's own cost
     print("\nCPU ms per request, median over rounds, a / b (front end: the server's own process; engine: its "
           "children; the client: this bench):")
     for lv in levels:

@@ -34,7 +34,7 @@ def bench():
 
 @pytest.fixture(scope="module")
 def url():
-    from modeswitch.engine.serving import ServerConfig, create_app
+    from modeswitch.engine.serving import ServerConfig, create_app  # as the serving tests import it
 
     cfg = ServerConfig(model_path="unused", max_tokens_limit=64, context_tokens=8192)
     app = create_app(lambda: Fixed(), cfg, engine_factory=lambda mode: SlowEngine(mode, 0.001),
@@ -56,6 +56,19 @@ def test_the_client_counts_text_chunks_and_the_routed_mode_of_every_stream(bench
     assert {"route", "serving_route"} <= set(res["stages"])
 
 
+def test_a_burst_measured_against_a_server_gets_cpu_per_request(bench, url):
+    class Idle:  # a server process's CPU readings: no time spent
+        def cpu_seconds(self):
+            return 1.0, 2.0
+
+    # enough streams that reading them takes this process several clock ticks of CPU
+    res = asyncio.run(bench.load(url, [f"p{i}" for i in range(100)], concurrency=10, max_tokens=8,
+                                 server=Idle(), client_cpu=0))
+    assert res["front_ms"] == 0.0 and res["engine_ms"] == 0.0
+    assert res["client_ms"] > 0  # this process read the streams
+    assert res["failed"] == 0
+
+
 def test_a_refused_request_is_counted_as_a_failure_with_its_status(bench, url):
     res = asyncio.run(bench.load(url, ["too long an answer"], concurrency=1, max_tokens=65))
     assert res["failed"] == 1 and res["first_failure"].startswith("RuntimeError: HTTP 400")
@@ -75,6 +88,17 @@ def test_cpu_time_splits_into_the_server_process_and_its_children(bench, tmp_pat
             time.sleep(0.1)
         front, engine = cpu
         assert engine >= 0.4 and front < engine
+        # the child ends: the time it took still counts
+        for child in psutil.Process(srv.proc.pid).children(recursive=True):
+            child.kill()
+            while time.time() < deadline + 10:  # a zombie until its parent reaps it
+                try:
+                    if child.status() == psutil.STATUS_ZOMBIE:
+                        break
+                except psutil.NoSuchProcess:
+                    break
+                time.sleep(0.05)
+        assert srv.cpu_seconds()[1] >= engine
     finally:
         for child in psutil.Process(srv.proc.pid).children(recursive=True):
             child.kill()
