@@ -419,10 +419,8 @@ class VllmEngine:
         output): taken in on the loop. A raw ``{"prompt_token_ids": ...}`` goes through
         vLLM's input processing in a worker thread, a hop per request there and back, and
         is deprecated (vLLM warns it will be removed)."""
-        try:
-            from vllm.inputs.engine import tokens_input  # lazy: vLLM is optional (GPU only)
-        except ImportError:  # a vLLM without rendered inputs takes the raw prompt
-            return {"prompt_token_ids": list(ids)}
+        from vllm.inputs.engine import tokens_input  # lazy: vLLM is optional (GPU only)
+
         return tokens_input(list(ids))
 
     async def _one(self, req: Request, ids: list[int], ignore_eos: bool, t0: float, on_token):
