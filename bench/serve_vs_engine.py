@@ -19,9 +19,9 @@ request, less so: it is the serving path's own cost. Before a level's rounds
 each server gets ``--warmup`` unmeasured bursts at that level (1 by default).
 
 The client reads the streams with aiohttp and ``json.loads`` per event (as vLLM's own
-serving bench parses them), keeps to one core during bursts (``--client-cpu``, the
-last), and shares the
-machine with the servers it measures: its cost per event is kept small.
+serving bench parses them) and keeps to one core during bursts (``--client-cpu``, the
+last): it shares the machine with the servers it measures, so its cost per event is
+kept small.
 
 ``--backend transformers``: the same comparison of ``modeswitch serve`` against
 itself, ``--router mode:MODE`` against ``--router ROUTER`` (default the registered
