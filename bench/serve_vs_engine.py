@@ -80,6 +80,16 @@ def vllm_flags(args: dict) -> list[str]:
     return out
 
 
+#: this process: the bench's client
+CLIENT = psutil.Process()
+
+
+def process_cpu_s(proc: psutil.Process) -> float:
+    """User and system CPU seconds ``proc`` has used so far."""
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
 class Server:
     def __init__(self, name: str, cmd: list[str], port: int, env: dict, log: Path):
         self.name, self.cmd, self.port, self.env, self.log = name, cmd, port, env, log
@@ -110,10 +120,10 @@ class Server:
         routing, streaming) and by its children (the engine's processes). A child that has
         ended keeps the time last read for it, so the total never goes back."""
         me = psutil.Process(self.proc.pid)
-        front = sum(me.cpu_times()[:2])
+        front = process_cpu_s(me)
         for child in me.children(recursive=True):
             try:
-                self.child_cpu[child.pid] = sum(child.cpu_times()[:2])
+                self.child_cpu[child.pid] = process_cpu_s(child)
             except psutil.NoSuchProcess:  # ended meanwhile: its last reading stands
                 pass
         return front, sum(self.child_cpu.values())
@@ -196,7 +206,7 @@ async def load(url: str, prompts: list[str], concurrency: int, max_tokens: int, 
     cpu = {}
     with kept_to(client_cpu):
         if server is not None:
-            cpu["before"] = (*server.cpu_seconds(), sum(ME.cpu_times()[:2]))
+            cpu["before"] = (*server.cpu_seconds(), process_cpu_s(CLIENT))
         t0 = time.perf_counter()
         try:
             await asyncio.gather(*(one(p) for p in prompts))
@@ -204,7 +214,7 @@ async def load(url: str, prompts: list[str], concurrency: int, max_tokens: int, 
             await session.close()
         wall = time.perf_counter() - t0
         if server is not None:
-            cpu["after"] = (*server.cpu_seconds(), sum(ME.cpu_times()[:2]))
+            cpu["after"] = (*server.cpu_seconds(), process_cpu_s(CLIENT))
     done = max(1, len(lat))
     per_request = {k: (b - a) * 1000 / done
                    for k, a, b in zip(("front_ms", "engine_ms", "client_ms"), cpu.get("before", ()), cpu.get("after", ()))}
@@ -229,9 +239,6 @@ def kept_to(cpu: int | None):
         yield
     finally:
         os.sched_setaffinity(0, was)
-
-
-ME = psutil.Process()  # the bench's client
 
 ROUTING_STAGES = ("prefix", "features", "route", "serving_route")
 
